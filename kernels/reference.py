@@ -1,0 +1,92 @@
+"""Plain-torch reference implementations of the paged-attention kernels.
+
+These are the CPU path of the engine and the ground truth the Triton kernels in this package are
+tested against. Every function here has the same signature as its Triton twin.
+
+Cache layout (one tensor per layer for K and one for V):
+    cache[num_blocks, block_size, num_kv_heads, head_dim]
+A token's slot is ``block_id * block_size + offset``; a block table row lists the physical block
+ids of a sequence's logical blocks in order (padding entries are never read past ``seq_len``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store key/value [T, Hkv, D] into their slots; a negative slot means "skip this token"."""
+    num_blocks, block_size = k_cache.shape[:2]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` cached tokens of one sequence, [length, Hkv, D]."""
+    num_blocks = -(-length // cache.shape[1])
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    max_len = int(seq_lens.max())
+    max_blocks = -(-max_len // block_size)
+    table = block_tables[:, :max_blocks].long().clamp(min=0)
+    keys = k_cache[table].flatten(1, 2)[:, :max_len]       # [B, L, Hkv, D]
+    values = v_cache[table].flatten(1, 2)[:, :max_len]
+    group = num_heads // num_kv_heads
+    qg = q.view(batch, num_kv_heads, group, head_dim).float()
+    scores = torch.einsum("bhgd,blhd->bhgl", qg, keys.float()) * scale
+    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None].to(q.device)
+    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
+    probs = scores.softmax(dim=-1)
+    out = torch.einsum("bhgl,blhd->bhgd", probs, values.float())
+    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """New tokens attend causally to their sequence's cached prefix and to themselves.
+
+    Sequence i owns queries q[query_start_loc[i]:query_start_loc[i+1]] ([T, H, D] overall); they
+    are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
+    """
+    out = torch.empty_like(q)
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        lo, hi = starts[i], starts[i + 1]
+        q_len = hi - lo
+        if q_len == 0:
+            continue
+        keys = _gather(k_cache, block_tables[i], seq_len)
+        values = _gather(v_cache, block_tables[i], seq_len)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        attn = F.scaled_dot_product_attention(
+            q[lo:hi].transpose(0, 1), keys.transpose(0, 1).to(q.dtype),
+            values.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale,
+            enable_gqa=num_heads != num_kv_heads)
+        out[lo:hi] = attn.transpose(0, 1)
+    return out
+
+
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """dst[block_mapping[p, 1]] = src[block_mapping[p, 0]] for every pair p.
+
+    src and dst share a device and a block shape; they may be the same tensor (copy-on-write).
+    Swapping between devices stages through a contiguous buffer (see localpaged.kv_cache).
+    """
+    if block_mapping.numel() == 0:
+        return
+    mapping = block_mapping.to(src.device).long()
+    dst[mapping[:, 1]] = src[mapping[:, 0]]

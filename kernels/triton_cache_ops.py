@@ -1,0 +1,100 @@
+"""Triton cache maintenance: ``write_kv`` (new K/V into their slots through the slot mapping) and
+``copy_blocks`` (many whole-block copies in one launch, for copy-on-write).
+
+Same signatures as in ``reference``. Both work for any head dim (it is padded and masked).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import reference
+from .triton_common import fallback_reason, log_fallback, next_pow2
+
+COPY_CHUNK = 1024   # elements of a block copied per program
+
+
+@triton.jit
+def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+    """Program (token, kv_head): one head vector of K and of V. slot < 0: nothing is stored."""
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    slot = tl.load(slot_mapping + t).to(tl.int64)
+    offs_d = tl.arange(0, D_PAD)
+    mask = (offs_d < HEAD_DIM) & (slot >= 0)
+    slot = tl.maximum(slot, 0)          # keeps the (masked) address in range
+    block = slot // BLOCK_SIZE
+    in_block = slot % BLOCK_SIZE
+    t64 = t.to(tl.int64)
+    k = tl.load(key + t64 * stride_kt + h * stride_kh + offs_d, mask=mask)
+    v = tl.load(value + t64 * stride_vt + h * stride_vh + offs_d, mask=mask)
+    tl.store(k_cache + block * stride_kcb + in_block * stride_kcs + h * stride_kch + offs_d,
+             k.to(k_cache.dtype.element_ty), mask=mask)
+    tl.store(v_cache + block * stride_vcb + in_block * stride_vcs + h * stride_vch + offs_d,
+             v.to(v_cache.dtype.element_ty), mask=mask)
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+             v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Store key/value [T, Hkv, D] into their slots; a negative slot means "skip this token"."""
+    reason = fallback_reason(_write_kv_kernel, k_cache)
+    if reason is None and not (k_cache.stride(-1) == v_cache.stride(-1) == 1):
+        reason = "cache's last dimension is not contiguous"
+    if reason is not None:
+        log_fallback("write_kv", reason)
+        return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    num_tokens, num_kv_heads, head_dim = key.shape
+    if num_tokens == 0:
+        return
+    key = key if key.stride(-1) == 1 else key.contiguous()
+    value = value if value.stride(-1) == 1 else value.contiguous()
+    slots = slot_mapping.to(device=k_cache.device).contiguous()
+    _write_kv_kernel[(num_tokens, num_kv_heads)](
+        key, value, k_cache, v_cache, slots,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        BLOCK_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
+
+
+@triton.jit
+def _copy_blocks_kernel(src, dst, block_mapping, block_numel, CHUNK: tl.constexpr):
+    """Program (pair, chunk): elements [chunk * CHUNK, +CHUNK) of one block, src -> dst.
+
+    Invariant (caller's): when src is dst, no block is both a source and a destination in one
+    call; programs run in any order, so a chain a->b, b->c would race.
+    """
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    src_block = tl.load(block_mapping + 2 * pair).to(tl.int64)
+    dst_block = tl.load(block_mapping + 2 * pair + 1).to(tl.int64)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    mask = offs < block_numel
+    x = tl.load(src + src_block * block_numel + offs, mask=mask)
+    tl.store(dst + dst_block * block_numel + offs, x.to(dst.dtype.element_ty), mask=mask)
+
+
+def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
+    """dst[block_mapping[p, 1]] = src[block_mapping[p, 0]] for every pair p.
+
+    src and dst share a device and a block shape; they may be the same tensor (copy-on-write).
+    Swapping between devices stages through a contiguous buffer (see localpaged.kv_cache).
+    """
+    if block_mapping.numel() == 0:
+        return
+    reason = fallback_reason(_copy_blocks_kernel, src)
+    if reason is None and not (src.is_contiguous() and dst.is_contiguous()):
+        reason = "src or dst is not contiguous"
+    if reason is None and src.device != dst.device:
+        reason = "src and dst are on different devices"
+    if reason is not None:
+        log_fallback("copy_blocks", reason)
+        return reference.copy_blocks(src, dst, block_mapping)
+    mapping = block_mapping.to(device=src.device, dtype=torch.int64).contiguous()
+    block_numel = src[0].numel()
+    grid = (mapping.shape[0], triton.cdiv(block_numel, COPY_CHUNK))
+    _copy_blocks_kernel[grid](src, dst, mapping, block_numel, CHUNK=COPY_CHUNK)

@@ -1,0 +1,109 @@
+"""Pieces shared by the Triton attention kernels: the online-softmax loop over paged K/V, and
+the host-side checks that decide whether a call can run in Triton at all.
+
+Conventions for every kernel in this package:
+- caches are ``[num_blocks, block_size, num_kv_heads, head_dim]`` with a unit stride on the last
+  dimension; a token at logical position ``pos`` of a sequence lives in physical block
+  ``table[pos // block_size]`` at offset ``pos % block_size``;
+- softmax runs in the log2 domain: scores are multiplied by ``scale * log2(e)`` and exponentiated
+  with ``exp2``; statistics and accumulators are fp32 whatever the input dtype;
+- a head dim is padded to a power of two (``D_PAD``) and masked, so 80 or 96 work as well as 128.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+logger = logging.getLogger(__name__)
+
+LOG2E = 1.4426950408889634
+# Finite "minus infinity" for running maxima: exp2(NEG_BIG - m) is exactly 0 and, unlike -inf,
+# NEG_BIG - NEG_BIG is 0 rather than NaN when a whole tile is masked.
+NEG_BIG = -1.0e30
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
+_logged: set[tuple[str, str]] = set()
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def is_interpreted(kernel) -> bool:
+    """True when ``kernel`` was decorated under TRITON_INTERPRET=1 (it then runs on CPU tensors)."""
+    return not isinstance(kernel, triton.runtime.JITFunction)
+
+
+def fallback_reason(kernel, tensor: torch.Tensor, head_dim: int | None = None) -> str | None:
+    """Why this call cannot run in Triton (None when it can)."""
+    if not (tensor.is_cuda or is_interpreted(kernel)):
+        return f"tensors on {tensor.device} and TRITON_INTERPRET is off"
+    if head_dim is not None and not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        return f"head_dim {head_dim} outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    return None
+
+
+def log_fallback(op: str, reason: str) -> None:
+    """One info line per (op, reason) for the life of the process, not one per layer and step."""
+    if (op, reason) not in _logged:
+        _logged.add((op, reason))
+        logger.info("triton %s falls back to the torch reference: %s", op, reason)
+
+
+def dot_options(kernel, dtype: torch.dtype) -> tuple[bool, str]:
+    """(DOT_F32, PREC) constexprs for ``attend_tiles``.
+
+    fp32 inputs use IEEE dots (not TF32) so fp32 results match the reference closely. The
+    interpreter's dot multiplies bf16 bit patterns as integers, so there bf16 dots are upcast.
+    """
+    dot_f32 = dtype == torch.bfloat16 and is_interpreted(kernel)
+    prec = "ieee" if dtype == torch.float32 or dot_f32 else "tf32"
+    return dot_f32, prec
+
+
+@triton.jit
+def _dot(a, b, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    if DOT_F32:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
+                 stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
+                 BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
+                 TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+    """Fold keys/values at positions [start, end) into the running softmax state of the rows of q.
+
+    q: [M, D_PAD] in the cache dtype; acc: [M, D_PAD] fp32, unnormalised output; m_i: [M] fp32
+    running max of log2-domain scores; l_i: [M] fp32 running sum of exp2(score - m_i).
+    k_base/v_base already point at the KV head; table_row at the sequence's block-table row.
+    Row r may see key position p only if p <= q_pos[r] (causality; decode passes seq_len - 1).
+    Positions >= end are never loaded, so padding table entries and unwritten slots are not read.
+    """
+    offs_n = tl.arange(0, TILE_N)
+    offs_d = tl.arange(0, D_PAD)
+    d_ok = offs_d < HEAD_DIM
+    for tile_start in range(start, end, TILE_N):
+        pos = tile_start + offs_n
+        in_range = pos < end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+        in_block = (pos % BLOCK_SIZE).to(tl.int64)
+        kv_mask = in_range[:, None] & d_ok[None, :]
+        k = tl.load(k_base + (block * stride_kb + in_block * stride_ks)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        s = _dot(q, tl.trans(k.to(q.dtype)), DOT_F32, PREC) * qk_scale       # [M, TILE_N]
+        visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + (block * stride_vb + in_block * stride_vs)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), DOT_F32, PREC)
+        m_i = m_new
+    return acc, m_i, l_i

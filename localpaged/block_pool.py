@@ -1,0 +1,91 @@
+"""BlockPool: the physical KV blocks of one device, their ref counts and the prefix-cache index.
+
+The pool knows block ids only; the K/V tensors themselves live in `kv_cache.KVCache`.
+
+Invariants:
+- ref_count(block) == number of block tables holding it.
+- A block is in the free queue iff its ref_count == 0. A free block that still has a hash is
+  "cached": the prefix cache can find it and take it back (ref_count 0 -> 1) until it is evicted.
+- Eviction order is the free queue's order: uncached blocks first, then cached blocks least
+  recently freed first (a request frees its blocks tail-first, so its last block goes first).
+- cached[h] is a block whose hash is h and whose stored tokens are the ones h describes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None      # set once the block is full and computed
+
+
+class NoFreeBlocksError(RuntimeError):
+    pass
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[bytes, Block] = {}
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be allocated now (truly free, or cached and evictable)."""
+        return len(self.free_queue)
+
+    @property
+    def num_cached_free(self) -> int:
+        return sum(1 for i in self.free_queue if self.blocks[i].block_hash is not None)
+
+    def allocate(self) -> Block:
+        """Take the block at the head of the free queue, evicting its cache entry if any."""
+        if not self.free_queue:
+            raise NoFreeBlocksError("no free KV blocks")
+        block = self.blocks[self.free_queue.popitem(last=False)[0]]
+        self._evict(block)
+        block.ref_count = 1
+        return block
+
+    def incref(self, block: Block) -> None:
+        if block.ref_count == 0:
+            del self.free_queue[block.block_id]      # a cache hit on a freed block revives it
+        block.ref_count += 1
+
+    def decref(self, block: Block) -> None:
+        assert block.ref_count > 0, f"block {block.block_id} freed twice"
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            self.free_queue[block.block_id] = None
+            if block.block_hash is None:
+                self.free_queue.move_to_end(block.block_id, last=False)   # reuse plain blocks first
+
+    def lookup(self, block_hash: bytes) -> Block | None:
+        return self.cached.get(block_hash) if self.enable_caching else None
+
+    def register(self, block: Block, block_hash: bytes) -> None:
+        """Make a full, computed block findable by the hash of its tokens (first writer wins)."""
+        if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
+            return
+        block.block_hash = block_hash
+        self.cached[block_hash] = block
+
+    def _evict(self, block: Block) -> None:
+        if block.block_hash is not None:
+            if self.cached.get(block.block_hash) is block:
+                del self.cached[block.block_hash]
+            block.block_hash = None
+
+    def reset_prefix_cache(self) -> None:
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()

@@ -1,0 +1,38 @@
+"""EngineConfig: every knob of the engine in one validated place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    device: str = "auto"                 # "auto": cuda when available, else cpu
+    dtype: str = "auto"                  # auto: float32 on CPU, bfloat16/float16 on GPU
+    block_size: int = 16
+    num_kv_blocks: int | None = None     # None: size the cache from free memory
+    kv_cache_memory_fraction: float = 0.3   # of available memory, when num_kv_blocks is None
+    max_kv_cache_gb: float | None = 4.0  # CPU cap for the automatic size
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None     # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"   # or "swap"
+    swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
+    attention_backend: str = "auto"      # "auto" | "torch" | "triton"
+    revision: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.swap_space_gb < 0:
+            raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")

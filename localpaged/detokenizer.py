@@ -1,0 +1,53 @@
+"""Incremental detokenization and stop strings.
+
+Text is decoded over a sliding window of tokens (the few before the last emitted one give the
+tokenizer its context), so each step costs O(window), and an incomplete UTF-8 character
+(decoded as U+FFFD) is held back until the token that completes it arrives.
+"""
+
+from __future__ import annotations
+
+from localpaged.request import Sequence
+
+
+def start_offsets(prompt_len: int) -> tuple[int, int]:
+    return max(0, prompt_len - 5), prompt_len
+
+
+def detokenize(tokenizer, seq: Sequence) -> str:
+    """Extend seq.text with the text of its newest tokens; returns the new text."""
+    prefix_offset, read_offset = seq.detok_state
+    ids = seq.token_ids
+    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
+    full = tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True)
+    if len(full) <= len(prefix) or full.endswith("\ufffd"):
+        return ""
+    new_text = full[len(prefix):]
+    seq.detok_state = (read_offset, len(ids))
+    seq.text += new_text
+    return new_text
+
+
+def find_stop(seq: Sequence, new_text: str, stops: list[str], include: bool) -> str | None:
+    """If a stop string now appears in seq.text (possibly spanning tokens), cut the text there."""
+    if not stops or not new_text:
+        return None
+    window_start = max(0, len(seq.text) - len(new_text) - max(map(len, stops)) + 1)
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        at = seq.text.find(stop, window_start)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, stop)
+    if best is None:
+        return None
+    at, stop = best
+    seq.text = seq.text[:at + len(stop)] if include else seq.text[:at]
+    return stop
+
+
+def visible_text(seq: Sequence, stops: list[str]) -> str:
+    """Text safe to stream: while running, hold back what could be the start of a stop string."""
+    if seq.is_finished or not stops:
+        return seq.text
+    hold = max(map(len, stops)) - 1
+    return seq.text[:len(seq.text) - hold] if hold else seq.text

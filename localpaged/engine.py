@@ -1,0 +1,253 @@
+"""LLMEngine: add_request / step / abort over the scheduler, model runner and KV cache.
+
+One step: the scheduler picks the batch, the model runner moves blocks and runs the model, then
+the engine samples, forks parallel samples after the prompt, detokenizes, applies stop rules and
+frees what finished. The engine is single-threaded; `async_engine.AsyncEngine` drives it from a
+background thread for concurrent callers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+
+import torch
+
+from localpaged import loader
+from localpaged.attention import get_backend
+from localpaged.config import EngineConfig
+from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
+from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
+from localpaged.kv_cache_manager import KVCacheManager
+from localpaged.model_runner import ModelRunner
+from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from localpaged.request import BeamParams, Sequence, SequenceGroup
+from localpaged.sampler import record, sample
+from localpaged.sampling_params import SamplingParams
+from localpaged.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def make_generator(seed: int | None, index: int) -> torch.Generator:
+    """Sample i of a seeded request draws from its own stream, derived from (seed, i)."""
+    g = torch.Generator()
+    g.manual_seed(random.getrandbits(63) if seed is None else (seed * 1_000_003 + index) % 2**63)
+    return g
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
+                                   else ("cpu" if config.device == "auto" else config.device))
+        self.dtype = loader.resolve_dtype(config.dtype, self.device)
+        loaded = loader.load(config.model, self.device, self.dtype, config.revision)
+        self.model, self.tokenizer, self.model_config = loaded.model, loaded.tokenizer, loaded.config
+        self.eos_token_ids = loaded.eos_token_ids
+        self.model_source = loaded.source
+        self.max_model_len = self._max_model_len()
+        self.backend = get_backend(config.attention_backend, self.device)
+        num_blocks, num_cpu_blocks = self._num_blocks()
+        mc = self.model_config
+        self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
+                                mc.num_key_value_heads, self.model.head_dim, self.dtype,
+                                self.device, num_cpu_blocks)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 num_cpu_blocks)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.preemption_mode)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.kv, self.backend)
+        self.groups: dict[str, SequenceGroup] = {}
+        self._ids = itertools.count()
+        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
+                    loaded.source.description, self.device, self.dtype, num_blocks,
+                    config.block_size, self.backend.name)
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def _max_model_len(self) -> int:
+        limit = getattr(self.model_config, "max_position_embeddings", 2048)
+        window = getattr(self.model_config, "sliding_window", None)
+        if window and getattr(self.model_config, "use_sliding_window", True) and window < limit:
+            logger.info("sliding-window attention is not implemented: context capped at %d", window)
+            limit = window
+        return min(limit, self.config.max_model_len or limit)
+
+    def _num_blocks(self) -> tuple[int, int]:
+        c, mc = self.config, self.model_config
+        per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads,
+                                    self.model.head_dim, self.dtype)
+        cpu_blocks = int(c.swap_space_gb * 2**30 // per_block) if c.preemption_mode == "swap" else 0
+        if c.num_kv_blocks is not None:
+            return c.num_kv_blocks, cpu_blocks
+        budget = available_memory(self.device) * c.kv_cache_memory_fraction
+        if self.device.type == "cpu" and c.max_kv_cache_gb:
+            budget = min(budget, c.max_kv_cache_gb * 2**30)
+        return max(1, int(budget // per_block)), cpu_blocks
+
+    # ---- requests -----------------------------------------------------------------------------
+    def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
+                   request_id: str | None = None, beam: BeamParams | None = None) -> SequenceGroup:
+        """Tokenize and validate a request without touching engine state (thread-safe)."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        self._check_prompt(ids)
+        request_id = request_id or f"req-{next(self._ids)}"
+        seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
+        seq.detok_state = start_offsets(len(ids))
+        eos = set() if params.ignore_eos else set(self.eos_token_ids)
+        return SequenceGroup(request_id, text, ids, params, [seq], eos | set(params.stop_token_ids),
+                             self.max_model_len, beam)
+
+    def _check_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt is {len(ids)} tokens; the model's context is "
+                             f"{self.max_model_len} tokens (prompt plus at least one new token)")
+        capacity = self.kv.pool.num_blocks * self.kv.block_size
+        if len(ids) + 1 > capacity:
+            raise ValueError(f"prompt is {len(ids)} tokens; the whole KV cache holds {capacity} "
+                             f"({self.kv.pool.num_blocks} blocks of {self.kv.block_size})")
+
+    def add_group(self, group: SequenceGroup) -> None:
+        if group.request_id in self.groups:
+            raise ValueError(f"request id {group.request_id!r} is already running")
+        self.groups[group.request_id] = group
+        self.scheduler.add(group)
+
+    def add_request(self, request_id: str | None, prompt: str | list[int],
+                    params: SamplingParams | None = None) -> str:
+        group = self.make_group(prompt, params, request_id)
+        self.add_group(group)
+        return group.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return None
+        for seq in group.unfinished_seqs():
+            seq.finish_reason = "abort"
+        return self._finish(group)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.groups)
+
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        logits = self.runner.execute(out)
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.kv.cache_full_blocks(item.seq)
+        touched = self._sample(out, logits)
+        for group in out.out_of_memory:
+            logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
+            for seq in group.unfinished_seqs():
+                seq.finish_reason = "length"
+            self.groups.pop(group.request_id, None)
+            self._finish(group)
+            touched.append(group)
+        return [self._output(g) for g in dict.fromkeys(touched)]
+
+    def _sample(self, out, logits: dict[int, torch.Tensor]) -> list[SequenceGroup]:
+        from localpaged import beam_search
+        rows, seqs, params, groups = [], [], [], []
+        for item in out.scheduled:
+            if item.seq.seq_id not in logits:
+                continue
+            group = item.group
+            if group.beam is not None:
+                beam_search.step(self, group, item.seq, logits[item.seq.seq_id])
+                groups.append(group)
+                continue
+            for seq in self._fork_samples(group, item.seq):
+                rows.append(logits[item.seq.seq_id])
+                seqs.append(seq)
+                params.append(group.params)
+                groups.append(group)
+        if rows:
+            for seq, group, result in zip(seqs, groups, sample(torch.stack(rows).float().cpu(), seqs, params)):
+                record(seq, result)
+                self._check_finished(group, seq)
+        now = time.monotonic()
+        for group in groups:
+            group.first_token_time = group.first_token_time or now
+        return groups
+
+    def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
+        """After the prompt, n > 1 samples fork from it, sharing every prompt block."""
+        if not group.in_prompt_stage or group.params.n == 1:
+            return [seq]
+        for i in range(1, group.params.n):
+            child = seq.fork(i, make_generator(group.params.seed, i))
+            self.kv.fork(seq, child)
+            group.seqs.append(child)
+        return list(group.seqs)
+
+    def _check_finished(self, group: SequenceGroup, seq: Sequence) -> None:
+        p = group.params
+        token = seq.token_ids[-1]
+        new_text = detokenize(self.tokenizer, seq)
+        if token in group.eos_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
+        elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:
+            seq.finish_reason, seq.stop_reason = "stop", stop
+        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
+                or len(seq.token_ids) >= group.max_model_len:
+            seq.finish_reason = "length"
+        if not group.unfinished_seqs():
+            self.groups.pop(group.request_id, None)
+            self._finish(group)
+
+    def _finish(self, group: SequenceGroup) -> RequestOutput:
+        self.scheduler.finish(group)
+        group.finished_time = time.monotonic()
+        return self._output(group)
+
+    def _output(self, group: SequenceGroup) -> RequestOutput:
+        stops = group.params.stop
+        outputs = [CompletionOutput(s.index, visible_text(s, stops), s.output_token_ids,
+                                    s.finish_reason, s.stop_reason,
+                                    s.logprobs if group.params.logprobs is not None else None,
+                                    s.cumulative_logprob) for s in group.seqs]
+        metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
+                                 max(0, group.num_cached_tokens),
+                                 sum(s.num_output_tokens for s in group.seqs))
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
+                             group.is_finished, metrics)
+
+    # ---- introspection ------------------------------------------------------------------------
+    def stats(self, with_block_tables: bool = False) -> EngineStats:
+        pool, kv, sched = self.kv.pool, self.kv, self.scheduler
+        in_use = [b for b in pool.blocks if b.ref_count > 0]
+        free_cached = pool.num_cached_free
+        tokens = sum(min(len(s.token_ids), s.num_computed_tokens + 1)
+                     for g in sched.running for s in g.unfinished_seqs())
+        tables = {}
+        if with_block_tables:
+            tables = {g.request_id: [kv.block_ids(s) for s in g.unfinished_seqs()] for g in sched.running}
+        cpu = kv.cpu_pool
+        return EngineStats(
+            num_blocks=pool.num_blocks, block_size=kv.block_size, blocks_in_use=len(in_use),
+            blocks_cached=free_cached, blocks_free=pool.num_free - free_cached,
+            blocks_shared=sum(1 for b in in_use if b.ref_count > 1),
+            blocks_without_sharing=kv.num_table_entries(), tokens_in_use=tokens,
+            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=sched.num_preemptions, num_swapped_out=sched.num_swapped_out,
+            num_cpu_blocks=cpu.num_blocks if cpu else 0,
+            cpu_blocks_in_use=(cpu.num_blocks - cpu.num_free) if cpu else 0,
+            num_running=len(sched.running), num_waiting=len(sched.waiting),
+            num_swapped=len(sched.swapped), block_tables=tables)
+
+    def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
+        """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""
+        return self.kv.cached_prefix_block_ids(token_ids)

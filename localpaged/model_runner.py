@@ -1,0 +1,109 @@
+"""ModelRunner: turns a scheduled batch into flat tensors, runs the model, samples.
+
+Per step it builds, from the scheduler's output: token ids and positions of every new token
+(decodes first, then prefill chunks), the slot mapping, block tables and sequence lengths. It
+carries out the block moves the scheduler decided (swap out, copy-on-write, swap in) before the
+forward pass, so a block is always read after it was written.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.kv_cache import KVCache
+from localpaged.kv_cache_manager import KVCacheManager
+from localpaged.models import LlamaForCausalLM
+from localpaged.sampler import SampleResult, sample
+from localpaged.scheduler import ScheduledSeq, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, kv: KVCacheManager,
+                 backend: AttentionBackend) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.kv = kv
+        self.backend = backend
+        self.device = kv_cache.device
+
+    @torch.inference_mode()
+    def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
+        """Run one step; returns logits [V] for each sequence (by seq_id) that samples."""
+        self.kv_cache.swap_out(out.swap_out)
+        self.kv_cache.copy(out.copies, self.backend)
+        self.kv_cache.swap_in(out.swap_in)
+        items = order_batch(out.scheduled)
+        if not items:
+            return {}
+        input_ids, positions, meta = self.prepare(items)
+        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend)
+        ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
+        sampling = [it for it in items if it.samples]
+        logits = self.model.compute_logits(hidden.index_select(0, ends)) if sampling else None
+        return {it.seq.seq_id: logits[i] for i, it in enumerate(sampling)}
+
+    def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        B = self.kv.block_size
+        tokens, positions, slots = [], [], []
+        for it in items:
+            start = it.seq.num_computed_tokens
+            span = range(start, start + it.num_tokens)
+            table = self.kv.block_ids(it.seq)
+            tokens.extend(it.seq.token_ids[start:start + it.num_tokens])
+            positions.extend(span)
+            slots.extend(table[p // B] * B + p % B for p in span)
+        decodes = [it for it in items if it.num_tokens == 1 and it.seq.num_computed_tokens > 0]
+        prefills = items[len(decodes):]
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            num_decode_tokens=len(decodes),
+            decode_block_tables=self._block_tables(decodes),
+            decode_seq_lens=_seq_lens(decodes, dev),
+            prefill_block_tables=self._block_tables(prefills),
+            prefill_query_start_loc=torch.tensor(
+                [0] + _cumsum([it.num_tokens for it in prefills]), dtype=torch.int32, device=dev),
+            prefill_seq_lens=_seq_lens(prefills, dev),
+        )
+        return (torch.tensor(tokens, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev), meta)
+
+    def _block_tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
+        tables = [self.kv.block_ids(it.seq) for it in items]
+        width = max((len(t) for t in tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(items), width)
+
+    def sample(self, items: list[ScheduledSeq], logits: dict[int, torch.Tensor]) -> dict[int, SampleResult]:
+        sampling = [it for it in items if it.seq.seq_id in logits]
+        if not sampling:
+            return {}
+        rows = torch.stack([logits[it.seq.seq_id] for it in sampling]).float().cpu()
+        results = sample(rows, [it.seq for it in sampling], [it.group.params for it in sampling])
+        return {it.seq.seq_id: r for it, r in zip(sampling, results)}
+
+
+def order_batch(items: list[ScheduledSeq]) -> list[ScheduledSeq]:
+    """Decodes (one new token after a computed context) first, then prefill chunks."""
+    def is_decode(it: ScheduledSeq) -> bool:
+        return it.num_tokens == 1 and it.seq.num_computed_tokens > 0
+    return [it for it in items if is_decode(it)] + [it for it in items if not is_decode(it)]
+
+
+def _seq_lens(items: list[ScheduledSeq], device: torch.device) -> torch.Tensor:
+    return torch.tensor([it.seq.num_computed_tokens + it.num_tokens for it in items],
+                        dtype=torch.int32, device=device)
+
+
+def _cumsum(xs: list[int]) -> list[int]:
+    out, total = [], 0
+    for x in xs:
+        total += x
+        out.append(total)
+    return out
+
+
+def _last_token_indices(items: list[ScheduledSeq]) -> list[int]:
+    ends = _cumsum([it.num_tokens for it in items])
+    return [end - 1 for end, it in zip(ends, items) if it.samples]

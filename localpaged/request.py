@@ -1,0 +1,114 @@
+"""Sequences and sequence groups: the engine's unit of work.
+
+A SequenceGroup is one user request. It starts with one Sequence (the prompt); parallel sampling
+(n > 1) and beam search fork more sequences from it, which share the prompt's KV blocks. The
+scheduler admits, runs, preempts and resumes a group as a whole (all-or-nothing).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from localpaged.sampling_params import SamplingParams
+
+_seq_ids = itertools.count()
+
+
+class GroupStatus(enum.Enum):
+    WAITING = "waiting"      # queued, or preempted by recompute; holds no blocks
+    RUNNING = "running"      # holds device blocks
+    SWAPPED = "swapped"      # preempted by swap; holds CPU blocks only
+    FINISHED = "finished"
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: dict[int, float]     # the most likely tokens (id -> logprob), chosen token aside
+
+
+class Sequence:
+    """One stream of tokens: the prompt followed by what was generated for it."""
+
+    def __init__(self, token_ids: list[int], prompt_len: int, index: int,
+                 generator: torch.Generator | None) -> None:
+        self.seq_id = next(_seq_ids)
+        self.token_ids = list(token_ids)
+        self.prompt_len = prompt_len
+        self.index = index                      # which output of its request it is
+        self.generator = generator              # per-sequence RNG: seeded output is batch-independent
+        # Tokens whose K/V are in the cache; invariant: 0 <= num_computed_tokens <= len(token_ids).
+        self.num_computed_tokens = 0
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.cumulative_logprob = 0.0
+        self.text = ""                          # detokenized output, stop string handled
+        self.detok_state = (0, 0)               # (prefix_offset, read_offset) into output tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def fork(self, index: int, generator: torch.Generator | None) -> "Sequence":
+        child = Sequence(self.token_ids, self.prompt_len, index, generator)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.logprobs = list(self.logprobs)
+        child.cumulative_logprob = self.cumulative_logprob
+        child.text, child.detok_state = self.text, self.detok_state
+        return child
+
+
+@dataclass
+class BeamParams:
+    beam_width: int
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+
+
+@dataclass(eq=False)
+class SequenceGroup:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence]
+    eos_token_ids: set[int] = field(default_factory=set)
+    max_model_len: int = 0
+    beam: BeamParams | None = None
+    status: GroupStatus = GroupStatus.WAITING
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_tokens: int = -1          # prefix tokens served from the cache at first admission
+    finished_beams: list = field(default_factory=list)   # beam search: (score, Sequence)
+
+    def unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs if not s.is_finished]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == GroupStatus.FINISHED
+
+    @property
+    def in_prompt_stage(self) -> bool:
+        """True until the prompt's last token has been computed and the first token sampled."""
+        return len(self.seqs) == 1 and self.seqs[0].num_output_tokens == 0

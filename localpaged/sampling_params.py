@@ -1,0 +1,81 @@
+"""SamplingParams: what a request asks of the sampler, validated at construction.
+
+Invalid values raise ValueError naming the field, so the UI and the API can show the user
+exactly what to fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 or -1: no top-k
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    max_tokens: int | None = 16         # None: up to the model's context
+    ignore_eos: bool = False
+    logprobs: int | None = None         # top logprobs per token besides the chosen one
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        checks = [
+            ("n", _is_int(self.n) and self.n >= 1, "must be an integer >= 1"),
+            ("temperature", _is_num(self.temperature) and self.temperature >= 0,
+             "must be a number >= 0"),
+            ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
+            ("top_k", _is_int(self.top_k) and self.top_k >= 0, "must be -1, 0 or a positive integer"),
+            ("min_p", _is_num(self.min_p) and 0 <= self.min_p <= 1, "must be in [0, 1]"),
+            ("repetition_penalty", _is_num(self.repetition_penalty) and self.repetition_penalty > 0,
+             "must be > 0"),
+            ("presence_penalty", _is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
+             "must be in [-2, 2]"),
+            ("frequency_penalty", _is_num(self.frequency_penalty)
+             and -2 <= self.frequency_penalty <= 2, "must be in [-2, 2]"),
+            ("seed", self.seed is None or _is_int(self.seed), "must be an integer or None"),
+            ("max_tokens", self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
+             "must be an integer >= 1 or None"),
+            ("logprobs", self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+             "must be an integer in [0, 20] or None"),
+            ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
+            ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+             "must be non-negative integers"),
+        ]
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(self, name)!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x

@@ -1,0 +1,57 @@
+"""Tiny random Hugging Face models built in a temp dir, for engine-vs-transformers tests."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast,
+                          Qwen2Config, Qwen3Config)
+
+VOCAB = 512
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              max_position_embeddings=1024, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+CONFIGS = {
+    "llama-gqa": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **COMMON),
+    "llama-mqa-tied": lambda: LlamaConfig(num_attention_heads=4, num_key_value_heads=1,
+                                          tie_word_embeddings=True, **COMMON),
+    "qwen2-bias": lambda: Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **COMMON),
+    "qwen3": lambda: Qwen3Config(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                 tie_word_embeddings=False, **COMMON),
+    "mistral": lambda: MistralConfig(num_attention_heads=4, num_key_value_heads=2,
+                                     sliding_window=None, **COMMON),
+    "llama3-rope": lambda: LlamaConfig(
+        num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 256}, **COMMON),
+}
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer whose vocabulary is VOCAB ids (unused ids decode to nothing)."""
+    vocab = {f"<{i}>": i for i in range(3)}
+    vocab.update({chr(0x100 + i) if i < 256 else f"<x{i}>": i + 3 for i in range(VOCAB - 3)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<1>", eos_token="<2>",
+                                   pad_token="<0>", unk_token="<0>")
+
+
+def build(kind: str, root: str, seed: int = 0) -> str:
+    """Save a random model of the given kind (see CONFIGS) to root/kind; returns the path."""
+    path = os.path.join(root, kind)
+    if os.path.isdir(path):
+        return path
+    torch.manual_seed(seed)
+    config = CONFIGS[kind]()
+    model = AutoModelForCausalLM.from_config(config)
+    for p in model.parameters():                 # a sharper distribution than the default init
+        p.data.normal_(0, 0.08)
+    model.save_pretrained(path)
+    _tokenizer().save_pretrained(path)
+    return path

@@ -1,0 +1,1 @@
+"""Chat app of localpaged: Gradio UI and the conversation store."""
