@@ -147,6 +147,12 @@ def test_export_import_json_round_trip(store, chat):
     broken = {**exported, "messages": exported["messages"][1:]}  # a1's parent is missing
     with pytest.raises(ValueError):
         store.import_json(broken)
+    before = len(store.list_conversations())
+    bad_row = {**exported, "messages": exported["messages"][:2] + [
+        {**exported["messages"][2], "content": None}]}  # NOT NULL fails mid-transaction
+    with pytest.raises(ValueError):
+        store.import_json(bad_row)
+    assert len(store.list_conversations()) == before  # rolled back, nothing half imported
 
 
 def test_export_markdown_is_the_active_path(store, chat):

@@ -177,7 +177,8 @@ class Store:
                              updated: float | None = None) -> int:
         now = time.time()
         return self.db.table("conversations").insert({
-            "title": title, "created": created or now, "updated": updated or now,
+            "title": title, "created": now if created is None else created,
+            "updated": now if updated is None else updated,
             "system_prompt": system_prompt, "model": model,
             "sampling": json.dumps(sampling or {})}).last_pk
 

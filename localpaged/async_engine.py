@@ -1,0 +1,183 @@
+"""AsyncEngine: drives one LLMEngine from a background thread for many concurrent callers.
+
+Callers (UI tabs, API clients) submit requests from any thread or event loop and iterate over
+their own RequestStream, synchronously or with `async for`. Only the engine thread touches the
+engine: submissions and aborts travel through a command queue and take effect between steps, so
+every running request shares one batch. Validation (tokenizing, length checks) happens in the
+caller's thread, so a bad request raises at once and disturbs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+from localpaged.engine import LLMEngine
+from localpaged.outputs import EngineStats, RequestOutput
+from localpaged.request import SequenceGroup
+from localpaged.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class RequestStream:
+    """The outputs of one request, in order; ends after the finished output."""
+
+    def __init__(self, request_id: str, engine: "AsyncEngine",
+                 loop: asyncio.AbstractEventLoop | None) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._loop = loop
+        self._sync: queue.Queue = queue.Queue()
+        self._async: asyncio.Queue | None = asyncio.Queue() if loop else None
+        self.finished = False
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._async.put_nowait, item)
+        else:
+            self._sync.put(item)
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self._engine.abort(self.request_id)
+
+    def _accept(self, item) -> RequestOutput:
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        try:
+            while not self.finished:
+                yield self._accept(self._sync.get())
+        finally:
+            self.cancel()                 # a consumer that stops early aborts its request
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                yield self._accept(await self._async.get())
+        finally:
+            self.cancel()
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._streams: dict[str, RequestStream] = {}
+        self._lock = threading.Lock()          # guards _streams and the stats snapshot
+        self._stats = engine.stats()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="localpaged-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    # ---- callers ------------------------------------------------------------------------------
+    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+               request_id: str | None = None) -> RequestStream:
+        """Validate and queue a request; raises ValueError on bad input."""
+        group = self.engine.make_group(prompt, params, request_id)
+        return self.submit_group(group)
+
+    def submit_group(self, group: SequenceGroup) -> RequestStream:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        stream = RequestStream(group.request_id, self, loop)
+        with self._lock:
+            if group.request_id in self._streams:
+                raise ValueError(f"request id {group.request_id!r} is already running")
+            self._streams[group.request_id] = stream
+        self._commands.put(("add", group))
+        return stream
+
+    def generate(self, prompt, params=None, request_id=None) -> RequestStream:
+        """Alias of submit: iterate the result with `for` or `async for`."""
+        return self.submit(prompt, params, request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        """The snapshot taken after the latest step (never blocks on the engine)."""
+        with self._lock:
+            return self._stats
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put(("stop", None))
+        self._thread.join(timeout=10)
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            self._drain(block=not self.engine.has_unfinished_requests())
+            if not self.engine.has_unfinished_requests():
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:  # noqa: BLE001 - fail every request, keep serving
+                logger.exception("engine step failed")
+                self._fail_all(exc)
+                continue
+            for out in outputs:
+                self._deliver(out)
+            self._snapshot()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._apply(*cmd)
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                break
+        self._snapshot()
+
+    def _apply(self, kind: str, arg) -> None:
+        if kind == "add":
+            try:
+                self.engine.add_group(arg)
+            except ValueError as exc:
+                self._deliver_error(arg.request_id, exc)
+        elif kind == "abort":
+            out = self.engine.abort(arg)
+            if out is not None:
+                self._deliver(out)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        with self._lock:
+            stream = self._streams.pop(out.request_id, None) if out.finished \
+                else self._streams.get(out.request_id)
+        if stream is not None:
+            stream.put(out)
+
+    def _deliver_error(self, request_id: str, exc: BaseException) -> None:
+        with self._lock:
+            stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream.put(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for request_id in list(self.engine.groups):
+            self.engine.abort(request_id)
+            self._deliver_error(request_id, RuntimeError(f"engine error: {exc}"))
+
+    def _snapshot(self) -> None:
+        stats = self.engine.stats(with_block_tables=True)
+        with self._lock:
+            self._stats = stats
