@@ -26,7 +26,7 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping,
     h = tl.program_id(1)
     slot = tl.load(slot_mapping + t).to(tl.int64)
     offs_d = tl.arange(0, D_PAD)
-    mask = (offs_d < HEAD_DIM) & (slot >= 0)
+    mask = (offs_d < HEAD_DIM) & ((slot + tl.zeros([D_PAD], tl.int64)) >= 0)   # a vector mask
     slot = tl.maximum(slot, 0)          # keeps the (masked) address in range
     block = slot // BLOCK_SIZE
     in_block = slot % BLOCK_SIZE

@@ -84,9 +84,13 @@ class AsyncEngine:
 
     # ---- callers ------------------------------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:
-        """Validate and queue a request; raises ValueError on bad input."""
-        group = self.engine.make_group(prompt, params, request_id)
+               request_id: str | None = None,
+               column_params: list[SamplingParams] | None = None) -> RequestStream:
+        """Validate and queue a request; raises ValueError on bad input.
+
+        With column_params, one output per entry, decoded together over the shared prompt.
+        """
+        group = self.engine.make_group(prompt, params, request_id, column_params=column_params)
         return self.submit_group(group)
 
     def submit_group(self, group: SequenceGroup) -> RequestStream:

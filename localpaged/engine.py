@@ -89,9 +89,16 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------------------
     def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
-                   request_id: str | None = None, beam: BeamParams | None = None) -> SequenceGroup:
-        """Tokenize and validate a request without touching engine state (thread-safe)."""
-        params = params or SamplingParams()
+                   request_id: str | None = None, beam: BeamParams | None = None,
+                   column_params: list[SamplingParams] | None = None) -> SequenceGroup:
+        """Tokenize and validate a request without touching engine state (thread-safe).
+
+        `column_params` asks for one output per entry, each with its own settings, decoded
+        together over the one shared prompt (side-by-side comparison); `params` is then ignored.
+        """
+        if column_params is not None and not column_params:
+            raise ValueError("column_params must not be empty")
+        params = column_params[0] if column_params else (params or SamplingParams())
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
@@ -100,9 +107,8 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
         seq.detok_state = start_offsets(len(ids))
-        eos = set() if params.ignore_eos else set(self.eos_token_ids)
-        return SequenceGroup(request_id, text, ids, params, [seq], eos | set(params.stop_token_ids),
-                             self.max_model_len, beam)
+        return SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
+                             self.max_model_len, beam, column_params=column_params)
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -172,7 +178,7 @@ class LLMEngine:
             for seq in self._fork_samples(group, item.seq):
                 rows.append(logits[item.seq.seq_id])
                 seqs.append(seq)
-                params.append(group.params)
+                params.append(group.params_for(seq))
                 groups.append(group)
         if rows:
             for seq, group, result in zip(seqs, groups, sample(torch.stack(rows).float().cpu(), seqs, params)):
@@ -185,19 +191,20 @@ class LLMEngine:
 
     def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
         """After the prompt, n > 1 samples fork from it, sharing every prompt block."""
-        if not group.in_prompt_stage or group.params.n == 1:
+        if not group.in_prompt_stage or group.width == 1:
             return [seq]
-        for i in range(1, group.params.n):
-            child = seq.fork(i, make_generator(group.params.seed, i))
+        for i in range(1, group.width):
+            seed_index = 0 if group.column_params else i     # a column samples like a lone request
+            child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
             self.kv.fork(seq, child)
             group.seqs.append(child)
         return list(group.seqs)
 
     def _check_finished(self, group: SequenceGroup, seq: Sequence) -> None:
-        p = group.params
+        p = group.params_for(seq)
         token = seq.token_ids[-1]
         new_text = detokenize(self.tokenizer, seq)
-        if token in group.eos_token_ids:
+        if token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
             seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
         elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
@@ -214,16 +221,19 @@ class LLMEngine:
         return self._output(group)
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
-        stops = group.params.stop
-        outputs = [CompletionOutput(s.index, visible_text(s, stops), s.output_token_ids,
-                                    s.finish_reason, s.stop_reason,
-                                    s.logprobs if group.params.logprobs is not None else None,
-                                    s.cumulative_logprob) for s in group.seqs]
+        outputs = [self._completion(s, group.params_for(s)) for s in group.seqs]
         metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
                                  max(0, group.num_cached_tokens),
                                  sum(s.num_output_tokens for s in group.seqs))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
                              group.is_finished, metrics)
+
+    @staticmethod
+    def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
+        return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
+                                seq.finish_reason, seq.stop_reason,
+                                seq.logprobs if p.logprobs is not None else None,
+                                seq.cumulative_logprob)
 
     # ---- introspection ------------------------------------------------------------------------
     def stats(self, with_block_tables: bool = False) -> EngineStats:

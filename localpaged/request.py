@@ -91,7 +91,7 @@ class SequenceGroup:
     prompt_token_ids: list[int]
     params: SamplingParams
     seqs: list[Sequence]
-    eos_token_ids: set[int] = field(default_factory=set)
+    eos_token_ids: set[int] = field(default_factory=set)    # the model's end-of-sequence ids
     max_model_len: int = 0
     beam: BeamParams | None = None
     status: GroupStatus = GroupStatus.WAITING
@@ -100,6 +100,20 @@ class SequenceGroup:
     finished_time: float | None = None
     num_cached_tokens: int = -1          # prefix tokens served from the cache at first admission
     finished_beams: list = field(default_factory=list)   # beam search: (score, Sequence)
+    column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
+
+    @property
+    def width(self) -> int:
+        """Sequences the group runs once forked: n samples, columns, or the beam width."""
+        if self.beam is not None:
+            return self.beam.beam_width
+        return len(self.column_params) if self.column_params else self.params.n
+
+    def params_for(self, seq: Sequence) -> SamplingParams:
+        return self.params_for_index(seq.index)
+
+    def params_for_index(self, index: int) -> SamplingParams:
+        return self.column_params[index] if self.column_params else self.params
 
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.is_finished]

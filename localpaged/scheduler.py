@@ -207,6 +207,5 @@ class Scheduler:
 
 
 def _width(group: SequenceGroup) -> int:
-    """Sequences the group runs once forked (n samples or beam width)."""
-    width = group.beam.beam_width if group.beam else group.params.n
-    return max(len(group.unfinished_seqs()), width if group.in_prompt_stage else 1)
+    """Sequences the group runs now, or once forked if it is still in its prompt."""
+    return max(len(group.unfinished_seqs()), group.width if group.in_prompt_stage else 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from localpaged.ui import store as store_module
 from localpaged.ui.store import DB_FILENAME, Store, StoreError, default_data_dir
 
 
@@ -364,9 +365,14 @@ def test_threads_share_one_store(store):
     check_active_invariant(store, c.id)
 
 
+# The writer loads ui/ as a bare package: importing localpaged/__init__ (torch) would take
+# seconds, and only the store is under test.
 WRITER = """
-import sys, time
-from localpaged.ui.store import Store
+import sys, types
+pkg = types.ModuleType("_ui")
+pkg.__path__ = [sys.argv[2]]
+sys.modules["_ui"] = pkg
+from _ui.store import Store
 s = Store(sys.argv[1])
 c = s.create_conversation("crash test")
 u = s.add_message(c.id, None, "user", "Count for me.")
@@ -382,8 +388,9 @@ for i in range(10**9):
 
 def test_writer_killed_mid_reply_keeps_partial_reply(tmp_path):
     db = tmp_path / "chat.db"
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE,
-                            text=True)
+    ui_dir = str(Path(store_module.__file__).parent)
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db), ui_dir],
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline().split()
         assert line and line[0] == "committed", "the writer did not start"

@@ -1,0 +1,60 @@
+"""ChatBackend: what the chat UI needs from an engine, local or remote.
+
+The UI speaks only this interface: chat messages in, a stream of RequestOutput out (one output
+per column), plus engine stats when the engine is local. `LocalChatBackend` wraps the in-process
+AsyncEngine; `localpaged.remote.RemoteChatBackend` talks to any OpenAI-compatible server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from localpaged.async_engine import AsyncEngine
+from localpaged.llm import apply_chat_template
+from localpaged.outputs import EngineStats, RequestOutput
+from localpaged.sampling_params import SamplingParams
+
+
+class ChatBackend(Protocol):
+    model_name: str
+    supports_kv_stats: bool
+
+    def chat(self, messages: list[dict], params: list[SamplingParams],
+             request_id: str | None = None) -> Iterator[RequestOutput]:
+        """Stream one reply per entry of params (cumulative outputs[i].text); raises ValueError
+        for bad input before streaming. Closing the iterator early cancels the request."""
+
+    def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats | None: ...
+
+    def prompt_blocks(self, messages: list[dict]) -> list[int]:
+        """Cached KV block ids holding a prefix of this conversation's prompt (empty if remote)."""
+
+
+class LocalChatBackend:
+    supports_kv_stats = True
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.model_name = engine.engine.model_source.description
+
+    def prompt_ids(self, messages: list[dict]) -> list[int]:
+        return apply_chat_template(self.engine.tokenizer, messages)
+
+    def chat(self, messages: list[dict], params: list[SamplingParams],
+             request_id: str | None = None) -> Iterator[RequestOutput]:
+        ids = self.prompt_ids(messages)
+        if len(params) == 1:
+            return iter(self.engine.submit(ids, params[0], request_id))
+        return iter(self.engine.submit(ids, None, request_id, column_params=params))
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def prompt_blocks(self, messages: list[dict]) -> list[int]:
+        return self.engine.engine.cached_prefix_blocks(self.prompt_ids(messages))
