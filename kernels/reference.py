@@ -19,10 +19,12 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store key/value [T, Hkv, D] into their slots; a negative slot means "skip this token"."""
     num_blocks, block_size = k_cache.shape[:2]
-    keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:])[slots] = key[keep].to(k_cache.dtype)
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:])[slots] = value[keep].to(v_cache.dtype)
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        key, value, slots = key[keep], value[keep], slots[keep]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -38,18 +40,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     max_len = int(seq_lens.max())
-    max_blocks = -(-max_len // block_size)
-    table = block_tables[:, :max_blocks].long().clamp(min=0)
-    keys = k_cache[table].flatten(1, 2)[:, :max_len]       # [B, L, Hkv, D]
-    values = v_cache[table].flatten(1, 2)[:, :max_len]
+    table = block_tables[:, :-(-max_len // block_size)].long()
+    # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries are masked below.
+    keys = k_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
+    values = v_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
     group = num_heads // num_kv_heads
-    qg = q.view(batch, num_kv_heads, group, head_dim).float()
-    scores = torch.einsum("bhgd,blhd->bhgl", qg, keys.float()) * scale
-    pad = torch.arange(max_len, device=q.device)[None, :] >= seq_lens[:, None].to(q.device)
-    scores.masked_fill_(pad[:, None, None, :], float("-inf"))
-    probs = scores.softmax(dim=-1)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, values.float())
-    return out.reshape(batch, num_heads, head_dim).to(q.dtype)
+    qg = q.view(batch, num_kv_heads, group, head_dim)
+    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
+                                         scale=scale)
+    return out.reshape(batch, num_heads, head_dim)
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

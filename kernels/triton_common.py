@@ -67,7 +67,8 @@ def dot_options(kernel, dtype: torch.dtype) -> tuple[bool, str]:
 @triton.jit
 def _dot(a, b, DOT_F32: tl.constexpr, PREC: tl.constexpr):
     if DOT_F32:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
     return tl.dot(a, b, input_precision=PREC)
 
 

@@ -26,6 +26,7 @@ from .triton_common import (LOG2E, NEG_BIG, attend_tiles, dot_options, fallback_
 
 PARTITION_SIZE = 256        # tokens per split-K partition; a multiple of every TILE_N used
 _PLAIN_PARTITION = 1 << 30  # "one partition holds the whole context"
+REDUCE_CHUNK = 32           # partitions the reduce kernel combines per step
 
 
 @triton.jit
@@ -81,20 +82,35 @@ def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
 @triton.jit
 def _reduce_kernel(part_out, part_lse, out_ptr, num_parts,
                    stride_pb, stride_ph, stride_pp, stride_lb, stride_lh, stride_ob, stride_oh,
-                   PARTS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
-    """Program (b, head): out = sum_p w_p * o_p / sum_p w_p with w_p = exp2(lse_p - max lse)."""
+                   PART_CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr):
+    """Program (b, head): out = sum_p w_p * o_p / sum_p w_p with w_p = exp2(lse_p - max lse).
+
+    Two passes over the partitions, PART_CHUNK at a time (registers stay bounded for any
+    context): the max of the lse, then the weighted sum. Empty partitions (NEG_BIG) weigh 0.
+    """
     b = tl.program_id(0)
     head = tl.program_id(1)
-    offs_p = tl.arange(0, PARTS_PAD)
+    offs_c = tl.arange(0, PART_CHUNK)
     offs_d = tl.arange(0, D_PAD)
-    p_ok = offs_p < num_parts
     d_ok = offs_d < HEAD_DIM
-    lse = tl.load(part_lse + b * stride_lb + head * stride_lh + offs_p, mask=p_ok, other=NEG_BIG)
-    w = tl.exp2(lse - tl.max(lse, 0))            # empty partitions (NEG_BIG) weigh exactly 0
-    w = tl.where(p_ok, w, 0.0)
-    o = tl.load(part_out + b * stride_pb + head * stride_ph + offs_p[:, None] * stride_pp
-                + offs_d[None, :], mask=p_ok[:, None] & d_ok[None, :], other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    lse_base = part_lse + b * stride_lb + head * stride_lh
+    o_base = part_out + b * stride_pb + head * stride_ph
+    run_max = tl.full([PART_CHUNK], NEG_BIG, dtype=tl.float32)
+    for p0 in range(0, num_parts, PART_CHUNK):
+        lse = tl.load(lse_base + p0 + offs_c, mask=p0 + offs_c < num_parts, other=NEG_BIG)
+        run_max = tl.maximum(run_max, lse)
+    lse_max = tl.max(run_max, 0)
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    w_sum = tl.zeros([PART_CHUNK], dtype=tl.float32)
+    for p0 in range(0, num_parts, PART_CHUNK):
+        p_ok = p0 + offs_c < num_parts
+        lse = tl.load(lse_base + p0 + offs_c, mask=p_ok, other=NEG_BIG)
+        w = tl.where(p_ok, tl.exp2(lse - lse_max), 0.0)
+        o = tl.load(o_base + (p0 + offs_c)[:, None] * stride_pp + offs_d[None, :],
+                    mask=p_ok[:, None] & d_ok[None, :], other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+        w_sum += w
+    out = acc / tl.sum(w_sum, 0)
     tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
@@ -172,7 +188,8 @@ def decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale,
     _reduce_kernel[(batch, num_heads)](
         part_out, part_lse, out, num_parts, *part_out.stride()[:3], *part_lse.stride()[:2],
         out.stride(0), out.stride(1),
-        PARTS_PAD=next_pow2(num_parts), HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
+        PART_CHUNK=min(REDUCE_CHUNK, max(2, next_pow2(num_parts))), HEAD_DIM=head_dim,
+        D_PAD=next_pow2(head_dim))
     return out
 
 

@@ -61,6 +61,7 @@ class LLMEngine:
                                    config.preemption_mode)
         self.runner = ModelRunner(self.model, self.kv_cache, self.kv, self.backend)
         self.groups: dict[str, SequenceGroup] = {}
+        self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
                     loaded.source.description, self.device, self.dtype, num_blocks,
@@ -151,6 +152,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         logits = self.runner.execute(out)
+        self.num_tokens_computed += out.num_tokens
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
             self.kv.cache_full_blocks(item.seq)

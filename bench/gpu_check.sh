@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One prepared check for a machine with CUDA, run from anywhere; finishes within 10 minutes.
+#   1. install the project (pip install -e .[test]; offline machines fall back to --no-deps;
+#      SKIP_INSTALL=1 skips this)
+#   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset)
+#   3. the engine-vs-transformers equality tests with the Triton backend, where present
+#   4. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
+#   5. bench/throughput.py --device cuda --quick, where present
+# Each step has its own timeout and a share of one overall deadline; a failing step does not stop
+# the others. Results go to $OUT if set, else bench/results/: gpu_check.json (per step: exit
+# status, seconds), gpu_check.log (all output), gpu_kernels.json (the kernel benchmark).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+DEST=${OUT:-bench/results}
+mkdir -p "$DEST"
+LOG="$DEST/gpu_check.log"
+: >"$LOG"
+export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+unset TRITON_INTERPRET
+DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 570; kills add <= 10 s each
+STEPS=""
+
+# step NAME LIMIT_S CMD...: run CMD (a command or an exported function) under
+# min(LIMIT_S, time left to the deadline); log its output, record its exit status.
+step() {
+    local name=$1 limit=$2 rc t0 left
+    shift 2
+    left=$((DEADLINE - $(date +%s)))
+    ((left < limit)) && limit=$left
+    t0=$(date +%s)
+    if ((limit <= 5)); then
+        rc=124
+        echo "=== $name: skipped, out of time" | tee -a "$LOG"
+    else
+        echo "=== $name (limit ${limit}s): $*" | tee -a "$LOG"
+        timeout -k 10 "$limit" bash -c '"$@"' step "$@" 2>&1 | tee -a "$LOG"
+        rc=$?
+    fi
+    echo "=== $name: rc=$rc in $(($(date +%s) - t0))s" | tee -a "$LOG"
+    STEPS="$STEPS${STEPS:+,}\"$name\": {\"rc\": $rc, \"seconds\": $(($(date +%s) - t0))}"
+    return $rc
+}
+
+install_project() {
+    if [[ ${SKIP_INSTALL:-0} == 1 ]]; then
+        echo "SKIP_INSTALL=1: using the installed project"
+        return 0
+    fi
+    "$PY" -m pip install -q --retries 0 --timeout 5 -e ".[test]" && return 0
+    echo "full install failed (offline?): installing the project alone"
+    "$PY" -m pip install -q --no-deps --no-build-isolation -e .
+}
+
+engine_tests() {
+    local files=() f
+    for f in tests/test_engine_triton.py tests/test_hf_equality.py; do
+        [[ -f $f ]] && files+=("$f")
+    done
+    if ((${#files[@]} == 0)); then
+        echo "no engine equality test files: nothing to run"
+        return 0
+    fi
+    "$PY" -m pytest -x -q -p no:cacheprovider "${files[@]}"
+}
+
+throughput() {
+    if [[ ! -f bench/throughput.py ]]; then echo "bench/throughput.py absent: skipped"; return 0; fi
+    "$PY" bench/throughput.py --device cuda --quick
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'available', torch.cuda.is_available(), 'triton', triton.__version__)"; } 2>&1 | tee -a "$LOG"
+
+export PY
+export -f install_project engine_tests throughput
+step install 100 install_project
+step kernel_tests 170 "$PY" -m pytest -x -q -p no:cacheprovider -rs tests/test_kernels.py
+step engine_tests 140 engine_tests
+step bench_kernels 90 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
+step throughput 70 throughput
+
+printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"
+echo "wrote $DEST/gpu_check.json, $DEST/gpu_check.log, $DEST/gpu_kernels.json"
+grep -q '"rc": [1-9]' "$DEST/gpu_check.json" && exit 1
+exit 0

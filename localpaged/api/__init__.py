@@ -1,0 +1,19 @@
+"""The OpenAI-compatible HTTP API, served beside the Gradio UI on one FastAPI app.
+
+    from localpaged.api import create_api, install_error_handlers
+    app = FastAPI()
+    app.include_router(create_api(engine, "my-model", api_key=None))
+    install_error_handlers(app)
+    # then: gr.mount_gradio_app(app, demo, path="/")
+
+`localpaged.server.build_app` does exactly this. `record_request(out.metrics)` adds a request run
+outside the API (the UI's) to the /metrics histograms.
+"""
+
+from localpaged.api.errors import APIError, install_error_handlers
+from localpaged.api.metrics import MetricsRecorder, record_request
+from localpaged.api.routes import create_api
+from localpaged.api.security import check_bind_safety, resolve_api_key
+
+__all__ = ["create_api", "install_error_handlers", "record_request", "MetricsRecorder",
+           "APIError", "check_bind_safety", "resolve_api_key"]

@@ -1,0 +1,199 @@
+"""Typed request bodies of the OpenAI-compatible API, and their mapping to SamplingParams.
+
+Types are strict (a string is not a number, 3.0 is not an integer) and NaN/Infinity are refused,
+so a bad field is answered with a 400 naming it before anything reaches the engine. Fields the
+engine cannot honour (tools, logit_bias, echo, ...) are refused rather than silently ignored;
+other unknown fields are ignored, as OpenAI's clients send a few of their own.
+Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
+stop_token_ids.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localpaged.api.errors import APIError
+from localpaged.sampling_params import SamplingParams
+
+# Below this a temperature is greedy: dividing logits by ~0 would overflow to inf/NaN.
+MIN_TEMPERATURE = 1e-5
+
+_CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
+
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)]
+
+
+def check_text(text: str, param: str) -> str:
+    """Refuse text UTF-8 cannot carry (lone surrogates from JSON escapes): tokenizers fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(f"'{param}' is not valid Unicode text: {exc.reason} at position "
+                       f"{exc.start}.", param=param, code="invalid_value") from exc
+    return text
+
+
+class StreamOptions(BaseModel):
+    model_config = _CONFIG
+    include_usage: bool | None = False
+
+
+class _Common(BaseModel):
+    """Fields shared by /v1/chat/completions and /v1/completions."""
+    model_config = _CONFIG
+
+    model: Annotated[str, Field(min_length=1)]
+    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    temperature: Annotated[float, Field(ge=0.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    stop: Annotated[str, Field(min_length=1)] | StopList | None = None
+    seed: int | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # extensions (vLLM's names)
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] | None = None
+    ignore_eos: bool | None = False
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _check_unsupported(self) -> None:
+        if self.logit_bias:
+            raise APIError("logit_bias is not supported by this server.", param="logit_bias",
+                           code="unsupported_parameter")
+
+    def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        temperature = 1.0 if self.temperature is None else self.temperature
+        if temperature < MIN_TEMPERATURE:
+            temperature = 0.0
+        return SamplingParams(
+            n=self.n or 1, temperature=temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0, min_p=self.min_p or 0.0,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
+            max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), logprobs=logprobs)
+
+
+class TextPart(BaseModel):
+    model_config = _CONFIG
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(BaseModel):
+    """A non-text content part (image, audio, file): recognised, then refused."""
+    model_config = ConfigDict(strict=True, extra="allow")
+    type: str
+
+
+class ChatMessage(BaseModel):
+    model_config = _CONFIG
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart | OtherPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def has_non_text(self) -> bool:
+        return isinstance(self.content, list) and any(
+            not isinstance(p, TextPart) for p in self.content)
+
+
+class ChatCompletionRequest(_Common):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+
+    def template_messages(self) -> list[dict[str, str]]:
+        """The messages as the chat template wants them: role and plain-text content."""
+        out = []
+        for i, m in enumerate(self.messages):
+            if m.has_non_text():
+                raise APIError("Only text content parts are supported by this model.",
+                               param=f"messages[{i}].content", code="unsupported_content")
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": check_text(m.text(), f"messages[{i}].content")})
+        return out
+
+    def sampling_params(self) -> SamplingParams:
+        self._check_unsupported()
+        if self.tools:
+            raise APIError("tools are not supported by this server.", param="tools",
+                           code="unsupported_parameter")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise APIError("Only response_format {'type': 'text'} is supported.",
+                           param="response_format", code="unsupported_parameter")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError("top_logprobs requires logprobs to be true.", param="top_logprobs",
+                           code="invalid_value")
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        return self._sampling(max_tokens, logprobs)
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(_Common):
+    prompt: str | TokenIds | list[str] | list[TokenIds]
+    max_tokens: Annotated[int, Field(ge=1)] | None = 16      # OpenAI's default for completions
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    echo: bool | None = False
+    best_of: Annotated[int, Field(ge=1)] | None = None
+    suffix: str | None = None
+
+    def prompt_value(self) -> str | list[int]:
+        """One prompt: a string or token ids (a one-element batch is unwrapped)."""
+        p = self.prompt
+        if isinstance(p, list) and (not p or isinstance(p[0], (str, list))):
+            if len(p) != 1:
+                raise APIError("Send one prompt per request (batched prompts are not supported)"
+                               if p else "prompt must not be empty.", param="prompt",
+                               code="invalid_value")
+            p = p[0]
+        return check_text(p, "prompt") if isinstance(p, str) else p
+
+    def sampling_params(self) -> SamplingParams:
+        self._check_unsupported()
+        if self.echo:
+            raise APIError("echo is not supported by this server.", param="echo",
+                           code="unsupported_parameter")
+        if self.suffix:
+            raise APIError("suffix is not supported by this server.", param="suffix",
+                           code="unsupported_parameter")
+        if self.best_of is not None and self.best_of != (self.n or 1):
+            raise APIError("best_of other than n is not supported by this server.",
+                           param="best_of", code="unsupported_parameter")
+        return self._sampling(self.max_tokens, self.logprobs)
+
+    @property
+    def max_tokens_param(self) -> str:
+        return "max_tokens"

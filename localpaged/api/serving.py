@@ -1,0 +1,229 @@
+"""Running one API request on the AsyncEngine: a whole response, or a stream of SSE chunks.
+
+`Generation` wraps one engine RequestStream. `collect()` waits for the final output (aborting the
+request if the client goes away meanwhile); `sse()` yields `data: {...}\\n\\n` chunks carrying
+only what is new since the previous chunk, then `data: [DONE]\\n\\n`. `SSEResponse` makes sure the
+engine request is aborted however the response ends (finished, client gone, server error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import lru_cache
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from localpaged.api.errors import APIError
+from localpaged.api.metrics import MetricsRecorder
+from localpaged.async_engine import RequestStream
+from localpaged.outputs import CompletionOutput, RequestOutput
+from localpaged.request import TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+MIN_LOGPROB = -9999.0          # JSON has no -Infinity
+
+
+class TokenText:
+    """The text of single tokens, for logprobs (cached: the vocabulary is fixed)."""
+
+    def __init__(self, tokenizer) -> None:
+        self._decode = lru_cache(maxsize=65536)(
+            lambda tid: tokenizer.decode([tid], skip_special_tokens=False))
+
+    def __call__(self, token_id: int) -> str:
+        return self._decode(token_id)
+
+
+def _lp(value: float) -> float:
+    return max(MIN_LOGPROB, float(value)) if value == value else MIN_LOGPROB
+
+
+def chat_logprobs(text_of: TokenText, lps: list[TokenLogprob]) -> dict:
+    def entry(tid: int, lp: float) -> dict:
+        s = text_of(tid)
+        return {"token": s, "logprob": _lp(lp), "bytes": list(s.encode("utf-8"))}
+    content = []
+    for t in lps:
+        item = entry(t.token_id, t.logprob)
+        item["top_logprobs"] = [entry(i, v) for i, v in
+                                sorted(t.top.items(), key=lambda kv: -kv[1])]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(text_of: TokenText, lps: list[TokenLogprob], offset: int) -> dict:
+    tokens, token_lps, tops, offsets = [], [], [], []
+    for t in lps:
+        s = text_of(t.token_id)
+        tokens.append(s)
+        token_lps.append(_lp(t.logprob))
+        top = {text_of(i): _lp(v) for i, v in sorted(t.top.items(), key=lambda kv: -kv[1])}
+        top.setdefault(s, _lp(t.logprob))
+        tops.append(top)
+        offsets.append(offset)
+        offset += len(s)
+    return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops,
+            "text_offset": offsets}
+
+
+def usage(out: RequestOutput) -> dict:
+    completion = sum(len(o.token_ids) for o in out.outputs)
+    prompt = len(out.prompt_token_ids)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens}}
+
+
+def _request_finish_reason(out: RequestOutput) -> str:
+    reasons = {o.finish_reason for o in out.outputs}
+    return next((r for r in ("abort", "length", "stop") if r in reasons), "stop")
+
+
+class Generation:
+    """One request on the engine, rendered as a chat or text completion."""
+
+    def __init__(self, stream: RequestStream, kind: str, model: str, text_of: TokenText,
+                 logprobs: bool, include_usage: bool, recorder: MetricsRecorder) -> None:
+        self.stream, self.kind, self.model = stream, kind, model
+        self.id = stream.request_id
+        self.created = int(time.time())
+        self.text_of, self.logprobs, self.include_usage = text_of, logprobs, include_usage
+        self.recorder = recorder
+        self.object = "chat.completion" if kind == "chat" else "text_completion"
+
+    # ---- shared ----------------------------------------------------------------------------
+    def _record(self, out: RequestOutput) -> None:
+        try:
+            self.recorder.record_request(out.metrics, _request_finish_reason(out),
+                                         len(out.prompt_token_ids))
+        except Exception:  # noqa: BLE001 - metrics never break a response
+            logger.exception("recording metrics failed")
+
+    def _logprobs_of(self, lps: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+        if not self.logprobs or lps is None:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(self.text_of, lps)
+        return completion_logprobs(self.text_of, lps, offset)
+
+    # ---- whole response --------------------------------------------------------------------
+    async def collect(self, request: Request | None = None) -> dict:
+        watcher = asyncio.create_task(self._watch(request)) if request is not None else None
+        final: RequestOutput | None = None
+        try:
+            async for out in self.stream:
+                final = out
+        except ValueError as exc:
+            raise APIError(str(exc)) from exc
+        except RuntimeError as exc:
+            raise APIError(str(exc), 500, "server_error") from exc
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        assert final is not None
+        self._record(final)
+        return {"id": self.id, "object": self.object, "created": self.created,
+                "model": self.model, "system_fingerprint": None,
+                "choices": [self._choice(o) for o in final.outputs], "usage": usage(final)}
+
+    async def _watch(self, request: Request) -> None:
+        """Abort the request when its client disconnects before the answer is ready."""
+        while True:
+            await asyncio.sleep(0.25)
+            if await request.is_disconnected():
+                logger.info("client of %s disconnected: aborting", self.id)
+                self.stream.cancel()
+                return
+
+    def _choice(self, o: CompletionOutput) -> dict:
+        lps = self._logprobs_of(o.logprobs)
+        if self.kind == "chat":
+            return {"index": o.index, "message": {"role": "assistant", "content": o.text},
+                    "logprobs": lps, "finish_reason": o.finish_reason}
+        return {"index": o.index, "text": o.text, "logprobs": lps,
+                "finish_reason": o.finish_reason}
+
+    # ---- streaming -------------------------------------------------------------------------
+    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> str:
+        body = {"id": self.id, "object": f"{self.object}.chunk" if self.kind == "chat"
+                else self.object, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+        if self.include_usage:
+            body["usage"] = usage_
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def sse(self, n: int) -> AsyncIterator[str]:
+        sent_text = [0] * n
+        sent_tokens = [0] * n
+        done = [False] * n
+        if self.kind == "chat":
+            yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None, "finish_reason": None} for i in range(n)])
+        final: RequestOutput | None = None
+        try:
+            async for out in self.stream:
+                final = out
+                choices = []
+                for o in out.outputs:
+                    i = o.index
+                    delta = o.text[sent_text[i]:]
+                    new_lps = (o.logprobs or [])[sent_tokens[i]:] if self.logprobs else []
+                    newly_done = o.finish_reason is not None and not done[i]
+                    if not (delta or new_lps or newly_done):
+                        continue
+                    lps = self._logprobs_of(new_lps, sent_text[i]) if self.logprobs else None
+                    sent_text[i] = max(sent_text[i], len(o.text))
+                    sent_tokens[i] = len(o.token_ids)
+                    done[i] = done[i] or newly_done
+                    reason = o.finish_reason if newly_done else None
+                    if self.kind == "chat":
+                        choices.append({"index": i, "delta": {"content": delta} if delta else {},
+                                        "logprobs": lps, "finish_reason": reason})
+                    else:
+                        choices.append({"index": i, "text": delta, "logprobs": lps,
+                                        "finish_reason": reason})
+                if choices:
+                    yield self._chunk(choices)
+        except (ValueError, RuntimeError) as exc:
+            kind = "invalid_request_error" if isinstance(exc, ValueError) else "server_error"
+            yield f"data: {json.dumps(APIError(str(exc), type=kind).body())}\n\n"
+            yield "data: [DONE]\n\n"
+            return
+        if final is not None:
+            self._record(final)
+            if self.include_usage:
+                yield self._chunk([], usage(final))
+        yield "data: [DONE]\n\n"
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that runs `on_close` however it ends.
+
+    Starlette cancels the body iterator when the client disconnects, which aborts the engine
+    request through RequestStream; `on_close` (the stream's cancel) also covers a body that was
+    never started or a server that reports the disconnect only as a failed send.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                try:
+                    await aclose()
+                except Exception:  # noqa: BLE001
+                    logger.debug("closing the SSE body failed", exc_info=True)
+            self._on_close()

@@ -1,0 +1,139 @@
+"""`localpaged` (and `python app.py`): load the model, open the conversation store and serve
+the chat UI (Gradio, at "/") beside the OpenAI-compatible API (/v1) on one uvicorn server,
+at http://127.0.0.1:7860 unless told otherwise. Never public by default.
+
+With `--backend URL` the chat talks to a remote OpenAI-compatible server instead of a local
+engine (no /v1 API of our own then; `--api-key` is that server's key). Without it, `--api-key`
+(or $LOCALPAGED_API_KEY) protects our /v1 API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("localpaged")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from localpaged.loader import DEFAULT_MODEL
+    p = argparse.ArgumentParser(prog="localpaged", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", default=None,
+                   help=f"Hub id, local directory or .gguf file (default {DEFAULT_MODEL}; with "
+                        "--backend: the remote server's first model)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 makes it public")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--data-dir", default=None,
+                   help="where conversations are kept (default $LOCALPAGED_DATA_DIR or the "
+                        "per-user data dir)")
+    p.add_argument("--num-kv-blocks", type=int, default=None,
+                   help="KV-cache blocks (default: sized from free memory)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--backend", default=None, metavar="URL",
+                   help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
+                        "of the local engine")
+    p.add_argument("--api-key", default=None,
+                   help="key of the remote --backend; else the key our /v1 API requires "
+                        "(or $LOCALPAGED_API_KEY)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p.parse_args(argv)
+
+
+def build(args: argparse.Namespace):
+    """Everything but the server: (FastAPI app, controller, model manager, store)."""
+    import gradio as gr
+
+    from localpaged.loader import DEFAULT_MODEL
+    from localpaged.ui.app import CSS, THEME, build_demo
+    from localpaged.ui.controller import ChatController
+    from localpaged.ui.models import ModelManager, local_factory
+    from localpaged.ui.store import DB_FILENAME, Store, default_data_dir
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(data_dir / DB_FILENAME)
+    store.mark_interrupted()
+    if args.backend:
+        factory = _remote_factory(args.backend, args.api_key)
+        name = args.model
+    else:
+        factory = local_factory(args.num_kv_blocks, args.dtype)
+        name = args.model or DEFAULT_MODEL
+    started = time.monotonic()
+    log.info("loading %s …", name or f"the model served at {args.backend}")
+    backend = factory(name, lambda phase, detail: log.info("model: %s %s", phase, detail))
+    log.info("model %s ready in %.1f s", backend.model_name, time.monotonic() - started)
+    models = ModelManager(factory, backend=backend)
+    ctl = ChatController(store, lambda: models.backend, state_file=data_dir / "ui_state.json")
+    models.on_swap = ctl.stop_all
+    app = _api_app(args, backend)
+    if getattr(app.state, "engine", None) is not None:
+        models.keep_alive = backend           # the /v1 API serves this engine (see report)
+    demo = build_demo(ctl, models)
+    app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
+                              footer_links=[], server_name=args.host, server_port=args.port)
+    log.info("conversations in %s", store.path)
+    return app, ctl, models, store
+
+
+def _remote_factory(url: str, api_key: str | None):
+    def build(name: str | None, progress):
+        from localpaged.remote import RemoteChatBackend
+        progress("connecting", url)
+        return RemoteChatBackend(url, api_key=api_key, model=name or None)
+    return build
+
+
+def _api_app(args: argparse.Namespace, backend):
+    """The FastAPI app the UI is mounted on: with our /v1 API when the engine is local."""
+    from fastapi import FastAPI
+    engine = getattr(backend, "engine", None)
+    if args.backend or engine is None:
+        return FastAPI(title="localpaged")
+    try:
+        from localpaged.api import resolve_api_key
+        from localpaged.server import build_app
+    except ImportError:                    # the API is optional for the chat UI
+        log.warning("localpaged.server is unavailable: serving the chat UI without /v1")
+        return FastAPI(title="localpaged")
+    return build_app(engine, backend.model_name, resolve_api_key(args.api_key))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+    try:
+        app, ctl, models, store = build(args)
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
+        log.error("cannot start: %s", exc)
+        log.debug("start-up failure", exc_info=True)
+        return 1
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: the chat UI has no login; anyone who can reach this "
+                    "address can read and write your conversations", args.host)
+    log.info("chat UI at http://%s:%d", _display_host(args.host), args.port)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=3)
+    finally:
+        ctl.stop_all()
+        time.sleep(0.2)                   # let stopped replies reach the store
+        engine = getattr(models.backend, "engine", None)
+        if engine is not None and hasattr(engine, "shutdown"):
+            engine.shutdown()
+        store.close()
+    return 0
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The HTTP server: one FastAPI app carrying the OpenAI-compatible API (and, mounted on it by the
+UI, Gradio at "/"), served by uvicorn.
+
+    app = build_app(engine, "SmolLM2-135M-Instruct", api_key=resolve_api_key(args.api_key))
+    app = gr.mount_gradio_app(app, demo, path="/")      # after the API routes
+    serve(app, host="127.0.0.1", port=8000)
+
+`python -m localpaged.server --model PATH` serves the API alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from localpaged.api import check_bind_safety, create_api, install_error_handlers, resolve_api_key
+from localpaged.async_engine import AsyncEngine
+
+logger = logging.getLogger(__name__)
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
+    """A FastAPI app with the API routes and OpenAI-shaped error handlers (mount Gradio after)."""
+    app = FastAPI(title="localpaged", summary="OpenAI-compatible API over a PagedAttention engine")
+    app.include_router(create_api(engine, model_name, api_key))
+    install_error_handlers(app)
+    app.state.engine = engine
+    app.state.model_name = model_name
+    app.state.api_key = api_key
+    return app
+
+
+def make_server(app: FastAPI, host: str = "127.0.0.1", port: int = 8000,
+                log_level: str = "info") -> uvicorn.Server:
+    """A uvicorn server for app, not yet started (`server.run()`, or `start_in_thread`)."""
+    check_bind_safety(host, getattr(app.state, "api_key", None))
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=5)
+    return uvicorn.Server(config)
+
+
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve app with uvicorn until interrupted (warns when exposed without an API key)."""
+    make_server(app, host, port, log_level).run()
+
+
+def start_in_thread(server: uvicorn.Server, timeout: float = 30.0) -> threading.Thread:
+    """Run server in a daemon thread and wait until it accepts connections (for tests)."""
+    thread = threading.Thread(target=server.run, name="localpaged-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the HTTP server did not start")
+        time.sleep(0.02)
+    return thread
+
+
+def main(argv: list[str] | None = None) -> None:
+    from localpaged.llm import LLM
+    from localpaged.loader import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(description="Serve the OpenAI-compatible API alone.")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=None, help="or $LOCALPAGED_API_KEY")
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    llm = LLM(args.model, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs)
+    engine = AsyncEngine(llm.engine)
+    app = build_app(engine, args.served_model_name or args.model, resolve_api_key(args.api_key))
+    try:
+        serve(app, args.host, args.port)
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

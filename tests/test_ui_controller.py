@@ -1,0 +1,242 @@
+"""The functions behind the chat UI's events, without a browser: ui/controller.py (send,
+regenerate, edit, compare, stop, fork, settings, search), ui/render.py (escaping, markers,
+stats), ui/kvmap.py (branches sharing KV blocks) and ui/models.py (a failed load keeps the
+current model). A tiny random model stands in for a real one: its text is noise, but greedy
+decoding is deterministic, which is what these tests compare."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from localpaged import LLM, ModelNotFoundError
+from localpaged.async_engine import AsyncEngine
+from localpaged.chat_backend import LocalChatBackend
+from localpaged.ui import kvmap, render
+from localpaged.ui.controller import ChatController, ChatError
+from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
+from localpaged.ui.store import Store
+
+from tiny_models import build
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+          "max_tokens": 24}
+# The tiny tokenizer knows characters U+0100..U+02FC (ASCII maps to one unknown id), so prompts
+# that must differ are written in that range.
+P1, P2, P3 = "ĀāĂăĄąĆćĈĉĊċČčĎďĐđĒēĔĕĖėĘęĚěĜĝĞğ" * 2, "ƀƁƂƃƄƅƆƇƈƉƊƋƌƍƎƏ" * 3, "ȀȁȂȃȄȅȆȇȈȉȊȋ" * 4
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_root):
+    path = build("llama-gqa", tiny_root)
+    llm = LLM(path, num_kv_blocks=256)
+    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    engine = AsyncEngine(llm.engine)
+    yield LocalChatBackend(engine)
+    engine.shutdown()
+
+
+@pytest.fixture
+def ctl(backend, tmp_path):
+    store = Store(tmp_path / "conversations.db")
+    c = ChatController(store, lambda: backend, GREEDY, tmp_path / "ui_state.json")
+    yield c
+    c.stop_all()
+    store.close()
+
+
+def run(turn, timeout=60):
+    assert turn.wait(timeout), "generation did not finish"
+    assert turn.error is None, turn.error
+    return turn
+
+
+def test_send_streams_and_saves(ctl):
+    cid = ctl.new_conversation().id
+    turn = ctl.send(cid, P1)
+    seen = [len(t.replies[0].text) for t in turn.updates(interval=0.0)]
+    run(turn)
+    assert seen[-1] > 0 and turn.done
+    path = ctl.store.active_path(cid)
+    assert [m.role for m in path] == ["user", "assistant"]
+    reply = path[1]
+    assert reply.status == "complete" and reply.content == turn.replies[0].text
+    assert reply.stats["generated_tokens"] == 24 and reply.stats["ttft_s"] > 0
+    assert reply.sampling["temperature"] == 0.0
+    assert ctl.store.get_conversation(cid).title.startswith(P1[:10])
+
+
+def test_regenerate_keeps_siblings_and_skips_prefill(ctl):
+    cid = ctl.new_conversation().id
+    first = run(ctl.send(cid, P1)).replies[0].message_id
+    second = run(ctl.regenerate(first)).replies[0].message_id
+    assert ctl.store.siblings(second) == ([first, second], 1)
+    view = ctl.view(cid)
+    assert view.siblings[-1] == (2, 2) and view.path[-1].id == second
+    assert ctl.store.get_message(second).stats["prefix_tokens_reused"] >= 16
+    assert ctl.store.get_message(second).content == ctl.store.get_message(first).content  # greedy
+    assert [m.id for m in ctl.switch(second, -1)][-1] == first
+    assert "‹ 1/2 ›" in render.chat_messages(ctl.view(cid))[-1]["content"]
+    ctl.switch(first, 1)
+    assert "prefill skipped" in render.chat_messages(ctl.view(cid))[-1]["content"]
+
+
+def test_edit_makes_a_branch_and_keeps_the_old(ctl):
+    cid = ctl.new_conversation().id
+    run(ctl.send(cid, P1))
+    run(ctl.send(cid, P2))
+    old_user = ctl.store.active_path(cid)[2]
+    run(ctl.edit(old_user.id, P3))
+    path = ctl.store.active_path(cid)
+    assert path[2].content == P3 and len(path) == 4
+    ids, index = ctl.store.siblings(path[2].id)
+    assert ids == [old_user.id, path[2].id] and index == 1
+    assert ctl.switch(path[2].id, 1)[2].id == old_user.id        # wraps round to the old one
+    with pytest.raises(ChatError):
+        ctl.edit(path[1].id, "replies are not edited")
+
+
+def test_compare_three_columns_one_request(ctl, backend):
+    cid = ctl.new_conversation().id
+    columns = [dict(GREEDY), {**GREEDY, "temperature": 1.0, "seed": 7}, {**GREEDY, "max_tokens": 5}]
+    turn = run(ctl.compare(cid, P2, columns))
+    assert len(turn.replies) == 3
+    texts = [r.text for r in turn.replies]
+    alone = run(ctl.send(ctl.new_conversation().id, P2)).replies[0].text
+    assert texts[0] == alone                                # a greedy column = greedy alone
+    assert turn.replies[2].stats["generated_tokens"] == 5
+    user = ctl.store.active_path(cid)[0]
+    assert [c.id for c in ctl.store.children(user.id)] == [r.message_id for r in turn.replies]
+    picked = ctl.pick(turn.replies[1].message_id)
+    assert picked[-1].id == turn.replies[1].message_id and picked[-1].sampling["seed"] == 7
+    with pytest.raises(ChatError):
+        ctl.compare(cid, P2, 5)
+
+
+def test_compare_samples_of_the_same_settings(ctl):
+    cid = ctl.new_conversation().id
+    ctl.update_settings(cid, "", {**GREEDY, "temperature": 1.0, "seed": 3})
+    turn = run(ctl.compare(cid, P1, 2))
+    seeds = [ctl.store.get_message(r.message_id).sampling["seed"] for r in turn.replies]
+    assert seeds == [3, 4]
+
+
+def test_three_conversations_at_once_match_each_alone(ctl, backend):
+    prompts = [P1, P2, P3]
+    alone = [run(ctl.send(ctl.new_conversation().id, p)).replies[0].text for p in prompts]
+    cids = [ctl.new_conversation().id for _ in prompts]
+    ctl.update_settings(cids[0], "", {**GREEDY, "max_tokens": 24})
+    running, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            running[0] = max(running[0], backend.stats().num_running)
+            time.sleep(0.002)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    turns = [ctl.send(c, p) for c, p in zip(cids, prompts)]
+    together = [run(t).replies[0].text for t in turns]
+    stop.set()
+    watcher.join()
+    assert together == alone
+    assert running[0] >= 2, "the conversations did not share an engine batch"
+
+
+def test_stop_keeps_the_text(ctl):
+    cid = ctl.new_conversation().id
+    ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 900})
+    turn = ctl.send(cid, P1)
+    for t in turn.updates(interval=0.0):
+        if len(t.replies[0].text) > 3:
+            break
+    assert ctl.busy(cid) and ctl.stop(cid)
+    assert turn.wait(30)
+    msg = ctl.store.get_message(turn.replies[0].message_id)
+    assert msg.status == "stopped" and 0 < msg.stats["generated_tokens"] < 900
+    assert msg.content == turn.replies[0].text and msg.content
+    assert "stopped" in render.chat_messages(ctl.view(cid))[-1]["content"]
+
+
+def test_bad_input_is_reported_and_nothing_is_lost(ctl):
+    cid = ctl.new_conversation().id
+    with pytest.raises(ValueError, match="top_p"):
+        ctl.update_settings(cid, "", {**GREEDY, "top_p": 0})
+    assert ctl.settings(cid)[1]["top_p"] == 1.0
+    with pytest.raises(ValueError, match="prompt is"):
+        ctl.send(cid, "x" * 5000)                             # longer than the context
+    path = ctl.store.active_path(cid)
+    assert [m.role for m in path] == ["user"] and path[0].content == "x" * 5000
+    with pytest.raises(ValueError, match="prompt is"):
+        ctl.send(cid, "")                 # empty text retries the unanswered message
+    with pytest.raises(ChatError):
+        ctl.send(ctl.new_conversation().id, "   ")
+    assert not ctl.busy(cid)
+
+
+def test_branches_share_kv_blocks_in_the_engine_panel(ctl):
+    cid = ctl.new_conversation().id
+    first = run(ctl.send(cid, P1 + P2)).replies[0].message_id
+    run(ctl.regenerate(first))
+    snap = kvmap.collect(ctl, [cid])
+    assert len(snap.rows) == 2 and snap.available
+    shared = set(snap.rows[0].blocks) & set(snap.rows[1].blocks)
+    assert len(shared) >= 4                                  # the ~80-token prompt
+    assert all(snap.sharing()[b] == 2 for b in shared)
+    page = kvmap.render_panel(snap)
+    assert f'data-shared="{len(shared)}"' in page and "Prefix hits" in page
+
+
+def test_html_and_script_are_shown_as_text(ctl):
+    cid = ctl.new_conversation("<img src=x onerror=alert(1)>").id
+    evil = "<script>alert('x')</script> **bold** `<b>code</b>`\n```html\n<i>raw</i>\n```\n&amp;"
+    ctl.store.add_message(cid, None, "user", evil)
+    content = render.chat_messages(ctl.view(cid))[0]["content"]
+    assert "<script>" not in content and "&lt;script&gt;alert('x')&lt;/script&gt;" in content
+    assert "`<b>code</b>`" in content and "\n<i>raw</i>\n" in content   # code: Markdown escapes
+    assert "&amp;amp;" in content and "**bold**" in content
+    panel = kvmap.render_panel(kvmap.collect(ctl, [cid]))
+    assert "<img" not in panel and "&lt;img src=x" in panel
+    assert render.escape_markdown("a <b>\n```\n<b>\n```\n<b>") == "a &lt;b&gt;\n```\n<b>\n```\n&lt;b&gt;"
+
+
+def test_fork_rename_delete_search(ctl):
+    cid = ctl.new_conversation().id
+    run(ctl.send(cid, P1))
+    reply = ctl.store.active_path(cid)[1]
+    fork = ctl.fork(reply.id)
+    assert [m.content for m in ctl.store.active_path(fork.id)] == [P1, reply.content]
+    ctl.rename(cid, "Trip notes")
+    assert [c.id for c in ctl.search("trip")] == [cid]
+    assert fork.id in [c.id for c in ctl.search(P1[:6])]     # message content matches too
+    with pytest.raises(ChatError):
+        ctl.rename(cid, "  ")
+    assert ctl.delete(cid) and cid not in [c.id for c in ctl.search()]
+    assert "# " in ctl.export(fork.id) and '"messages"' in ctl.export(fork.id, "json")
+
+
+def test_open_tabs_survive_a_restart(ctl, backend, tmp_path):
+    a, b = ctl.new_conversation().id, ctl.new_conversation().id
+    ctl.save_open_tabs([a, b, 999])
+    again = ChatController(ctl.store, lambda: backend, GREEDY, tmp_path / "ui_state.json")
+    assert again.open_tabs() == [a, b]
+
+
+def test_no_model_yet_and_a_missing_model_keeps_the_current(backend):
+    mm = ModelManager(local_factory(num_kv_blocks=64), backend=backend)
+    job = mm.load("/no/such/model")
+    assert job.done.wait(30)
+    assert job.phase == "failed" and "ModelNotFoundError" in job.error
+    assert mm.backend is backend and "Still using" in mm.status()
+    assert issubclass(ModelNotFoundError, FileNotFoundError)
+
+
+def test_no_model_loaded_yet(tmp_path):
+    store = Store(tmp_path / "c.db")
+    ctl = ChatController(store, lambda: None)
+    cid = ctl.new_conversation().id
+    with pytest.raises(ChatError, match="no model"):
+        ctl.send(cid, "hello")
+    assert [m.content for m in store.active_path(cid)] == ["hello"]   # kept for later
+    store.close()

@@ -1,0 +1,274 @@
+"""ChatController: the plain-Python functions behind every event of the chat UI.
+
+It owns the link between the conversation store (`store.py`) and the engine (a ChatBackend, got
+from a provider so the model can be swapped): conversations (new, rename, delete, search,
+settings, export), the message tree (switch siblings, pick a compare column, fork), and
+generation (send, regenerate, edit, compare, stop), which runs as `generation.Turn`s, at most
+one per conversation and any number at once across conversations. It returns store rows and
+Turns, never Gradio objects, so it is tested without a browser; `app.py` renders what it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localpaged.chat_backend import ChatBackend
+
+from .generation import LiveReply, Turn, clean_sampling, to_params
+from .store import Conversation, Message, Store
+
+log = logging.getLogger(__name__)
+
+NEW_TITLE = "New chat"
+MAX_COLUMNS = 4
+
+
+class ChatError(Exception):
+    """Something the user asked for that cannot be done now; the message says why."""
+
+
+@dataclass
+class View:
+    """What a chat tab shows: the active path, each message's (position, count) among its
+    siblings, and the live replies of a running turn (by message id)."""
+    conversation: Conversation
+    path: list[Message]
+    siblings: list[tuple[int, int]]
+    live: dict[int, LiveReply]
+    busy: bool
+
+
+class ChatController:
+    def __init__(self, store: Store, backend: Callable[[], ChatBackend | None],
+                 default_sampling: dict[str, Any] | None = None,
+                 state_file: str | Path | None = None) -> None:
+        self.store = store
+        self._backend = backend
+        self.default_sampling = clean_sampling(default_sampling)
+        self.state_file = Path(state_file) if state_file else None
+        self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
+        self._starting: set[int] = set()           # conversations whose turn is being set up
+        self._lock = threading.Lock()
+
+    def backend(self) -> ChatBackend | None:
+        return self._backend()
+
+    # ---- conversations --------------------------------------------------------------------
+    def new_conversation(self, title: str = NEW_TITLE) -> Conversation:
+        return self.store.create_conversation(title.strip() or NEW_TITLE,
+                                              sampling=dict(self.default_sampling))
+
+    def rename(self, cid: int, title: str) -> Conversation:
+        if not title.strip():
+            raise ChatError("a title cannot be empty")
+        return self.store.rename_conversation(cid, title.strip()[:200])
+
+    def delete(self, cid: int) -> bool:
+        self.stop(cid)
+        return self.store.delete_conversation(cid)
+
+    def search(self, query: str = "") -> list[Conversation]:
+        return self.store.list_conversations(query.strip() or None)
+
+    def settings(self, cid: int) -> tuple[str, dict[str, Any]]:
+        conv = self.store.get_conversation(cid)
+        return conv.system_prompt, clean_sampling(conv.sampling, self.default_sampling)
+
+    def update_settings(self, cid: int, system_prompt: str, sampling: dict[str, Any]) -> Conversation:
+        """Raises ValueError naming a bad field; nothing is saved then."""
+        old_prompt, old = self.settings(cid)
+        new = clean_sampling(sampling, self.default_sampling)
+        if system_prompt == old_prompt and new == old:
+            return self.store.get_conversation(cid)      # unchanged: keep the sidebar order
+        return self.store.update_conversation(cid, system_prompt=system_prompt, sampling=new)
+
+    def export(self, cid: int, fmt: str = "markdown") -> str:
+        if fmt == "json":
+            return json.dumps(self.store.export_json(cid), indent=2, ensure_ascii=False)
+        return self.store.export_markdown(cid)
+
+    # ---- the tree ---------------------------------------------------------------------------
+    def view(self, cid: int) -> View:
+        path = self.store.active_path(cid)
+        sib = []
+        for m in path:
+            ids, index = self.store.siblings(m.id)
+            sib.append((index + 1, len(ids)))
+        turn = self.turn(cid)
+        live = {r.message_id: r for r in turn.replies} if turn and not turn.done else {}
+        return View(self.store.get_conversation(cid), path, sib, live, bool(live))
+
+    def switch(self, message_id: int, step: int) -> list[Message]:
+        """Show the sibling `step` places after (or before) this message, wrapping round."""
+        ids, index = self.store.siblings(message_id)
+        return self.store.set_active(ids[(index + step) % len(ids)])
+
+    def pick(self, message_id: int) -> list[Message]:
+        """Continue with this reply (a compare column): it becomes the active branch."""
+        return self.store.set_active(message_id)
+
+    def fork(self, message_id: int) -> Conversation:
+        return self.store.fork_conversation(message_id)
+
+    # ---- generation -------------------------------------------------------------------------
+    def turn(self, cid: int) -> Turn | None:
+        with self._lock:
+            return self._turns.get(cid)
+
+    def busy(self, cid: int) -> bool:
+        with self._lock:
+            turn = self._turns.get(cid)
+            return cid in self._starting or (turn is not None and not turn.done)
+
+    def send(self, cid: int, text: str) -> Turn:
+        """Add the user's message at the end of the shown path and answer it. With empty text,
+        answer the last message if it is the user's (a reply that failed before)."""
+        path = self.store.active_path(cid)
+        if not text.strip():
+            if path and path[-1].role == "user":
+                return self._generate(cid, path[-1].id, 1)
+            raise ChatError("type a message first")
+        params = self._params(cid, 1)                          # bad settings: nothing written
+        self._check_idle(cid)
+        if self.store.get_conversation(cid).title == NEW_TITLE:
+            self.store.rename_conversation(cid, _title_from(text))
+        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
+        return self._generate(cid, user.id, 1, params)
+
+    def regenerate(self, message_id: int) -> Turn:
+        """A new reply beside this one (the old one stays as a sibling); for a user message,
+        a new reply to it."""
+        m = self.store.get_message(message_id)
+        parent = m.id if m.role == "user" else m.parent_id
+        if parent is None:
+            raise ChatError("this reply has no user message to answer")
+        return self._generate(m.conversation_id, parent, 1)
+
+    def edit(self, message_id: int, text: str) -> Turn:
+        """A new version of an earlier user message, answered: a new branch beside the old."""
+        m = self.store.get_message(message_id)
+        if m.role != "user":
+            raise ChatError("only your own messages can be edited")
+        if not text.strip():
+            raise ChatError("the edited message is empty")
+        params = self._params(m.conversation_id, 1)
+        self._check_idle(m.conversation_id)
+        user = self.store.add_message(m.conversation_id, m.parent_id, "user", text)
+        return self._generate(m.conversation_id, user.id, 1, params)
+
+    def compare(self, cid: int, text: str, columns: list[dict[str, Any]] | int) -> Turn:
+        """One prompt, several replies decoded in one batch: `columns` is a number of samples
+        of the conversation's settings (seed + i when a seed is set) or one settings dict per
+        column. The replies are siblings; the first is shown until another is picked."""
+        k = columns if isinstance(columns, int) else len(columns)
+        if not 2 <= k <= MAX_COLUMNS:
+            raise ChatError(f"compare takes 2 to {MAX_COLUMNS} columns, not {k}")
+        if isinstance(columns, int):
+            params = self._params(cid, k)
+        else:
+            _, base = self.settings(cid)
+            params = [to_params(clean_sampling(c, base)) for c in columns]
+        if not text.strip():
+            raise ChatError("type a prompt to compare")
+        self._check_idle(cid)
+        path = self.store.active_path(cid)
+        if self.store.get_conversation(cid).title == NEW_TITLE:
+            self.store.rename_conversation(cid, _title_from(text))
+        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
+        return self._generate(cid, user.id, k, params)
+
+    def stop(self, cid: int) -> bool:
+        turn = self.turn(cid)
+        if turn is None or turn.done:
+            return False
+        turn.stop()
+        return True
+
+    def stop_all(self) -> None:
+        with self._lock:
+            turns = list(self._turns.values())
+        for turn in turns:
+            if not turn.done:
+                turn.stop()
+
+    def _params(self, cid: int, k: int) -> list:
+        _, sampling = self.settings(cid)
+        return [to_params(sampling, seed_offset=i) for i in range(k)]
+
+    def _check_idle(self, cid: int) -> None:
+        if self.busy(cid):
+            raise ChatError("this conversation is still generating: stop it or wait")
+
+    def _generate(self, cid: int, parent_id: int, k: int, params: list | None = None) -> Turn:
+        backend = self.backend()
+        if backend is None:
+            raise ChatError("no model is loaded yet: wait for the model to finish loading")
+        params = params or self._params(cid, k)
+        with self._lock:
+            turn = self._turns.get(cid)
+            if cid in self._starting or (turn is not None and not turn.done):
+                raise ChatError("this conversation is still generating: stop it or wait")
+            self._starting.add(cid)
+        try:
+            turn = self._start(backend, cid, parent_id, params)
+            with self._lock:
+                self._turns[cid] = turn
+        finally:
+            with self._lock:
+                self._starting.discard(cid)
+        return turn.start()
+
+    def _start(self, backend: ChatBackend, cid: int, parent_id: int, params: list) -> Turn:
+        prompt = self.prompt_messages(cid, parent_id)
+        request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
+        stream = backend.chat(prompt, params, request_id=request_id)   # ValueError: bad input
+        try:
+            replies = [LiveReply(self.store.add_message(
+                cid, parent_id, "assistant", "", _sampling_record(vars(p)), status="streaming").id)
+                for p in params]
+            self.store.set_active(replies[0].message_id)
+        except BaseException:
+            backend.abort(request_id)
+            raise
+        return Turn(cid, request_id, replies, stream, backend.abort, self.store)
+
+    def prompt_messages(self, cid: int, last_id: int | None) -> list[dict[str, str]]:
+        """The engine's chat messages: the system prompt, then the path down to last_id."""
+        conv = self.store.get_conversation(cid)
+        msgs = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
+        if last_id is not None:
+            msgs += [{"role": m.role, "content": m.content} for m in self.store.path_to(last_id)]
+        return msgs
+
+    # ---- open tabs, remembered across reloads and restarts ----------------------------------
+    def open_tabs(self) -> list[int]:
+        try:
+            cids = json.loads(self.state_file.read_text())["open"] if self.state_file else []
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        alive = {c.id for c in self.store.list_conversations()}
+        return [c for c in cids if isinstance(c, int) and c in alive]
+
+    def save_open_tabs(self, cids: list[int]) -> None:
+        if self.state_file is None:
+            return
+        try:
+            self.state_file.write_text(json.dumps({"open": [c for c in cids if c]}))
+        except OSError:
+            log.exception("could not save the open tabs to %s", self.state_file)
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 48 else line[:47].rstrip() + "…"
+
+
+def _sampling_record(p: dict[str, Any]) -> dict[str, Any]:
+    return {k: p[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")}

@@ -1,0 +1,192 @@
+"""One generation ("turn") of the chat app: 1 to 4 replies decoded together in one engine request
+over one shared prompt, consumed by a background thread that owns it.
+
+A Turn outlives the browser event that started it: Gradio handlers only *follow* a turn (see
+`Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
+to the store. The store is written when the turn starts (replies with status 'streaming'), about
+once a second while it streams, and when it ends ('complete' or 'stopped', with stats).
+
+Also here: the per-conversation sampling settings (a plain dict, stored on the conversation) and
+their conversion to engine SamplingParams.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localpaged.outputs import RequestOutput
+from localpaged.sampling_params import SamplingParams
+
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")
+DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
+                                    "seed": None, "max_tokens": 512}
+STORE_WRITE_INTERVAL_S = 1.0
+
+
+def clean_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict:
+    """Known keys only, numbers coerced (blank seed: None), missing keys from base/defaults;
+    raises ValueError naming the field when a value is not acceptable to the engine."""
+    out = {**DEFAULT_SAMPLING, **(base or {})}
+    for key in SAMPLING_KEYS:
+        value = (settings or {}).get(key, out[key])
+        if value in ("", None):
+            value = None if key in ("seed", "max_tokens") else DEFAULT_SAMPLING[key]
+        elif key in ("top_k", "seed", "max_tokens"):
+            value = int(float(value))
+        else:
+            value = float(value)
+        out[key] = value
+    to_params(out)                        # validates: ValueError names the field
+    return {k: out[k] for k in SAMPLING_KEYS}
+
+
+def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
+    seed = settings.get("seed")
+    return SamplingParams(temperature=settings["temperature"], top_p=settings["top_p"],
+                          top_k=settings["top_k"], min_p=settings["min_p"],
+                          seed=None if seed is None else seed + seed_offset,
+                          max_tokens=settings["max_tokens"])
+
+
+@dataclass
+class LiveReply:
+    """What the UI shows of one streaming reply (the store lags behind by up to a second)."""
+    message_id: int
+    text: str = ""
+    status: str = "streaming"
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Turn:
+    """One request in one conversation; `replies[i]` is column i."""
+
+    def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
+                 stream: Iterator[RequestOutput], abort, store: Store) -> None:
+        self.conversation_id = conversation_id
+        self.request_id = request_id
+        self.replies = replies
+        self.error: str | None = None
+        self.done = False
+        self.version = 0
+        self.started = time.monotonic()
+        self._stream, self._abort, self._store = stream, abort, store
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._first_token: dict[int, float] = {}
+        self._thread = threading.Thread(target=self._run, name=f"turn-{request_id}", daemon=True)
+
+    def start(self) -> "Turn":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask the engine to abort; the replies keep their text and become 'stopped'."""
+        self._stop.set()
+        try:
+            self._abort(self.request_id)
+        except Exception:  # noqa: BLE001 - the stop flag alone ends the loop
+            log.exception("abort of %s failed", self.request_id)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.done, timeout)
+
+    def updates(self, interval: float = 0.05, timeout: float = 0.5) -> Iterator["Turn"]:
+        """Yield self whenever it changed (at most every `interval` s, and at least every
+        `timeout` s), and a last time once done."""
+        seen = -1
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self.version != seen or self.done, timeout)
+                seen, done = self.version, self.done
+            yield self
+            if done:
+                return
+            time.sleep(interval)
+
+    # ---- the turn's thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        last_write, out = time.monotonic(), None
+        try:
+            for out in self._stream:
+                self._apply(out)
+                if time.monotonic() - last_write >= STORE_WRITE_INTERVAL_S:
+                    self._write_partial()
+                    last_write = time.monotonic()
+                if self._stop.is_set():
+                    break
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the text is kept
+            log.warning("generation %s failed: %s", self.request_id, exc)
+            self.error = str(exc) or type(exc).__name__
+        finally:
+            close = getattr(self._stream, "close", None)
+            if close:
+                close()                   # an unfinished stream aborts its request
+            self._finish(out)
+
+    def _apply(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        with self._cond:
+            for i, comp in enumerate(out.outputs[:len(self.replies)]):
+                reply = self.replies[i]
+                if comp.text and i not in self._first_token:
+                    self._first_token[i] = now
+                reply.text = comp.text
+                reply.stats = self._stats(out, i, now)
+            self.version += 1
+            self._cond.notify_all()
+
+    def _stats(self, out: RequestOutput, i: int, now: float) -> dict[str, Any]:
+        comp, m = out.outputs[i], out.metrics
+        n = len(comp.token_ids) if comp.token_ids else (m.num_generated_tokens if m else 0)
+        first = self._first_token.get(i)
+        ttft = m.time_to_first_token if m and m.time_to_first_token is not None else (
+            None if first is None else first - self.started)
+        end = m.finished_time if m and m.finished_time is not None and out.finished else now
+        start = m.first_token_time if m and m.first_token_time is not None else first
+        tps = (n - 1) / (end - start) if start is not None and n > 1 and end > start else None
+        return {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
+                "ttft_s": ttft, "tokens_per_s": tps,
+                "prefix_tokens_reused": m.num_cached_tokens if m else None,
+                "finish_reason": comp.finish_reason}
+
+    def _write_partial(self) -> None:
+        for reply in self.replies:
+            try:
+                self._store.update_message(reply.message_id, content=reply.text)
+            except Exception:  # noqa: BLE001 - the final write retries; keep streaming
+                log.exception("could not save the partial reply %d", reply.message_id)
+
+    def _finish(self, out: RequestOutput | None) -> None:
+        stopped = self._stop.is_set() or self.error is not None
+        for i, reply in enumerate(self.replies):
+            reason = out.outputs[i].finish_reason if out and i < len(out.outputs) else None
+            reply.status = "stopped" if stopped or reason in (None, "abort") else "complete"
+            if self.error:
+                reply.stats["error"] = self.error
+            self._save_final(reply)
+        with self._cond:
+            self.done = True
+            self.version += 1
+            self._cond.notify_all()
+
+    def _save_final(self, reply: LiveReply) -> None:
+        try:
+            if self.error and not reply.text:
+                self._store.delete_message(reply.message_id)    # nothing to keep
+                reply.status = "deleted"
+            else:
+                self._store.update_message(reply.message_id, content=reply.text,
+                                           status=reply.status, stats=reply.stats)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("could not save reply %d", reply.message_id)
+            self.error = self.error or f"could not save the reply: {exc}"

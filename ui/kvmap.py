@@ -1,0 +1,198 @@
+"""The engine panel: KV-cache numbers and a picture of the block map.
+
+`collect` gathers, for every branch (leaf path) of every open conversation, the KV blocks that
+hold it: the live block table while the branch is generating, else the cached blocks of its
+prompt (`backend.prompt_blocks`). A block in several branches' lists is shared: stored once,
+referenced by each. `render_panel` draws it as HTML + SVG built from numbers only; titles are
+the one piece of user text and are escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+from dataclasses import dataclass, field
+
+from localpaged.outputs import EngineStats
+
+from .controller import ChatController
+
+log = logging.getLogger(__name__)
+
+MAX_BRANCHES = 6          # per conversation
+MAX_ROW_CELLS = 96        # per branch row
+POOL_CELLS = 256
+COLORS = {"shared": "#8b5cf6", "live": "#10b981", "held": "#3b82f6", "none": "#e5e7eb"}
+
+
+@dataclass
+class BranchRow:
+    conversation_id: int
+    title: str
+    branch: int                       # 1-based among the conversation's branches
+    branches: int
+    active: bool                      # the branch the tab shows
+    live: bool                        # generating now (its blocks are the live block table)
+    blocks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class KvSnapshot:
+    available: bool
+    note: str = ""
+    stats: EngineStats | None = None
+    rows: list[BranchRow] = field(default_factory=list)
+
+    def sharing(self) -> dict[int, int]:
+        """block id -> number of branch rows holding it."""
+        count: dict[int, int] = {}
+        for row in self.rows:
+            for b in set(row.blocks):
+                count[b] = count.get(b, 0) + 1
+        return count
+
+
+def collect(controller: ChatController, cids: list[int]) -> KvSnapshot:
+    backend = controller.backend()
+    if backend is None:
+        return KvSnapshot(False, "No model is loaded yet.")
+    if not getattr(backend, "supports_kv_stats", False):
+        return KvSnapshot(False, "KV-cache statistics are not available for a remote engine "
+                                 f"({html.escape(str(getattr(backend, 'model_name', '')))}).")
+    stats = backend.stats()
+    snap = KvSnapshot(True, stats=stats)
+    for cid in cids:
+        try:
+            snap.rows += _branch_rows(controller, backend, stats, cid)
+        except KeyError:
+            continue                      # deleted meanwhile
+    return snap
+
+
+def _branch_rows(controller: ChatController, backend, stats: EngineStats, cid: int) -> list[BranchRow]:
+    data = controller.store.export_json(cid)
+    conv, msgs = data["conversation"], {m["id"]: m for m in data["messages"]}
+    parents = {m["parent_id"] for m in msgs.values()}
+    leaves = sorted((i for i in msgs if i not in parents), reverse=True)
+    active_path = [m.id for m in controller.store.active_path(cid)]
+    active_leaf = active_path[-1] if active_path else None
+    leaves.sort(key=lambda i: i != active_leaf)
+    turn = controller.turn(cid)
+    live = {} if turn is None or turn.done else {r.message_id: i for i, r in enumerate(turn.replies)}
+    tables = stats.block_tables.get(turn.request_id, []) if live else []
+    rows = []
+    for n, leaf in enumerate(leaves[:MAX_BRANCHES]):
+        row = BranchRow(cid, conv["title"], n + 1, len(leaves), leaf == active_leaf, leaf in live)
+        if row.live and len(tables) == len(live):
+            row.blocks = list(tables[live[leaf]])
+        else:
+            path = _path(msgs, leaf)
+            prompt = ([{"role": "system", "content": conv["system_prompt"]}]
+                      if conv["system_prompt"] else [])
+            prompt += [{"role": m["role"], "content": m["content"]} for m in path]
+            row.blocks = backend.prompt_blocks(prompt)
+        rows.append(row)
+    return rows
+
+
+def _path(msgs: dict[int, dict], leaf: int) -> list[dict]:
+    path, cur = [], msgs.get(leaf)
+    while cur is not None:
+        path.append(cur)
+        cur = msgs.get(cur["parent_id"])
+    return path[::-1]
+
+
+# ---- drawing -------------------------------------------------------------------------------
+def render_panel(snap: KvSnapshot) -> str:
+    if not snap.available:
+        return f'<div class="lp-engine"><p class="lp-muted">{snap.note}</p></div>'
+    s = snap.stats
+    saved = max(0, s.blocks_without_sharing - s.blocks_in_use)
+    tiles = [("In use", s.blocks_in_use), ("Cached", s.blocks_cached), ("Free", s.blocks_free),
+             ("Shared", s.blocks_shared), ("Prefix hits", f"{100 * s.prefix_hit_rate:.0f}%"),
+             ("Preemptions", s.num_preemptions),
+             ("Running / waiting", f"{s.num_running} / {s.num_waiting}"),
+             ("Saved by sharing", saved)]
+    parts = ['<div class="lp-engine">', '<div class="lp-tiles">']
+    parts += [f'<div class="lp-tile"><b>{v}</b><span>{k}</span></div>' for k, v in tiles]
+    parts.append("</div>")
+    parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens · '
+                 f'KV slots used {100 * s.kv_utilization:.0f}% of held blocks</p>')
+    sharing = snap.sharing()
+    live = {b for r in snap.rows if r.live for b in r.blocks}
+    parts.append(_pool_svg(s.num_blocks, sharing, live))
+    parts.append(_legend())
+    parts.append(_rows_html(snap.rows, sharing))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:
+    if sharing.get(block, 0) > 1:
+        return "shared"
+    if block in live:
+        return "live"
+    return "held" if block in sharing else "none"
+
+
+def _pool_svg(num_blocks: int, sharing: dict[int, int], live: set[int]) -> str:
+    """Every block of the pool (grouped when there are many), coloured by its busiest state."""
+    cells = min(num_blocks, POOL_CELLS)
+    group = -(-num_blocks // cells)
+    rank = {"none": 0, "held": 1, "live": 2, "shared": 3}
+    state = ["none"] * cells
+    for b in set(sharing) | live:
+        c = min(b // group, cells - 1)
+        st = _state(b, sharing, live)
+        if rank[st] > rank[state[c]]:
+            state[c] = st
+    per_row, size = 32, 9
+    rects = [f'<rect x="{(i % per_row) * (size + 2)}" y="{(i // per_row) * (size + 2)}" '
+             f'width="{size}" height="{size}" rx="2" fill="{COLORS[st]}"><title>blocks '
+             f'{i * group}-{min(num_blocks, (i + 1) * group) - 1}: {st}</title></rect>'
+             for i, st in enumerate(state)]
+    h = -(-cells // per_row) * (size + 2)
+    caption = "the block pool" + (f" ({group} blocks per cell)" if group > 1 else "")
+    return (f'<div class="lp-caption">{caption}</div><svg class="lp-pool" width="{per_row * (size + 2)}" '
+            f'height="{h}" role="img">{"".join(rects)}</svg>')
+
+
+def _legend() -> str:
+    names = {"shared": "shared by branches", "live": "generating", "held": "one branch",
+             "none": "free / other"}
+    return '<div class="lp-legend">' + "".join(
+        f'<span><i style="background:{COLORS[k]}"></i>{v}</span>' for k, v in names.items()) + "</div>"
+
+
+def _rows_html(rows: list[BranchRow], sharing: dict[int, int]) -> str:
+    if not rows:
+        return '<p class="lp-muted">Open a conversation to see its blocks.</p>'
+    out = ['<div class="lp-rows">']
+    for r in rows:
+        shared = sum(1 for b in r.blocks if sharing.get(b, 0) > 1)
+        marks = ("● " if r.live else "") + ("★ " if r.active else "")
+        out.append(f'<div class="lp-row" data-conv="{r.conversation_id}" data-shared="{shared}">'
+                   f'<div class="lp-row-label">{marks}{html.escape(r.title)} '
+                   f'<span class="lp-muted">· branch {r.branch}/{r.branches} · '
+                   f'{len(r.blocks)} blocks, {shared} shared, adds {len(r.blocks) - shared}</span></div>')
+        out.append(_strip_svg(r, sharing))
+        out.append("</div>")
+    out.append("</div>")
+    return "".join(out)
+
+
+def _strip_svg(row: BranchRow, sharing: dict[int, int]) -> str:
+    blocks, size, per_line = row.blocks[:MAX_ROW_CELLS], 9, 32
+    live = set(row.blocks) if row.live else set()
+    rects = []
+    for i, b in enumerate(blocks):
+        st, n = _state(b, sharing, live), sharing.get(b, 0)
+        rects.append(f'<rect x="{(i % per_line) * (size + 2)}" y="{(i // per_line) * (size + 2)}" '
+                     f'width="{size}" height="{size}" rx="2" fill="{COLORS[st]}">'
+                     f'<title>block {b}: {n} branch{"es" if n != 1 else ""}</title></rect>')
+    more = len(row.blocks) - len(blocks)
+    h = max(1, -(-len(blocks) // per_line)) * (size + 2)
+    tail = f'<span class="lp-muted"> +{more} more</span>' if more > 0 else ""
+    return (f'<svg class="lp-strip" width="{per_line * (size + 2)}" height="{h}" role="img">'
+            f'{"".join(rects)}</svg>{tail}')

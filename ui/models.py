@@ -1,0 +1,161 @@
+"""The model behind the chat app: building a backend (local engine or remote server) and
+swapping it for another model, loaded in a background thread with progress.
+
+A load that fails leaves the current model in place and says why. When a new model is ready,
+running generations on the old one are stopped (their text is kept), the new backend takes
+over and the old engine is shut down.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localpaged.chat_backend import ChatBackend
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str, str], None]          # (phase, detail)
+Factory = Callable[[str, Progress], ChatBackend]
+
+# For models whose tokenizer has no chat template (base models, test models): ChatML.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@dataclass
+class LoadJob:
+    name: str
+    phase: str = "starting"       # starting | resolving | downloading | loading | ready | failed
+    detail: str = ""
+    started: float = field(default_factory=time.monotonic)
+    finished: float | None = None
+    error: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def elapsed(self) -> float:
+        return (self.finished or time.monotonic()) - self.started
+
+
+class ModelManager:
+    def __init__(self, factory: Factory, on_swap: Callable[[], None] | None = None,
+                 backend: ChatBackend | None = None) -> None:
+        self._factory = factory
+        self.on_swap = on_swap
+        self.keep_alive: ChatBackend | None = None     # a backend others still use (the API)
+        self._backend = backend
+        self._lock = threading.Lock()
+        self.job: LoadJob | None = None
+
+    @property
+    def backend(self) -> ChatBackend | None:
+        return self._backend
+
+    @property
+    def model_name(self) -> str | None:
+        return getattr(self._backend, "model_name", None)
+
+    def loading(self) -> bool:
+        return self.job is not None and not self.job.done.is_set()
+
+    def load(self, name: str) -> LoadJob:
+        """Start loading `name` in the background (the running job, if one is running)."""
+        name = name.strip()
+        with self._lock:
+            if self.loading():
+                return self.job
+            if not name:
+                raise ValueError("type a Hugging Face Hub id or a local path")
+            self.job = job = LoadJob(name)
+        threading.Thread(target=self._run, args=(job,), name="model-load", daemon=True).start()
+        return job
+
+    def _run(self, job: LoadJob) -> None:
+        def progress(phase: str, detail: str = "") -> None:
+            job.phase, job.detail = phase, detail
+        try:
+            backend = self._factory(job.name, progress)
+        except Exception as exc:  # noqa: BLE001 - any failure: keep the current model
+            log.warning("could not load model %s: %s", job.name, exc)
+            job.error, job.phase = f"{type(exc).__name__}: {exc}", "failed"
+        else:
+            old, self._backend = self._backend, backend
+            job.phase, job.detail = "ready", ""
+            if old is not None:
+                self._retire(old)
+        job.finished = time.monotonic()
+        job.done.set()
+
+    def _retire(self, old: ChatBackend) -> None:
+        if self.on_swap:
+            self.on_swap()                 # stops running generations on the old model
+        shutdown = getattr(getattr(old, "engine", None), "shutdown", None)
+        if shutdown and old is not self.keep_alive:
+            threading.Timer(2.0, shutdown).start()   # let the stops reach their streams
+
+    def status(self) -> str:
+        """Markdown for the model panel (model names are escaped by the caller's component)."""
+        job, current = self.job, self.model_name
+        if job and not job.done.is_set():
+            detail = f": {job.detail}" if job.detail else ""
+            return f"⏳ Loading `{job.name}` — {job.phase}{detail} ({job.elapsed():.0f} s)"
+        if job and job.error:
+            keep = f"Still using `{current}`." if current else "No model is loaded."
+            return f"⚠️ Could not load `{job.name}`: {job.error}\n\n{keep}"
+        if current:
+            took = f" (loaded in {job.elapsed():.0f} s)" if job else ""
+            return f"✅ `{current}` ready{took}"
+        return "No model loaded."
+
+
+def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto") -> Factory:
+    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress."""
+    def build(name: str, progress: Progress) -> ChatBackend:
+        from localpaged import LLM
+        from localpaged.async_engine import AsyncEngine
+        from localpaged.chat_backend import LocalChatBackend
+        progress("resolving", name)
+        if _looks_like_hub_id(name):
+            _download(name, progress)
+        progress("loading", "weights into the engine")
+        kwargs = {"dtype": dtype} | ({"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
+        llm = LLM(name, **kwargs)
+        if not getattr(llm.tokenizer, "chat_template", None):
+            log.warning("%s has no chat template: using ChatML", name)
+            llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        return LocalChatBackend(AsyncEngine(llm.engine))
+    return build
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return ("/" in name and not name.startswith((".", "/", "~")) and not os.path.exists(name)
+            and name.count("/") == 1)
+
+
+def _download(repo_id: str, progress: Progress) -> None:
+    """Fetch the files the loader needs into the HF cache, reporting files done / total. A
+    failure is not fatal here: the loader then explains what it tried (cache, bundled copy)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import is_offline_mode
+    from tqdm.auto import tqdm
+
+    from localpaged.loader import HUB_PATTERNS
+    if is_offline_mode():
+        return
+
+    class Bar(tqdm):
+        def update(self, n=1):
+            out = super().update(n)
+            progress("downloading", f"{self.n}/{self.total or '?'} files")
+            return out
+
+    progress("downloading", "contacting the Hub")
+    try:
+        snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, tqdm_class=Bar)
+    except Exception as exc:  # noqa: BLE001
+        log.info("download of %s failed (%s); the loader tries the cache next", repo_id, exc)

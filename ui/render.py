@@ -1,0 +1,140 @@
+"""Turning controller data into what Gradio components show: Chatbot messages (escaped
+Markdown, `‹ 2/3 ›` markers at branch points, a stats line under each reply), sidebar choices
+and the small status texts.
+
+Safety: chat text is untrusted. Outside code spans and fenced blocks, `&`, `<` and `>` are
+escaped, so HTML and scripts in a message show as text (inside code, Markdown itself escapes);
+the Chatbot's own sanitizer stays on as a second line of defence. The only markup added here
+is built from numbers and fixed strings.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from typing import Any
+
+from .controller import View
+from .generation import LiveReply
+from .store import Conversation, Message
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+STATUS_NOTES = {"stopped": "⏹ stopped", "interrupted": "⚠ interrupted (the app stopped)",
+                "streaming": "…"}
+
+
+def escape_markdown(text: str) -> str:
+    """Escape HTML in Markdown text except inside code (fenced blocks and inline spans),
+    which Markdown renders literally. An unclosed fence (a streaming reply) runs to the end."""
+    out: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        m = _FENCE.match(line)
+        if fence is not None:
+            out.append(line)
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) \
+                    and not line.strip().strip(fence[0]):
+                fence = None
+        elif m:
+            fence = m.group(1)
+            out.append(_escape_info(line, m.end()))
+        else:
+            out.append(_escape_inline(line))
+    return "\n".join(out)
+
+
+def _escape_info(line: str, end: int) -> str:
+    """A fence line: the fence stays, its info string (language name) is escaped."""
+    return line[:end] + html.escape(line[end:], quote=True)
+
+
+def _escape_inline(line: str) -> str:
+    parts, pos = [], 0
+    for m in _INLINE_CODE.finditer(line):
+        parts.append(html.escape(line[pos:m.start()], quote=False))
+        parts.append(m.group(0))
+        pos = m.end()
+    parts.append(html.escape(line[pos:], quote=False))
+    return "".join(parts)
+
+
+def fmt_stats(stats: dict[str, Any]) -> str:
+    """`42 tokens · TTFT 0.12 s · 31.5 tok/s · prefill skipped: 32 tokens` (only what is known)."""
+    bits = []
+    if stats.get("generated_tokens") is not None:
+        bits.append(f"{int(stats['generated_tokens'])} tokens")
+    if stats.get("ttft_s") is not None:
+        bits.append(f"TTFT {float(stats['ttft_s']):.2f} s")
+    if stats.get("tokens_per_s") is not None:
+        bits.append(f"{float(stats['tokens_per_s']):.1f} tok/s")
+    if stats.get("prefix_tokens_reused"):
+        bits.append(f"prefill skipped: {int(stats['prefix_tokens_reused'])} tokens")
+    return " · ".join(bits)
+
+
+def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) -> str:
+    """The line under a message: branch marker, then (replies) status and stats."""
+    bits = [f"‹ {pos[0]}/{pos[1]} ›"] if pos[1] > 1 else []
+    if msg.role == "assistant":
+        status = live.status if live else msg.status
+        stats = live.stats if live else msg.stats
+        if status != "complete":
+            bits.append(STATUS_NOTES.get(status, status))
+        if stats.get("error"):
+            bits.append("error: " + str(stats["error"])[:200])
+        if fmt_stats(stats):
+            bits.append(fmt_stats(stats))
+    return html.escape(" · ".join(bits), quote=False)
+
+
+def chat_messages(view: View) -> list[dict[str, str]]:
+    """One Chatbot message per message on the active path (index i is view.path[i])."""
+    out = []
+    for msg, pos in zip(view.path, view.siblings):
+        live = view.live.get(msg.id)
+        text = live.text if live else msg.content
+        body = escape_markdown(text)
+        if live and live.status == "streaming":
+            body += " ▌"
+        elif not text and msg.role == "assistant":
+            body = "*(empty reply)*"
+        note = footer(msg, pos, live)
+        if note:
+            body += f"\n\n<sub>{note}</sub>"
+        out.append({"role": msg.role, "content": body})
+    return out
+
+
+def selection_label(view: View, index: int | None) -> str:
+    """Markdown for the message toolbar: which message the buttons act on."""
+    if index is None or not 0 <= index < len(view.path):
+        return "*No messages yet: type below.*"
+    msg, (k, n) = view.path[index], view.siblings[index]
+    who = "your message" if msg.role == "user" else "reply"
+    branch = f" · branch **{k}/{n}**" if n > 1 else " · no other branch"
+    return f"Selected: {who} {index + 1} of {len(view.path)}{branch}"
+
+
+def conversation_choices(convs: list[Conversation]) -> list[tuple[str, int]]:
+    """Sidebar entries (Gradio shows labels as text, never HTML)."""
+    return [(f"{c.title}  ·  {_age(c.updated)}", c.id) for c in convs]
+
+
+def tab_label(conv: Conversation | None, busy: bool = False) -> str:
+    if conv is None:
+        return "—"
+    title = conv.title if len(conv.title) <= 22 else conv.title[:21] + "…"
+    return ("● " if busy else "") + title
+
+
+def _age(ts: float) -> str:
+    s = max(0, time.time() - ts)
+    if s < 60:
+        return "now"
+    if s < 3600:
+        return f"{int(s // 60)} min"
+    if s < 86400:
+        return f"{int(s // 3600)} h"
+    return time.strftime("%d %b", time.localtime(ts))

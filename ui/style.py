@@ -1,0 +1,75 @@
+"""The look of the chat app: the Gradio theme, the page CSS and the brand header."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="violet", neutral_hue="slate",
+                       radius_size="md", text_size="md",
+                       font=["ui-sans-serif", "system-ui", "Segoe UI", "sans-serif"],
+                       font_mono=["ui-monospace", "SFMono-Regular", "Menlo", "monospace"])
+
+BRAND = ("<div class='lp-brand'><span class='lp-logo'>▦</span> <b>localpaged</b>"
+         "<span class='lp-tag'>PagedAttention chat workstation</span></div>")
+
+CSS = """
+footer { display: none !important; }
+.gradio-container { max-width: 100% !important; padding: 8px 14px !important; }
+#lp-header { align-items: center; border-bottom: 1px solid var(--border-color-primary);
+  padding: 2px 4px 8px; margin-bottom: 6px; }
+#lp-header > div { flex: 0 1 auto !important; min-width: 0 !important; }
+#lp-header #model-badge { margin-left: auto; text-align: right; }
+.lp-brand { font-size: 1.15rem; display: flex; align-items: baseline; gap: 6px; }
+.lp-logo { color: var(--color-accent); font-size: 1.3rem; }
+.lp-tag { color: var(--body-text-color-subdued); font-size: .85rem; margin-left: 8px; }
+.lp-badge { background: var(--color-accent-soft); color: var(--color-accent); border-radius: 6px;
+  padding: 1px 6px; font-size: .75rem; text-transform: uppercase; letter-spacing: .04em; }
+
+#lp-sidebar { background: var(--background-fill-secondary); border-radius: 12px; padding: 10px;
+  gap: 8px; }
+#conv-list { max-height: 58vh; overflow-y: auto; }
+#conv-list .wrap { display: flex; flex-direction: column; gap: 2px; }
+#conv-list label { width: 100%; border: none !important; background: transparent !important;
+  box-shadow: none !important; border-radius: 8px; padding: 7px 9px; cursor: pointer;
+  white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
+#conv-list label:hover { background: var(--background-fill-primary) !important; }
+#conv-list label.selected { background: var(--color-accent-soft) !important;
+  color: var(--color-accent); font-weight: 600; }
+#conv-list input[type=radio] { display: none; }
+.lp-tight { gap: 6px !important; }
+.lp-confirm { border: 1px solid var(--error-border-color, #fca5a5) !important; }
+
+.lp-chat .message { font-size: .95rem; }
+.lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
+  font-size: .75rem; vertical-align: baseline; }
+.lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }
+.lp-toolbar .lp-sel { flex: 1 1 200px !important; color: var(--body-text-color-subdued);
+  font-size: .85rem; }
+.lp-toolbar .lp-sel p { margin: 0; }
+.lp-composer { align-items: stretch; }
+.lp-composer textarea { min-height: 44px; }
+.lp-edit { border: 1px dashed var(--color-accent) !important; padding: 6px; }
+
+.lp-columns { gap: 10px; }
+.lp-column { background: var(--background-fill-secondary); border-radius: 10px; padding: 8px; }
+.lp-cmp-out { background: var(--background-fill-primary); border-radius: 8px; padding: 8px 10px;
+  min-height: 120px; font-size: .92rem; }
+.lp-meta, .lp-meta p { color: var(--body-text-color-subdued); font-size: .78rem; }
+
+#lp-right { gap: 10px; }
+.lp-engine { font-size: .82rem; }
+.lp-tiles { display: grid; grid-template-columns: repeat(4, 1fr); gap: 6px; margin-bottom: 6px; }
+.lp-tile { background: var(--background-fill-secondary); border-radius: 8px; padding: 6px;
+  display: flex; flex-direction: column; align-items: center; }
+.lp-tile b { font-size: 1.05rem; }
+.lp-tile span { font-size: .68rem; color: var(--body-text-color-subdued); text-align: center; }
+.lp-muted { color: var(--body-text-color-subdued); font-size: .76rem; margin: 4px 0; }
+.lp-caption { font-size: .72rem; color: var(--body-text-color-subdued); margin: 6px 0 2px; }
+.lp-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: .72rem; margin: 4px 0 8px; }
+.lp-legend i { display: inline-block; width: 9px; height: 9px; border-radius: 2px;
+  margin-right: 4px; vertical-align: -1px; }
+.lp-row { margin: 6px 0 8px; }
+.lp-row-label { font-size: .78rem; margin-bottom: 2px; overflow: hidden; text-overflow: ellipsis;
+  white-space: nowrap; }
+.lp-pool, .lp-strip { display: block; max-width: 100%; }
+"""
