@@ -42,9 +42,7 @@ def _write_kv_kernel(key, value, k_cache, v_cache, slot_mapping,
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
              v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store key/value [T, Hkv, D] into their slots; a negative slot means "skip this token"."""
-    reason = fallback_reason(_write_kv_kernel, k_cache)
-    if reason is None and not (k_cache.stride(-1) == v_cache.stride(-1) == 1):
-        reason = "cache's last dimension is not contiguous"
+    reason = fallback_reason(_write_kv_kernel, k_cache, caches=(k_cache, v_cache))
     if reason is not None:
         log_fallback("write_kv", reason)
         return reference.write_kv(key, value, k_cache, v_cache, slot_mapping)

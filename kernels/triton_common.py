@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 LOG2E = 1.4426950408889634
 # Finite "minus infinity" for running maxima: exp2(NEG_BIG - m) is exactly 0 and, unlike -inf,
 # NEG_BIG - NEG_BIG is 0 rather than NaN when a whole tile is masked.
-NEG_BIG = -1.0e30
+NEG_BIG = tl.constexpr(-1.0e30)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 _logged: set[tuple[str, str]] = set()
 
@@ -37,12 +37,15 @@ def is_interpreted(kernel) -> bool:
     return not isinstance(kernel, triton.runtime.JITFunction)
 
 
-def fallback_reason(kernel, tensor: torch.Tensor, head_dim: int | None = None) -> str | None:
+def fallback_reason(kernel, tensor: torch.Tensor, head_dim: int | None = None,
+                    caches: tuple[torch.Tensor, ...] = ()) -> str | None:
     """Why this call cannot run in Triton (None when it can)."""
     if not (tensor.is_cuda or is_interpreted(kernel)):
         return f"tensors on {tensor.device} and TRITON_INTERPRET is off"
     if head_dim is not None and not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         return f"head_dim {head_dim} outside [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    if any(cache.stride(-1) != 1 for cache in caches):
+        return "a cache's last dimension is not contiguous"
     return None
 
 

@@ -197,11 +197,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens."""
-    reason = fallback_reason(_decode_kernel, q, q.shape[-1])
+    reason = fallback_reason(_decode_kernel, q, q.shape[-1], (k_cache, v_cache))
     if reason is not None:
         log_fallback("paged_decode_attention", reason)
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                                 scale)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
     max_context = block_tables.shape[1] * k_cache.shape[1]
     if use_split_k(q.shape[0], k_cache.shape[2], max_context, q.device):
         return decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -111,7 +111,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     Sequence i owns queries q[query_start_loc[i]:query_start_loc[i+1]] ([T, H, D] overall); they
     are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
     """
-    reason = fallback_reason(_prefill_kernel, q, q.shape[-1])
+    reason = fallback_reason(_prefill_kernel, q, q.shape[-1], (k_cache, v_cache))
     if reason is not None:
         log_fallback("paged_prefill_attention", reason)
         return reference.paged_prefill_attention(q, k_cache, v_cache, block_tables,

@@ -96,10 +96,9 @@ def _resolve_local(path: str) -> ModelSource | None:
 
 
 def _resolve_hub(repo_id: str, revision: str | None, tried: list[str]) -> ModelSource | None:
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import is_offline_mode
+    from huggingface_hub import constants, snapshot_download
     for local_only in (True, False):
-        if not local_only and is_offline_mode():
+        if not local_only and constants.HF_HUB_OFFLINE:
             tried.append(f"Hub download of {repo_id} (HF_HUB_OFFLINE is set)")
             break
         try:

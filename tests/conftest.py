@@ -1,8 +1,9 @@
 """Shared pytest set-up.
 
 Without CUDA, Triton kernels can only run under the interpreter, and whether a kernel is
-interpreted is fixed when its module is imported (``@triton.jit`` reads TRITON_INTERPRET then).
-So set it here, before any test module imports the kernels. An explicit setting wins.
+interpreted is fixed when triton and the kernel modules are imported (``@triton.jit`` reads
+TRITON_INTERPRET then). So set it here, before any test module imports triton. An explicit
+setting wins.
 """
 
 import os

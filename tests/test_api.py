@@ -1,9 +1,10 @@
 """Tests of the OpenAI-compatible API (localpaged/api, server.py, remote.py) over a real uvicorn
 server in a background thread, driven by the official `openai` client and raw httpx.
 
-The model is a tiny random Llama (tests/tiny_models.py) whose tokenizer maps each character
-U+0100..U+01FF to one token, so prompts built by `words()` differ token by token; outputs are
-random-looking text. After every test the engine must hold no KV block (autouse fixture).
+The model is a tiny random Llama (tests/tiny_models.py, via conftest's tiny_llama) whose
+tokenizer maps each character U+0100..U+01FF to one token, so prompts built by `words()` differ
+token by token; outputs are random-looking text. After every test the engine must hold no KV
+block (autouse fixture).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import httpx
 import openai
 import pytest
 
-import tiny_models
 from localpaged import LLM, SamplingParams
 from localpaged.api import check_bind_safety, resolve_api_key
 from localpaged.async_engine import AsyncEngine
@@ -57,8 +57,9 @@ def stop_server(server) -> None:
     server.should_exit = True
 
 
-def make_engine(root: str) -> AsyncEngine:
-    llm = LLM(tiny_models.build("llama-gqa", root), num_kv_blocks=256, max_num_seqs=MAX_NUM_SEQS)
+def make_engine(model_path: str) -> AsyncEngine:
+    """An AsyncEngine over the tiny model (conftest's tiny_llama), with a toy chat template."""
+    llm = LLM(model_path, num_kv_blocks=256, max_num_seqs=MAX_NUM_SEQS)
     llm.engine.tokenizer.chat_template = CHAT_TEMPLATE
     return AsyncEngine(llm.engine)
 
@@ -78,9 +79,17 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def wait_busy(engine: AsyncEngine, timeout: float = 5.0) -> None:
+    """Until some KV block is held (the stats snapshot may trail the outputs by one step)."""
+    deadline = time.monotonic() + timeout
+    while engine.stats().blocks_in_use == 0:
+        assert time.monotonic() < deadline, "no KV block in use"
+        time.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    eng = make_engine(str(tmp_path_factory.mktemp("models")))
+def engine(tiny_llama):
+    eng = make_engine(tiny_llama)
     yield eng
     eng.shutdown()
 
@@ -313,7 +322,7 @@ def test_concurrent_clients_batch_and_match(client, engine):
     assert max(seen_running) >= 2                   # they really ran in one batch
 
 
-# ---- disconnects ----------------------------------------------------------------------------------
+# ---- disconnects --------------------------------------------------------------------------------
 def _record_aborts(engine, monkeypatch) -> list[str]:
     aborted: list[str] = []
     real = engine.abort
@@ -342,7 +351,7 @@ def test_disconnect_mid_stream_frees_blocks(base_url, engine, monkeypatch, endpo
                     data.append(json.loads(line[6:]))
                 if len(data) == 3:
                     break
-            assert engine.stats().blocks_in_use > 0
+            wait_busy(engine)
     wait_idle(engine, timeout=10)
     request_id = data[0]["id"]
     assert request_id in aborted
@@ -359,7 +368,7 @@ def test_disconnect_before_answer_aborts(base_url, engine, monkeypatch):
     assert any(a.startswith("cmpl-") for a in aborted)
 
 
-# ---- bad requests ---------------------------------------------------------------------------------
+# ---- bad requests -------------------------------------------------------------------------------
 OK_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 OK_COMPLETION = {"model": MODEL, "prompt": [5, 6], "max_tokens": 2}
 
@@ -479,10 +488,12 @@ def test_other_paths_and_methods(base_url):
     assert r.status_code == 404 and "error" in r.json()
     r = httpx.post(f"{base_url}/v1/completions", content=json.dumps(OK_COMPLETION))  # no type
     assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"]
+    r = _post(base_url, "completions", "x" * (32 * 2**20 + 1))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
 
 
-# ---- API key ----------------------------------------------------------------------------------------
+# ---- API key ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def keyed_url(engine):
     url, server = start_server(engine, api_key=API_KEY)
@@ -525,7 +536,7 @@ def test_bind_safety_and_key_resolution(caplog, monkeypatch):
     assert resolve_api_key(None) is None
 
 
-# ---- metrics ---------------------------------------------------------------------------------------
+# ---- metrics ------------------------------------------------------------------------------------
 METRIC_LINE = re.compile(r'^[a-z_:][a-z0-9_:]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? '
                          r'(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
 
@@ -550,8 +561,8 @@ def test_metrics(base_url, client):
     list(client.completions.create(model=MODEL, prompt=[9, 9, 9], max_tokens=5, stream=True))
     after = _metrics(base_url)
     assert after['localpaged_kv_blocks{state="total"}'] == 256
-    assert sum(after[f'localpaged_kv_blocks{{state="{s}"}}'] for s in ("in_use", "cached", "free")) \
-        == 256
+    states = ("in_use", "cached", "free")
+    assert sum(after[f'localpaged_kv_blocks{{state="{s}"}}'] for s in states) == 256
     for name in ("localpaged_prefix_cache_queries_total", "localpaged_prefix_cache_hits_total",
                  "localpaged_num_preemptions_total", "localpaged_num_requests_running",
                  "localpaged_num_requests_waiting"):
@@ -568,7 +579,7 @@ def test_metrics(base_url, client):
         > before.get("localpaged_prefix_cache_queries_total", 0)
 
 
-# ---- RemoteChatBackend -------------------------------------------------------------------------
+# ---- RemoteChatBackend --------------------------------------------------------------------------
 def test_remote_backend_columns(base_url, client):
     backend = RemoteChatBackend(base_url + "/v1")
     assert backend.model_name == MODEL and backend.supports_kv_stats is False
@@ -600,7 +611,7 @@ def test_remote_backend_n_samples_errors_and_cancel(base_url, engine):
     # closing the iterator early closes the HTTP streams: the server frees the blocks
     it = backend.chat(chat_msgs(13), [SamplingParams(max_tokens=900, ignore_eos=True)] * 2)
     next(it)
-    assert engine.stats().blocks_in_use > 0
+    wait_busy(engine)
     it.close()
     wait_idle(engine)
     # abort(request_id) ends the stream with finish_reason "abort"
@@ -613,7 +624,7 @@ def test_remote_backend_n_samples_errors_and_cancel(base_url, engine):
     wait_idle(engine)
 
 
-# ---- beside Gradio ---------------------------------------------------------------------------------
+# ---- beside Gradio ------------------------------------------------------------------------------
 def test_api_beside_gradio(engine):
     gr = pytest.importorskip("gradio")
     with gr.Blocks() as demo:

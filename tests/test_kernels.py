@@ -22,6 +22,7 @@ import torch  # does not import triton
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"   # tests/conftest.py normally did this already
 
+import importlib.util  # noqa: E402
 import logging  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -307,3 +308,17 @@ def test_cpu_without_interpreter_falls_back(monkeypatch, caplog):
         out = ops.paged_decode_attention(*args)
     assert torch.equal(out, ref.paged_decode_attention(*args))
     assert any("TRITON_INTERPRET is off" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA tests compile the kernels")
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None,
+                    reason="triton's CUDA backend is not installed")
+def test_kernels_compile_for_sm90():
+    """The interpreter misses compile-only errors (non-constexpr globals, loop typing): compile
+    one configuration of every kernel to a cubin for sm_90, in a process without the interpreter.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    cmd = [sys.executable, "-m", "localpaged.kernels.triton_compile_check", "--quick"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]

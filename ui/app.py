@@ -9,6 +9,7 @@ mounts it on the FastAPI app. `THEME` and `CSS` go to `mount_gradio_app`/`launch
 
 from __future__ import annotations
 
+import html
 import logging
 import tempfile
 import time
@@ -38,15 +39,14 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
     with gr.Blocks(title="localpaged", fill_width=True) as demo:
         slots, current = gr.State([None] * N_SLOTS), gr.State(0)
         last_panel = gr.State("")
-        with gr.Row(elem_id="lp-header", equal_height=True):
-            gr.HTML(BRAND, elem_id="lp-brand", js_on_load=None)
-            model_badge = gr.Markdown(_badge(models), elem_id="model-badge")
+        model_badge = gr.HTML(_header(models), elem_id="lp-header", js_on_load=None)
         with gr.Row(elem_id="lp-body", equal_height=False):
             with gr.Column(scale=1, min_width=230, elem_id="lp-sidebar"):
                 side = build_sidebar()
             with gr.Column(scale=4, min_width=520, elem_id="lp-main"):
-                with gr.Tabs(elem_id="lp-tabs") as tabs:
-                    ui = [build_slot(i) for i in range(N_SLOTS)]
+                sels = [gr.State(None) for _ in range(N_SLOTS)]
+                with gr.Tabs(elem_id="lp-tabs", overflow_behavior="wrap") as tabs:
+                    ui = [build_slot(i, sels[i]) for i in range(N_SLOTS)]
                     with gr.Tab("⚖ Compare", id="compare", elem_id="tab-compare") as cmp_tab:
                         cmp = build_compare()
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
@@ -232,10 +232,11 @@ def _load_model(models: ModelManager):
             yield models.status(), gr.skip()
         if job.error:
             gr.Warning(f"Could not load {job.name}; the current model stays loaded.")
-        yield models.status(), _badge(models)
+        yield models.status(), _header(models)
     return load
 
 
-def _badge(models: ModelManager) -> str:
-    name = models.model_name or "no model"
-    return f"<span class='lp-badge'>model</span> `{name}`"
+def _header(models: ModelManager) -> str:
+    name = html.escape(models.model_name or "no model")
+    return (f"<div class='lp-head'>{BRAND}<div class='lp-model'><span class='lp-badge'>model"
+            f"</span> <code>{name}</code></div></div>")

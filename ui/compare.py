@@ -52,17 +52,20 @@ class CompareUI:
 
 
 def build_compare() -> CompareUI:
+    gr.Markdown("One prompt, answered side by side in **one engine batch** over the shared "
+                "prompt. Continue with the column you like; the others stay as branches.",
+                elem_classes="lp-muted")
     with gr.Row(equal_height=True, elem_classes="lp-compare-head"):
         target = gr.Dropdown(label="Conversation", choices=[("New conversation", NEW_CONVERSATION)],
-                             value=NEW_CONVERSATION, scale=2, elem_id="cmp-target")
-        k = gr.Radio([2, 3, 4], value=3, label="Columns", scale=1, elem_id="cmp-k")
-        own = gr.Checkbox(label="Own settings per column", value=False, scale=1, elem_id="cmp-own",
+                             value=NEW_CONVERSATION, scale=3, elem_id="cmp-target")
+        k = gr.Radio([2, 3, 4], value=3, label="Columns", scale=2, min_width=200, elem_id="cmp-k")
+        own = gr.Checkbox(label="Own settings per column", value=False, scale=2, elem_id="cmp-own",
                           info="Off: samples of the conversation's settings")
-    with gr.Row(equal_height=True):
+    with gr.Row(equal_height=True, elem_classes="lp-composer"):
         prompt = gr.Textbox(placeholder="One prompt, answered side by side…", show_label=False,
-                            lines=2, max_lines=8, scale=6, elem_id="cmp-prompt")
-        run = gr.Button("Compare", variant="primary", scale=1, elem_id="cmp-run")
-        stop = gr.Button("Stop", variant="stop", scale=1, elem_id="cmp-stop")
+                            lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)
+        run = gr.Button("Compare", variant="primary", scale=1, min_width=90, elem_id="cmp-run")
+        stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="cmp-stop")
     columns = []
     with gr.Row(equal_height=False, elem_classes="lp-columns"):
         for j in range(MAX_COLUMNS):

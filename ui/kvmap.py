@@ -154,8 +154,7 @@ def _pool_svg(num_blocks: int, sharing: dict[int, int], live: set[int]) -> str:
              for i, st in enumerate(state)]
     h = -(-cells // per_row) * (size + 2)
     caption = "the block pool" + (f" ({group} blocks per cell)" if group > 1 else "")
-    return (f'<div class="lp-caption">{caption}</div><svg class="lp-pool" width="{per_row * (size + 2)}" '
-            f'height="{h}" role="img">{"".join(rects)}</svg>')
+    return (f'<div class="lp-caption">{caption}</div>{_svg(per_row * (size + 2), h, rects, "lp-pool")}')
 
 
 def _legend() -> str:
@@ -194,5 +193,10 @@ def _strip_svg(row: BranchRow, sharing: dict[int, int]) -> str:
     more = len(row.blocks) - len(blocks)
     h = max(1, -(-len(blocks) // per_line)) * (size + 2)
     tail = f'<span class="lp-muted"> +{more} more</span>' if more > 0 else ""
-    return (f'<svg class="lp-strip" width="{per_line * (size + 2)}" height="{h}" role="img">'
-            f'{"".join(rects)}</svg>{tail}')
+    return _svg(per_line * (size + 2), h, rects, "lp-strip") + tail
+
+
+def _svg(w: int, h: int, rects: list[str], cls: str) -> str:
+    """An SVG that shrinks to the panel's width (viewBox), never grows past its own size."""
+    return (f'<svg class="{cls}" viewBox="0 0 {w} {h}" width="100%" style="max-width:{w}px" '
+            f'role="img">{"".join(rects)}</svg>')

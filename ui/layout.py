@@ -73,8 +73,8 @@ class RightUI:
 
 
 def build_sidebar() -> SidebarUI:
-    new = gr.Button("＋  New chat", variant="primary", elem_id="new-chat")
-    search = gr.Textbox(placeholder="Search titles and messages", show_label=False,
+    new = gr.Button("+  New chat", variant="primary", elem_id="new-chat")
+    search = gr.Textbox(placeholder="Search chats…", show_label=False,
                         elem_id="search", container=False)
     conversations = gr.Radio(choices=[], show_label=False, elem_id="conv-list", container=False)
     with gr.Row(elem_classes="lp-tight"):
@@ -112,7 +112,9 @@ def sampling_fields(prefix: str) -> list:
     return [temperature, top_p, top_k, min_p, seed, max_tokens]   # SAMPLING_KEYS order
 
 
-def build_slot(i: int) -> SlotUI:
+def build_slot(i: int, sel: gr.State) -> SlotUI:
+    """Chat tab i; `sel` (made outside gr.Tabs, which takes only Tab children) holds the
+    index of the selected message."""
     with gr.Tab(f"Chat {i + 1}", id=f"slot{i}", visible=False, elem_id=f"tab{i}") as tab:
         chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
                              buttons=["copy", "copy_all"], editable="user", sanitize_html=True,
@@ -126,7 +128,7 @@ def build_slot(i: int) -> SlotUI:
             nxt = gr.Button("›", size="sm", elem_id=f"next{i}", min_width=34, scale=0)
             regen = gr.Button("↻ Regenerate", size="sm", elem_id=f"regen{i}", scale=0, min_width=110)
             edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
-            fork = gr.Button("⑂ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
+            fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
             close = gr.Button("✕ Close tab", size="sm", elem_id=f"close{i}", scale=0, min_width=96)
         with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
             edit_box = gr.Textbox(label="Edit your message: the old version stays as a branch",
@@ -145,9 +147,9 @@ def build_slot(i: int) -> SlotUI:
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
             sampling = sampling_fields(f"s{i}-")
             with gr.Row(elem_classes="lp-tight"):
-                export = gr.Button("⤓ Export (Markdown + JSON)", size="sm", elem_id=f"export{i}")
+                export = gr.Button("↓ Export (Markdown + JSON)", size="sm", elem_id=f"export{i}")
             export_files = gr.File(visible=False, file_count="multiple", show_label=False)
-    return SlotUI(tab, chatbot, sel_md, gr.State(None), prev, nxt, regen, edit, fork, close,
+    return SlotUI(tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                   edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system, sampling,
                   export, export_files)
 

