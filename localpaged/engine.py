@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from localpaged import loader
+from localpaged import beam_search, loader
 from localpaged.attention import get_backend
 from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
@@ -167,15 +167,14 @@ class LLMEngine:
         return [self._output(g) for g in dict.fromkeys(touched)]
 
     def _sample(self, out, logits: dict[int, torch.Tensor]) -> list[SequenceGroup]:
-        from localpaged import beam_search
         rows, seqs, params, groups = [], [], [], []
+        beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
         for item in out.scheduled:
             if item.seq.seq_id not in logits:
                 continue
             group = item.group
             if group.beam is not None:
-                beam_search.step(self, group, item.seq, logits[item.seq.seq_id])
-                groups.append(group)
+                beams.setdefault(group, {})[item.seq.seq_id] = logits[item.seq.seq_id]
                 continue
             for seq in self._fork_samples(group, item.seq):
                 rows.append(logits[item.seq.seq_id])
@@ -186,6 +185,9 @@ class LLMEngine:
             for seq, group, result in zip(seqs, groups, sample(torch.stack(rows).float().cpu(), seqs, params)):
                 record(seq, result)
                 self._check_finished(group, seq)
+        for group, beam_logits in beams.items():
+            beam_search.step(self, group, beam_logits)
+            groups.append(group)
         now = time.monotonic()
         for group in groups:
             group.first_token_time = group.first_token_time or now

@@ -99,7 +99,9 @@ class SequenceGroup:
     first_token_time: float | None = None
     finished_time: float | None = None
     num_cached_tokens: int = -1          # prefix tokens served from the cache at first admission
-    finished_beams: list = field(default_factory=list)   # beam search: (score, Sequence)
+    finished_beams: list = field(default_factory=list)   # beam search: (score, tokens, last)
+    beam_logits: dict = field(default_factory=dict)       # beam search: seq_id -> logits, this step
+    beam_improvable: bool = True                          # beam search: a running beam may still win
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
 
     @property

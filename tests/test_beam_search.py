@@ -1,0 +1,52 @@
+"""Beam search in the engine equals transformers' beam search, and beams share blocks."""
+
+import pytest
+import torch
+import tiny_models
+from engine_helpers import hf_model, prompts
+
+from localpaged import LLM
+
+
+def hf_beams(path, prompt, width, max_tokens, length_penalty, early_stopping):
+    with torch.inference_mode():
+        out = hf_model(path).generate(
+            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+            max_new_tokens=max_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
+            eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    return [s[len(prompt):].tolist() for s in out.sequences], out.sequences_scores.tolist()
+
+
+@pytest.mark.parametrize("kind,width,penalty,early", [
+    ("llama-gqa", 4, 1.0, False), ("qwen2-bias", 3, 0.5, True), ("llama-gqa", 2, 2.0, "never"),
+])
+def test_beam_search_equals_transformers(kind, width, penalty, early, tiny_root):
+    path = tiny_models.build(kind, tiny_root)
+    llm = LLM(path, num_kv_blocks=128)
+    batch = prompts(3, seed=21)
+    outs = llm.beam_search(batch, width, 12, length_penalty=penalty, early_stopping=early,
+                           ignore_eos=True)
+    for prompt, out in zip(batch, outs):
+        ref, scores = hf_beams(path, prompt, width, 12, penalty, early)
+        assert [c.token_ids for c in out.outputs] == ref
+        assert [c.cumulative_logprob for c in out.outputs] == pytest.approx(scores, abs=1e-4)
+    assert llm.stats().blocks_in_use == 0
+
+
+def test_beams_share_blocks(tiny_llama):
+    llm = LLM(tiny_llama, num_kv_blocks=128)
+    engine = llm.engine
+    prompt = prompts(1, seed=4, lo=60, hi=61)[0]
+    from localpaged.request import BeamParams
+    from localpaged import SamplingParams
+    group = engine.make_group(prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
+                              beam=BeamParams(4))
+    engine.add_group(group)
+    ratios = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        stats = llm.stats()
+        if stats.blocks_in_use and len(group.seqs) == 4:
+            ratios.append(stats.blocks_in_use / stats.blocks_without_sharing)
+    assert ratios and max(ratios) < 1.0          # four beams hold fewer blocks than four requests
+    assert llm.stats().blocks_in_use == 0

@@ -1,0 +1,263 @@
+"""End to end in a real browser: the chat app started as `python app.py` (tiny random model,
+temp data dir, free port) and driven by Playwright through Debian's headless Chromium.
+
+Steps (a screenshot each in artifacts/ui/): open; send and watch it stream (chat text with HTML
+and a script shows as text); stop; regenerate (the engine panel shows the branches sharing
+blocks); switch siblings; edit an earlier message into a branch; a 3-column comparison and
+continuing with one column; a second tab generating together with the first; reload the page;
+restart the app. The tiny model's replies are noise: the test checks structure, not words.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = "/usr/bin/chromium"
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "artifacts" / "ui"
+BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync"]
+EVIL = 'Hi <img src=x onerror="window.__pwned=1"> <script>window.__pwned=2</script> there, friend'
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class App:
+    """The app as a user runs it: `python app.py ...` in a subprocess."""
+
+    def __init__(self, model: str, data_dir: Path, log: Path) -> None:
+        self.port, self.log = _free_port(), log
+        self.cmd = [sys.executable, str(REPO / "app.py"), "--model", model, "--data-dir",
+                    str(data_dir), "--port", str(self.port), "--num-kv-blocks", "256"]
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 150) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        out = self.log.open("a")
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"the app exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(self.url, timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail(f"the app did not come up:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@pytest.fixture(scope="module")
+def app(tiny_llama, tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup.sh)")
+    pytest.importorskip("playwright.sync_api")
+    tmp = tmp_path_factory.mktemp("ui-app")
+    a = App(tiny_llama, tmp / "data", tmp / "app.log")
+    a.start()
+    yield a
+    a.stop()
+
+
+@pytest.fixture(scope="module")
+def page(app):
+    from playwright.sync_api import sync_playwright
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for old in ARTIFACTS.glob("*.png"):
+        old.unlink()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
+        pg = browser.new_page(viewport={"width": 1440, "height": 960})
+        pg.set_default_timeout(30_000)
+        pg.errors = []
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        yield pg
+        browser.close()
+
+
+# ---- helpers -------------------------------------------------------------------------------
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def text(page, selector: str) -> str:
+    return page.locator(selector).inner_text()
+
+
+def wait_text(page, selector: str, needle: str, present: bool = True, timeout: float = 30_000):
+    page.wait_for_function(
+        "([s, n, p]) => { const e = document.querySelector(s); "
+        "return !!e && e.innerText.includes(n) === p; }", arg=[selector, needle, present],
+        timeout=timeout)
+
+
+def wait_idle(page, i: int) -> None:
+    """Tab i has no streaming reply (no cursor, its tab label has no ● mark)."""
+    wait_text(page, f"#chat{i}", "▌", present=False, timeout=60_000)
+    wait_text(page, f"#tab{i}-button", "●", present=False, timeout=60_000)
+
+
+def open_settings(page, i: int) -> None:
+    page.locator(f"#settings{i}").get_by_text("Conversation settings").click()
+    page.wait_for_selector(f"#s{i}-max_tokens input", state="visible")
+
+
+def set_max_tokens(page, i: int, n: int) -> None:
+    page.fill(f"#s{i}-max_tokens input", str(n))
+    page.locator(f"#s{i}-max_tokens input").blur()
+
+
+def send(page, i: int, message: str) -> None:
+    page.fill(f"#msg{i} textarea", message)
+    page.click(f"#send{i}")
+
+
+def open_app(page, app) -> None:
+    page.goto(app.url)
+    page.wait_for_selector("#msg0 textarea", state="visible", timeout=60_000)
+    wait_text(page, "#engine-panel", "In use")
+
+
+# ---- the walk-through --------------------------------------------------------------------
+def test_chat_app_end_to_end(app, page):
+    t0 = time.monotonic()
+    open_app(page, app)
+    shot(page, "01-open")
+
+    # Send, watch it stream, stop it. The HTML and script in the message stay text.
+    open_settings(page, 0)
+    set_max_tokens(page, 0, 900)
+    send(page, 0, EVIL)
+    wait_text(page, "#chat0", "▌")
+    first = len(text(page, "#chat0"))
+    page.wait_for_function("n => document.querySelector('#chat0').innerText.length > n + 20",
+                           arg=first)
+    shot(page, "02-streaming")
+    page.click("#stop0")
+    wait_text(page, "#chat0", "stopped")
+    wait_idle(page, 0)
+    assert '<script>window.__pwned=2</script>' in text(page, "#chat0")
+    assert page.evaluate("window.__pwned") is None
+    shot(page, "03-stopped")
+
+    # Regenerate: a sibling; the engine panel shows the two branches sharing prompt blocks.
+    set_max_tokens(page, 0, 48)
+    page.click("#regen0")
+    wait_text(page, "#sel0", "branch 2/2")
+    wait_idle(page, 0)
+    assert "‹ 2/2 ›" in text(page, "#chat0") and "prefill skipped" in text(page, "#chat0")
+    page.wait_for_function("() => [...document.querySelectorAll('#engine-panel .lp-row')]"
+                           ".filter(r => +r.dataset.shared > 0).length >= 2", timeout=15_000)
+    shot(page, "04-regenerated")
+
+    # Switch siblings: back to the stopped first reply.
+    page.click("#prev0")
+    wait_text(page, "#sel0", "branch 1/2")
+    wait_text(page, "#chat0", "stopped")
+    shot(page, "05-switched-sibling")
+
+    # Edit the first message (after a second turn): a new branch, the old one kept.
+    send(page, 0, "A second question")
+    wait_text(page, "#chat0", "A second question")
+    wait_idle(page, 0)
+    page.locator("#chat0 [data-testid=user]").first.click()
+    wait_text(page, "#sel0", "Your message 1 of 4")
+    page.click("#edit0")
+    page.wait_for_selector("#editbox0 textarea", state="visible")
+    assert "window.__pwned=2" in page.input_value("#editbox0 textarea")
+    page.fill("#editbox0 textarea", "An edited first question")
+    page.click("#editsave0")
+    wait_text(page, "#chat0", "An edited first question")
+    wait_idle(page, 0)
+    assert "A second question" not in text(page, "#chat0")      # the new branch is shown
+    shot(page, "06-edited-branch")
+    page.locator("#chat0 [data-testid=user]").first.click()
+    wait_text(page, "#sel0", "branch 2/2")
+    page.click("#prev0")
+    wait_text(page, "#chat0", "A second question")              # the old branch is kept
+    page.click("#next0")
+    wait_text(page, "#chat0", "An edited first question")
+
+    # Compare: one prompt, three columns, continue with the second.
+    page.click("#tab-compare-button")
+    page.wait_for_selector("#cmp-prompt textarea", state="visible")
+    page.fill("#cmp-prompt textarea", "Three ways to say hello")
+    page.click("#cmp-run")
+    page.wait_for_function("() => [0, 1, 2].every(j => !document.querySelector('#cmp-pick' + j)"
+                           ".disabled) && document.querySelector('#cmp-out2').innerText.length > 5",
+                           timeout=60_000)
+    assert not page.locator("#cmp-out3").is_visible()
+    shot(page, "07-compare")
+    page.click("#cmp-pick1")
+    wait_text(page, "#sel0", "branch 2/3")
+    assert "Three ways to say hello" in text(page, "#chat0")
+    shot(page, "08-compare-picked")
+
+    # A second tab; both generate at once.
+    page.click("#new-chat")
+    page.wait_for_selector("#msg1 textarea", state="visible")
+    open_settings(page, 1)
+    set_max_tokens(page, 1, 700)
+    send(page, 1, "Tab two is talking")
+    page.click("#tab0-button")
+    page.wait_for_selector("#msg0 textarea", state="visible")
+    set_max_tokens(page, 0, 700)
+    send(page, 0, "Tab one is talking")
+    page.wait_for_function("() => ['#tab0-button', '#tab1-button'].every(s => "
+                           "document.querySelector(s).innerText.startsWith('●'))")
+    shot(page, "09-two-tabs-streaming")
+    wait_idle(page, 0)
+    wait_idle(page, 1)
+    assert page.locator("#tab1-button").inner_text() == "Tab two is talking"
+
+    # Reload: everything is still there.
+    page.reload()
+    check_restored(page)
+    shot(page, "10-reloaded")
+
+    # Restart the app: everything is still there.
+    app.stop()
+    app.start()
+    open_app(page, app)
+    check_restored(page)
+    shot(page, "11-restarted")
+    assert not page.errors, page.errors
+    assert time.monotonic() - t0 < 240
+
+
+def check_restored(page) -> None:
+    page.wait_for_selector("#msg0 textarea", state="visible", timeout=60_000)
+    wait_text(page, "#chat0", "Tab one is talking")
+    chat = text(page, "#chat0")
+    assert "An edited first question" in chat and "Three ways to say hello" in chat
+    assert "‹ 2/3 ›" in chat
+    wait_text(page, "#conv-list", "Tab two is talking")
+    page.click("#tab1-button")
+    wait_text(page, "#chat1", "Tab two is talking")
+    page.click("#tab0-button")
