@@ -108,7 +108,7 @@ def _no_blocks_leak(request):
         wait_idle(request.getfixturevalue("engine"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def client(base_url):
     return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
@@ -445,10 +445,13 @@ BAD_REQUESTS = [
 ]
 
 
+HTTP = httpx.Client(timeout=30)       # one client: creating one costs ~0.1 s (its SSL context)
+
+
 def _post(base_url: str, endpoint: str, body, headers=None) -> httpx.Response:
     content = body if isinstance(body, str) else json.dumps(body)
-    return httpx.post(f"{base_url}/v1/{endpoint}", content=content.encode("utf-8", "surrogatepass"),
-                      headers={"content-type": "application/json", **(headers or {})}, timeout=30)
+    return HTTP.post(f"{base_url}/v1/{endpoint}", content=content.encode("utf-8", "surrogatepass"),
+                     headers={"content-type": "application/json", **(headers or {})})
 
 
 @pytest.mark.parametrize("endpoint,body,status,param,code", BAD_REQUESTS,
@@ -482,15 +485,15 @@ def test_openai_client_raises_typed_errors(client):
 
 
 def test_other_paths_and_methods(base_url):
-    r = httpx.get(f"{base_url}/v1/chat/completions")
+    r = HTTP.get(f"{base_url}/v1/chat/completions")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
-    r = httpx.get(f"{base_url}/v1/nothing-here")
+    r = HTTP.get(f"{base_url}/v1/nothing-here")
     assert r.status_code == 404 and "error" in r.json()
-    r = httpx.post(f"{base_url}/v1/completions", content=json.dumps(OK_COMPLETION))  # no type
+    r = HTTP.post(f"{base_url}/v1/completions", content=json.dumps(OK_COMPLETION))  # no type
     assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"]
     r = _post(base_url, "completions", "x" * (32 * 2**20 + 1))
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
-    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+    assert HTTP.get(f"{base_url}/health").json() == {"status": "ok"}
 
 
 # ---- API key ------------------------------------------------------------------------------------
@@ -507,7 +510,7 @@ def test_api_key_enforced(keyed_url):
         r = _post(keyed_url, "chat/completions", OK_CHAT, headers)
         assert r.status_code == 401, headers
         assert r.json()["error"]["code"] == "invalid_api_key"
-        assert httpx.get(f"{keyed_url}/v1/models", headers=headers).status_code == 401
+        assert HTTP.get(f"{keyed_url}/v1/models", headers=headers).status_code == 401
     # checked before the body: a malformed body without a key is still a 401
     assert _post(keyed_url, "completions", "{oops").status_code == 401
     good = {"Authorization": f"Bearer {API_KEY}"}
@@ -516,7 +519,7 @@ def test_api_key_enforced(keyed_url):
         openai.OpenAI(base_url=keyed_url + "/v1", api_key="wrong", max_retries=0).models.list()
     keyed = openai.OpenAI(base_url=keyed_url + "/v1", api_key=API_KEY, max_retries=0)
     assert keyed.completions.create(model=MODEL, prompt=[4, 5], max_tokens=2).choices[0].text
-    assert httpx.get(f"{keyed_url}/metrics").status_code == 200     # monitoring stays open
+    assert HTTP.get(f"{keyed_url}/metrics").status_code == 200     # monitoring stays open
 
 
 def test_bind_safety_and_key_resolution(caplog, monkeypatch):
@@ -542,7 +545,7 @@ METRIC_LINE = re.compile(r'^[a-z_:][a-z0-9_:]*(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*
 
 
 def _metrics(base_url: str) -> dict[str, float]:
-    r = httpx.get(f"{base_url}/metrics")
+    r = HTTP.get(f"{base_url}/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     values = {}
     for line in r.text.splitlines():

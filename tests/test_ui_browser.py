@@ -123,14 +123,17 @@ def wait_idle(page, i: int) -> None:
     wait_text(page, f"#tab{i}-button", "●", present=False, timeout=60_000)
 
 
-def open_settings(page, i: int) -> None:
+def configure(page, i: int, **values) -> None:
+    """Set tab i's conversation settings (they are saved as they are typed)."""
     page.locator(f"#settings{i}").get_by_text("Conversation settings").click()
-    page.wait_for_selector(f"#s{i}-max_tokens input", state="visible")
-
-
-def set_max_tokens(page, i: int, n: int) -> None:
-    page.fill(f"#s{i}-max_tokens input", str(n))
-    page.locator(f"#s{i}-max_tokens input").blur()
+    for name, value in values.items():
+        box = page.locator(f"#s{i}-{name} input").first
+        box.wait_for(state="visible")
+        box.fill(str(value))
+        box.press("Tab")
+    time.sleep(0.5)                       # let the saves land before the next event
+    page.locator(f"#settings{i}").get_by_text("Conversation settings").click()
+    page.evaluate("window.scrollTo(0, 0)")
 
 
 def send(page, i: int, message: str) -> None:
@@ -151,8 +154,7 @@ def test_chat_app_end_to_end(app, page):
     shot(page, "01-open")
 
     # Send, watch it stream, stop it. The HTML and script in the message stay text.
-    open_settings(page, 0)
-    set_max_tokens(page, 0, 900)
+    configure(page, 0, temperature=0, max_tokens=900)     # greedy: the same run every time
     send(page, 0, EVIL)
     wait_text(page, "#chat0", "▌")
     first = len(text(page, "#chat0"))
@@ -167,7 +169,7 @@ def test_chat_app_end_to_end(app, page):
     shot(page, "03-stopped")
 
     # Regenerate: a sibling; the engine panel shows the two branches sharing prompt blocks.
-    set_max_tokens(page, 0, 48)
+    configure(page, 0, max_tokens=48)
     page.click("#regen0")
     wait_text(page, "#sel0", "branch 2/2")
     wait_idle(page, 0)
@@ -204,7 +206,8 @@ def test_chat_app_end_to_end(app, page):
     page.click("#next0")
     wait_text(page, "#chat0", "An edited first question")
 
-    # Compare: one prompt, three columns, continue with the second.
+    # Compare: one prompt, three columns (samples, seeds 7, 8, 9), continue with the second.
+    configure(page, 0, temperature=0.9, seed=7)
     page.click("#tab-compare-button")
     page.wait_for_selector("#cmp-prompt textarea", state="visible")
     page.fill("#cmp-prompt textarea", "Three ways to say hello")
@@ -220,14 +223,13 @@ def test_chat_app_end_to_end(app, page):
     shot(page, "08-compare-picked")
 
     # A second tab; both generate at once.
+    configure(page, 0, temperature=0, max_tokens=700)
     page.click("#new-chat")
     page.wait_for_selector("#msg1 textarea", state="visible")
-    open_settings(page, 1)
-    set_max_tokens(page, 1, 700)
+    configure(page, 1, temperature=0, max_tokens=700)
     send(page, 1, "Tab two is talking")
     page.click("#tab0-button")
     page.wait_for_selector("#msg0 textarea", state="visible")
-    set_max_tokens(page, 0, 700)
     send(page, 0, "Tab one is talking")
     page.wait_for_function("() => ['#tab0-button', '#tab1-button'].every(s => "
                            "document.querySelector(s).innerText.startsWith('●'))")

@@ -161,6 +161,9 @@ def _wire_slot(ev: Events, i: int, s: SlotUI, slots, current, layout_out, refres
     s.close.click(lambda c: ev.close(c, i), slots, layout_out, **QUICK)
     s.tab.select(lambda c: ev.select_tab(c, i), slots, [current, layout_out[-1]], **QUICK)
     s.export.click(lambda c: _export(ev, c, i), slots, s.export_files, **QUICK)
+    for field in s.sampling:
+        field.input(lambda c, *v: ev.save_settings(c, i, *v), [slots, *settings], None, **QUICK)
+    s.system.blur(lambda c, *v: ev.save_settings(c, i, *v), [slots, *settings], None, **QUICK)
 
 
 def _bind_follow(ev: Events, i: int):

@@ -119,6 +119,15 @@ class Events:
     def _settings(self, cid: int, system: str, values: tuple) -> None:
         self.ctl.update_settings(cid, system or "", dict(zip(SAMPLING_KEYS, values)))
 
+    def save_settings(self, slots: list, i: int, system: str, *sampling) -> None:
+        """A settings field was edited: keep it (a value the engine refuses is reported)."""
+        if slots[i] is None:
+            return
+        try:
+            self._settings(slots[i], system, sampling)
+        except USER_ERRORS as exc:
+            gr.Warning(_why(exc))
+
     def send(self, slots: list, i: int, text: str, system: str, *sampling) -> Iterator[list]:
         """Outputs: tab, chatbot, selection text, selection, message box."""
         cid = slots[i]

@@ -108,8 +108,7 @@ class ModelManager:
             keep = f"Still using `{current}`." if current else "No model is loaded."
             return f"⚠ Could not load `{job.name}`: {job.error}\n\n{keep}"
         if current:
-            took = f" (loaded in {job.elapsed():.0f} s)" if job else ""
-            return f"✓ `{current}` ready{took}"
+            return f"✓ Loaded `{job.name}` in {job.elapsed():.0f} s" if job else "✓ Ready"
         return "No model loaded."
 
 

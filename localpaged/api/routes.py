@@ -83,14 +83,14 @@ class _API:
     # ---- generation ----------------------------------------------------------------------
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         self._check_model(body.model)
-        params = _params(body)
+        params = _params(body, "messages")
         messages = body.template_messages()
         ids = await run_in_threadpool(self._chat_ids, messages)
         return await self._generate("chat", body, ids, params, request, "messages")
 
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
-        params = _params(body)
+        params = _params(body, "prompt")
         prompt = body.prompt_value()
         if isinstance(prompt, str):
             if not prompt:
@@ -149,8 +149,8 @@ class _API:
                            "at once.", param="n", code="invalid_value")
 
 
-def _params(body: ChatCompletionRequest | CompletionRequest) -> SamplingParams:
+def _params(body: ChatCompletionRequest | CompletionRequest, prompt_param: str) -> SamplingParams:
     try:
         return body.sampling_params()
     except ValueError as exc:
-        raise from_value_error(exc, "messages") from exc
+        raise from_value_error(exc, prompt_param) from exc
