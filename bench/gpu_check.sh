@@ -76,7 +76,7 @@ throughput() {
 export PY
 export -f install_project engine_tests throughput
 step install 100 install_project
-step kernel_tests 170 "$PY" -m pytest -x -q -p no:cacheprovider -rs tests/test_kernels.py
+step kernel_tests 170 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
 step engine_tests 140 engine_tests
 step bench_kernels 90 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step throughput 70 throughput

@@ -60,12 +60,13 @@ def _prefill(dt, group, block_size, head_dim):
     from . import triton_prefill as pre
     from .triton_common import next_pow2
     group_pad = next_pow2(group)
+    block_q, tile_n = pre.default_tiles(group_pad, block_size, head_dim, 4 if dt == "fp32" else 2)
     return pre._prefill_kernel, dict(
         q_ptr=dt, k_cache=dt, v_cache=dt, tables="i32", query_start_loc="i32",
         seq_lens="i32", out_ptr=dt), ("qk_scale",), dict(
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(1, pre.BLOCK_M // group_pad),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(block_q, -(-16 // group_pad)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
-        TILE_N=max(block_size, 32 if next_pow2(head_dim) > 128 else 64), DOT_F32=False,
+        TILE_N=tile_n, DOT_F32=False,
         PREC="ieee" if dt == "fp32" else "tf32")
 
 

@@ -21,7 +21,7 @@ from . import reference
 from .triton_common import (LOG2E, NEG_BIG, attend_tiles, dot_options, fallback_reason,
                             log_fallback, next_pow2)
 
-BLOCK_M = 64   # rows (token x head pairs) per program, when the group allows
+BLOCK_M = 64   # rows (token x head pairs) per program for 16-bit caches, when the group allows
 
 
 @triton.jit
@@ -71,6 +71,14 @@ def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, 
              + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
+def default_tiles(group_pad: int, block_size: int, head_dim: int, elem_size: int):
+    """(BLOCK_Q, TILE_N). fp32 and head dims over 128 shrink the tiles, which keeps shared memory
+    under ~100 KB (consumer GPUs) with Triton's default pipelining."""
+    wide_dim = next_pow2(head_dim) > 128
+    block_m = BLOCK_M // (1 + (elem_size >= 4)) // (1 + (elem_size >= 4 and wide_dim))
+    return max(1, block_m // group_pad), max(block_size, 32 if elem_size >= 4 or wide_dim else 64)
+
+
 def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
             block_q=None, tile_n=None):
     """The kernel launch, with tile sizes exposed for tests. Syncs once to size the grid."""
@@ -87,9 +95,9 @@ def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     group_pad = next_pow2(group)
-    block_q = block_q or max(1, BLOCK_M // group_pad)
-    block_q = max(block_q, triton.cdiv(16, group_pad))          # tl.dot needs >= 16 rows
-    tile_n = tile_n or max(block_size, 32 if next_pow2(head_dim) > 128 else 64)
+    default_q, default_n = default_tiles(group_pad, block_size, head_dim, k_cache.element_size())
+    block_q = max(block_q or default_q, triton.cdiv(16, group_pad))   # tl.dot needs >= 16 rows
+    tile_n = tile_n or default_n
     max_q_len = int((starts[1:] - starts[:-1]).max())
     dot_f32, prec = dot_options(_prefill_kernel, k_cache.dtype)
     grid = (batch, num_kv_heads, triton.cdiv(max_q_len, block_q))

@@ -135,9 +135,9 @@ class AsyncEngine:
                 logger.exception("engine step failed")
                 self._fail_all(exc)
                 continue
+            self._snapshot()                  # before delivering: a reader never sees older stats
             for out in outputs:
                 self._deliver(out)
-            self._snapshot()
 
     def _drain(self, block: bool) -> None:
         try:

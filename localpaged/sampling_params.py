@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+GREEDY_EPSILON = 1e-5
+
+
 @dataclass
 class SamplingParams:
     n: int = 1
@@ -44,8 +47,8 @@ class SamplingParams:
             ("top_p", _is_num(self.top_p) and 0 < self.top_p <= 1, "must be in (0, 1]"),
             ("top_k", _is_int(self.top_k) and self.top_k >= 0, "must be -1, 0 or a positive integer"),
             ("min_p", _is_num(self.min_p) and 0 <= self.min_p <= 1, "must be in [0, 1]"),
-            ("repetition_penalty", _is_num(self.repetition_penalty) and self.repetition_penalty > 0,
-             "must be > 0"),
+            ("repetition_penalty", _is_num(self.repetition_penalty)
+             and 0.01 <= self.repetition_penalty <= 100, "must be in [0.01, 100]"),
             ("presence_penalty", _is_num(self.presence_penalty) and -2 <= self.presence_penalty <= 2,
              "must be in [-2, 2]"),
             ("frequency_penalty", _is_num(self.frequency_penalty)
@@ -65,7 +68,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures this close to 0 would overflow the logits: they mean greedy, as in vLLM."""
+        return self.temperature < GREEDY_EPSILON
 
     @property
     def has_penalties(self) -> bool:

@@ -58,3 +58,17 @@ def test_unknown_llm_argument_and_bad_config():
         LLM("x", num_blocks=3)
     with pytest.raises(ValueError, match="preemption_mode"):
         LLM("x", preemption_mode="drop")
+
+
+def test_tiny_temperature_is_greedy_and_wide_groups_are_refused(llm):
+    tiny = SamplingParams(temperature=1e-40, max_tokens=6, ignore_eos=True)
+    assert tiny.greedy
+    assert llm.generate([[1, 4, 6]], tiny)[0].outputs[0].token_ids == \
+        llm.generate([[1, 4, 6]], greedy(6))[0].outputs[0].token_ids
+    old = llm.engine.config.max_num_seqs
+    llm.engine.config.max_num_seqs = 4
+    try:
+        with pytest.raises(ValueError, match="max_num_seqs=4"):
+            llm.engine.make_group([1, 2], SamplingParams(n=5))
+    finally:
+        llm.engine.config.max_num_seqs = old

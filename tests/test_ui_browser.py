@@ -43,7 +43,7 @@ class App:
     def __init__(self, model: str, data_dir: Path, log: Path) -> None:
         self.port, self.log = _free_port(), log
         self.cmd = [sys.executable, str(REPO / "app.py"), "--model", model, "--data-dir",
-                    str(data_dir), "--port", str(self.port), "--num-kv-blocks", "256"]
+                    str(data_dir), "--port", str(self.port), "--num-kv-blocks", "512"]
         self.url = f"http://127.0.0.1:{self.port}/"
         self.proc: subprocess.Popen | None = None
 
@@ -73,13 +73,24 @@ class App:
                 self.proc.wait(5)
 
 
+def long_context_model(root: str) -> str:
+    """The tiny Llama with a 4096-token context, so a reply can stream long enough to be
+    stopped by hand (the stock one runs out of context in about 3 s)."""
+    import tiny_models
+    from transformers import LlamaConfig
+    tiny_models.CONFIGS.setdefault("llama-long", lambda: LlamaConfig(
+        num_attention_heads=4, num_key_value_heads=2,
+        **{**tiny_models.COMMON, "max_position_embeddings": 4096}))
+    return tiny_models.build("llama-long", root)
+
+
 @pytest.fixture(scope="module")
-def app(tiny_llama, tmp_path_factory):
+def app(tiny_root, tmp_path_factory):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup.sh)")
     pytest.importorskip("playwright.sync_api")
     tmp = tmp_path_factory.mktemp("ui-app")
-    a = App(tiny_llama, tmp / "data", tmp / "app.log")
+    a = App(long_context_model(tiny_root), tmp / "data", tmp / "app.log")
     a.start()
     yield a
     a.stop()
@@ -149,20 +160,30 @@ def open_app(page, app) -> None:
 
 # ---- the walk-through --------------------------------------------------------------------
 def test_chat_app_end_to_end(app, page):
+    try:
+        walk_through(app, page)
+    except Exception:
+        shot(page, "failure")             # what the page showed when a step failed
+        raise
+
+
+def walk_through(app, page) -> None:
     t0 = time.monotonic()
     open_app(page, app)
     shot(page, "01-open")
 
     # Send, watch it stream, stop it. The HTML and script in the message stay text.
-    configure(page, 0, temperature=0, max_tokens=900)     # greedy: the same run every time
+    configure(page, 0, temperature=0, max_tokens=3500)    # greedy: the same run every time
     send(page, 0, EVIL)
     wait_text(page, "#chat0", "▌")
     first = len(text(page, "#chat0"))
     page.wait_for_function("n => document.querySelector('#chat0').innerText.length > n + 20",
                            arg=first)
     shot(page, "02-streaming")
+    t_stop = time.monotonic()
     page.click("#stop0")
     wait_text(page, "#chat0", "stopped")
+    print(f"stop took {time.monotonic() - t_stop:.2f} s")
     wait_idle(page, 0)
     assert '<script>window.__pwned=2</script>' in text(page, "#chat0")
     assert page.evaluate("window.__pwned") is None
@@ -185,6 +206,8 @@ def test_chat_app_end_to_end(app, page):
     shot(page, "05-switched-sibling")
 
     # Edit the first message (after a second turn): a new branch, the old one kept.
+    page.click("#next0")                  # back to the short reply (the tiny model's text
+    wait_text(page, "#sel0", "branch 2/2")  # re-tokenizes into ~6 tokens per token)
     send(page, 0, "A second question")
     wait_text(page, "#chat0", "A second question")
     wait_idle(page, 0)

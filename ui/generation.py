@@ -100,7 +100,7 @@ class Turn:
         with self._cond:
             return self._cond.wait_for(lambda: self.done, timeout)
 
-    def updates(self, interval: float = 0.05, timeout: float = 0.5) -> Iterator["Turn"]:
+    def updates(self, interval: float = 0.1, timeout: float = 0.5) -> Iterator["Turn"]:
         """Yield self whenever it changed (at most every `interval` s, and at least every
         `timeout` s), and a last time once done."""
         seen = -1

@@ -18,7 +18,6 @@ from localpaged.api.errors import APIError
 from localpaged.sampling_params import SamplingParams
 
 # Below this a temperature is greedy: dividing logits by ~0 would overflow to inf/NaN.
-MIN_TEMPERATURE = 1e-5
 
 _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -76,9 +75,7 @@ class _Common(BaseModel):
 
     def _sampling(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         temperature = 1.0 if self.temperature is None else self.temperature
-        if temperature < MIN_TEMPERATURE:
-            temperature = 0.0
-        return SamplingParams(
+        return SamplingParams(      # temperatures near 0 mean greedy (SamplingParams.greedy)
             n=self.n or 1, temperature=temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=self.top_k or 0, min_p=self.min_p or 0.0,
