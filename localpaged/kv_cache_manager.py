@@ -39,7 +39,7 @@ class KVCacheManager:
         self.tables: dict[int, list[Block]] = {}
         self.cpu_tables: dict[int, list[Block]] = {}
         self._hashes: dict[int, list[bytes]] = {}       # chain hashes of each seq's full blocks
-        self.pending_copies: list[tuple[int, int]] = []   # copy-on-write (src, dst) device blocks
+        self.block_ops: list[tuple[str, list[tuple[int, int]]]] = []   # ("copy"|"swap_out"|"swap_in", pairs)
         self.prefix_cache_queries = 0                    # tokens looked up
         self.prefix_cache_hits = 0                       # tokens found
 
@@ -133,9 +133,26 @@ class KVCacheManager:
         last = seq.num_computed_tokens // self.block_size
         shared = table[last]
         private = self.pool.allocate()
-        self.pending_copies.append((shared.block_id, private.block_id))
+        self._record("copy", [(shared.block_id, private.block_id)])
         self.pool.decref(shared)
         table[last] = private
+
+    def _record(self, kind: str, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        if self.block_ops and self.block_ops[-1][0] == kind:
+            self.block_ops[-1][1].extend(pairs)
+        else:
+            self.block_ops.append((kind, list(pairs)))
+
+    def take_block_ops(self) -> list[tuple[str, list[tuple[int, int]]]]:
+        ops, self.block_ops = self.block_ops, []
+        return ops
+
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """The copy-on-write pairs among the pending block ops (read-only view)."""
+        return [pair for kind, pairs in self.block_ops if kind == "copy" for pair in pairs]
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares every block of parent (ref_count + 1 each)."""
@@ -163,16 +180,16 @@ class KVCacheManager:
         blocks = {b.block_id for s in seqs for b in self.tables.get(s.seq_id, [])}
         return self.cpu_pool is not None and len(blocks) <= self.cpu_pool.num_free
 
-    def swap_out(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
+    def swap_out(self, seqs: list[Sequence]) -> None:
         """Move seqs' blocks to the CPU pool; blocks shared inside the group stay shared."""
-        return self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool)
+        self._record("swap_out", self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool))
 
     def can_swap_in(self, seqs: list[Sequence]) -> bool:
         blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])}
         return len(blocks) + self.watermark_blocks <= self.pool.num_free
 
-    def swap_in(self, seqs: list[Sequence]) -> list[tuple[int, int]]:
-        return self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool)
+    def swap_in(self, seqs: list[Sequence]) -> None:
+        self._record("swap_in", self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool))
 
     @staticmethod
     def _move(seqs, src_tables, dst_tables, src_pool, dst_pool) -> list[tuple[int, int]]:

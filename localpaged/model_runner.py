@@ -3,7 +3,8 @@
 Per step it builds, from the scheduler's output: token ids and positions of every new token
 (decodes first, then prefill chunks), the slot mapping, block tables and sequence lengths. It
 carries out the block moves the scheduler decided (swap out, copy-on-write, swap in) before the
-forward pass, so a block is always read after it was written.
+forward pass, in the order the KV cache manager decided them (a copy-on-write of a block that was
+just swapped in must follow the swap-in; a swap-out must follow the copies into its blocks).
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
         """Run one step; returns logits [V] for each sequence (by seq_id) that samples."""
-        self.kv_cache.swap_out(out.swap_out)
-        self.kv_cache.copy(out.copies, self.backend)
-        self.kv_cache.swap_in(out.swap_in)
+        for kind, pairs in out.block_ops:
+            if kind == "copy":
+                self.kv_cache.copy(pairs, self.backend)
+            else:
+                getattr(self.kv_cache, kind)(pairs)        # swap_out / swap_in
         items = order_batch(out.scheduled)
         if not items:
             return {}

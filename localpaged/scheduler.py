@@ -38,9 +38,7 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)     # copy-on-write, device->device
-    swap_out: list[tuple[int, int]] = field(default_factory=list)   # device block -> cpu block
-    swap_in: list[tuple[int, int]] = field(default_factory=list)    # cpu block -> device block
+    block_ops: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)  # in order
     preempted: list[SequenceGroup] = field(default_factory=list)
     out_of_memory: list[SequenceGroup] = field(default_factory=list)  # cannot fit even alone
 
@@ -76,8 +74,7 @@ class Scheduler:
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
             self._schedule_waiting(out, budget)
-        out.copies = self.kv.pending_copies
-        self.kv.pending_copies = []
+        out.block_ops = self.kv.take_block_ops()
         return out
 
     # ---- running ------------------------------------------------------------------------------
@@ -121,10 +118,8 @@ class Scheduler:
         out.preempted.append(group)
         self.num_preemptions += 1
         seqs = group.unfinished_seqs()
-        held = {b for s in seqs for b in self.kv.block_ids(s)}
-        self.kv.pending_copies = [c for c in self.kv.pending_copies if c[1] not in held]
         if self.preemption_mode == "swap" and self.kv.can_swap_out(seqs):
-            out.swap_out.extend(self.kv.swap_out(seqs))
+            self.kv.swap_out(seqs)
             group.status = GroupStatus.SWAPPED
             self.swapped.appendleft(group)
             self.num_swapped_out += 1
@@ -147,7 +142,7 @@ class Scheduler:
                     or not self.kv.can_swap_in(seqs)):
                 break
             self.swapped.popleft()
-            out.swap_in.extend(self.kv.swap_in(seqs))
+            self.kv.swap_in(seqs)
             budget = self._start(group, budget, out)
         return budget
 

@@ -30,13 +30,13 @@ class BlockMachine(RuleBasedStateMachine):
     # ---- helpers ------------------------------------------------------------------------------
     def compute(self, seq: Sequence, n: int) -> None:
         """What the model runner does: carry out copies, then write n tokens' K/V."""
-        for src, dst in self.kv.pending_copies:
+        for src, dst in self.kv.pending_copies:        # swaps only move bytes we track below
             assert self.kv.pool.blocks[dst].ref_count == 1
             if src in self.content:
                 self.content[dst] = self.content[src]
             else:
                 self.content.pop(dst, None)
-        self.kv.pending_copies.clear()
+        self.kv.take_block_ops()
         table = self.kv.block_ids(seq)
         for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
             block = table[pos // B]
@@ -77,6 +77,24 @@ class BlockMachine(RuleBasedStateMachine):
         child = parent.fork(1, None)
         self.kv.fork(parent, child)
         self.running.append(child)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), width=st.integers(2, 4), token=st.integers(0, 2))
+    def fork_group_and_diverge(self, i, width, token):
+        """n > 1 sampling or a beam step: fork width-1 children, then each appends its own token."""
+        parent = self.running[i % len(self.running)]
+        group = [parent]
+        for _ in range(width - 1):
+            child = parent.fork(1, None)
+            self.kv.fork(parent, child)
+            group.append(child)
+            self.running.append(child)
+        for k, seq in enumerate(group):
+            seq.token_ids.append((token + k) % 3)
+            if self.kv.allocate_slots(seq, 1):
+                self.compute(seq, 1)
+            else:
+                seq.token_ids.pop()
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))

@@ -48,7 +48,9 @@ class App:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 150) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        # One torch thread: the browser needs the other core to keep up.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "OMP_NUM_THREADS": "1"}
         out = self.log.open("a")
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, env=env, stdout=out,
                                      stderr=subprocess.STDOUT)
@@ -246,10 +248,10 @@ def walk_through(app, page) -> None:
     shot(page, "08-compare-picked")
 
     # A second tab; both generate at once.
-    configure(page, 0, temperature=0, max_tokens=700)
+    configure(page, 0, temperature=0, max_tokens=1500)
     page.click("#new-chat")
     page.wait_for_selector("#msg1 textarea", state="visible")
-    configure(page, 1, temperature=0, max_tokens=700)
+    configure(page, 1, temperature=0, max_tokens=1500)
     send(page, 1, "Tab two is talking")
     page.click("#tab0-button")
     page.wait_for_selector("#msg0 textarea", state="visible")
