@@ -25,14 +25,21 @@ class SampleResult:
 
 def sample(logits: torch.Tensor, seqs: list[Sequence],
            params: list[SamplingParams]) -> list[SampleResult]:
-    """logits [S, V] float32, one row per sequence."""
+    """logits [S, V] float32, one row per sequence; the rows are processed as one batch."""
     logprobs = torch.log_softmax(logits, dim=-1)
-    results = []
-    for row, seq, p in zip(logits, seqs, params):
-        token = _sample_row(row, seq, p)
-        results.append(SampleResult(token, float(logprobs[len(results), token]),
-                                    _top(logprobs[len(results)], p.logprobs)))
-    return results
+    if any(p.has_penalties for p in params):
+        logits = logits.clone()
+        for i, (seq, p) in enumerate(zip(seqs, params)):
+            if p.has_penalties:
+                apply_penalties(logits[i], seq, p)
+    tokens = logits.argmax(dim=-1)
+    rand = [i for i, p in enumerate(params) if not p.greedy]
+    if rand:
+        probs = _filtered_probs(logits[rand], [params[i] for i in rand])
+        for row, i in enumerate(rand):
+            tokens[i] = _draw(probs[row], seqs[i].generator)
+    return [SampleResult(int(t), float(logprobs[i, t]), _top(logprobs[i], p.logprobs))
+            for i, (t, p) in enumerate(zip(tokens.tolist(), params))]
 
 
 def _top(row_logprobs: torch.Tensor, k: int | None) -> dict[int, float]:
@@ -42,29 +49,39 @@ def _top(row_logprobs: torch.Tensor, k: int | None) -> dict[int, float]:
     return dict(zip(ids.tolist(), values.tolist()))
 
 
-def _sample_row(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> int:
-    if p.has_penalties:
-        row = apply_penalties(row.clone(), seq, p)
-    if p.greedy:
-        return int(row.argmax())
-    row = row / p.temperature
-    if p.top_k and p.top_k < row.shape[0]:
-        kth = row.topk(p.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    probs = row.softmax(-1)
-    if p.top_p < 1.0:
-        probs = _top_p(probs, p.top_p)
-    if p.min_p > 0.0:
-        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    return int(torch.multinomial(probs, 1, generator=seq.generator))
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Temperature, then top-k, top-p and min-p, each row with its own values."""
+    temperature = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    logits = logits / temperature[:, None]
+    vocab = logits.shape[1]
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    if any(top_k):
+        kth = logits.topk(max(top_k), dim=-1).values
+        k_index = torch.tensor([max(k, 1) - 1 for k in top_k])
+        threshold = kth.gather(1, k_index[:, None])
+        threshold[torch.tensor(top_k) == 0] = float("-inf")
+        logits = logits.masked_fill(logits < threshold, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    top_p = torch.tensor([p.top_p for p in params], dtype=probs.dtype)
+    if bool((top_p < 1.0).any()):
+        probs = _top_p(probs, top_p)
+    min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype)
+    if bool((min_p > 0).any()):
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return probs
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one)."""
-    sorted_probs, order = probs.sort(descending=True)
-    cumulative = sorted_probs.cumsum(-1)
-    drop = cumulative - sorted_probs > top_p
-    return probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's smallest set of most likely tokens whose mass reaches top_p (at least one)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p[:, None]
+    return probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """An exact draw from probs (exponential race: argmax p_i / E_i, E_i ~ Exp(1)), one pass."""
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return int((probs / noise).argmax())
 
 
 def apply_penalties(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> torch.Tensor:

@@ -4,8 +4,8 @@ temp data dir, free port) and driven by Playwright through Debian's headless Chr
 Steps (a screenshot each in artifacts/ui/): open; send and watch it stream (chat text with HTML
 and a script shows as text); stop; regenerate (the engine panel shows the branches sharing
 blocks); switch siblings; edit an earlier message into a branch; a 3-column comparison and
-continuing with one column; a second tab generating together with the first; reload the page;
-restart the app. The tiny model's replies are noise: the test checks structure, not words.
+continuing with one column; a second tab generating together with the first; fork, search and
+delete (confirmed); reload the page; restart the app. The tiny model's replies are noise: the test checks structure, not words.
 """
 
 from __future__ import annotations
@@ -247,15 +247,17 @@ def walk_through(app, page) -> None:
     assert "Three ways to say hello" in text(page, "#chat0")
     shot(page, "08-compare-picked")
 
-    # A second tab; both generate at once.
-    configure(page, 0, temperature=0, max_tokens=1500)
+    # A second tab; both generate at once (both sends go out in the same instant).
+    configure(page, 0, temperature=0, max_tokens=1200)
     page.click("#new-chat")
     page.wait_for_selector("#msg1 textarea", state="visible")
-    configure(page, 1, temperature=0, max_tokens=1500)
-    send(page, 1, "Tab two is talking")
+    configure(page, 1, temperature=0, max_tokens=1200)
+    page.fill("#msg1 textarea", "Tab two is talking")
     page.click("#tab0-button")
     page.wait_for_selector("#msg0 textarea", state="visible")
-    send(page, 0, "Tab one is talking")
+    page.fill("#msg0 textarea", "Tab one is talking")
+    page.evaluate("() => { document.querySelector('#send1').click(); "
+                  "document.querySelector('#send0').click(); }")
     page.wait_for_function("() => ['#tab0-button', '#tab1-button'].every(s => "
                            "document.querySelector(s).innerText.startsWith('●'))")
     shot(page, "09-two-tabs-streaming")
@@ -263,17 +265,39 @@ def walk_through(app, page) -> None:
     wait_idle(page, 1)
     assert page.locator("#tab1-button").inner_text() == "Tab two is talking"
 
+    # Fork at the first message into a new conversation; search; delete it (confirmed).
+    page.locator("#chat0 [data-testid=user]").first.click()
+    wait_text(page, "#sel0", "Your message 1 of")
+    page.click("#fork0")
+    page.wait_for_selector("#msg2 textarea", state="visible")
+    wait_text(page, "#tab2-button", "(fork)")
+    assert "An edited first question" in text(page, "#chat2")
+    assert "Three ways" not in text(page, "#chat2")
+    wait_text(page, "#conv-list", "(fork)")
+    page.fill("#search textarea, #search input", "Tab two")
+    page.wait_for_function("() => !document.querySelector('#conv-list').innerText"
+                           ".includes('(fork)')")
+    assert "Tab two is talking" in text(page, "#conv-list")
+    page.fill("#search textarea, #search input", "")
+    wait_text(page, "#conv-list", "(fork)")
+    page.click("#delete")
+    wait_text(page, "#delete-question", "(fork)")
+    shot(page, "10-fork-delete-confirm")
+    page.click("#delete-yes")
+    page.wait_for_selector("#tab2-button", state="hidden")
+    wait_text(page, "#conv-list", "(fork)", present=False)
+
     # Reload: everything is still there.
     page.reload()
     check_restored(page)
-    shot(page, "10-reloaded")
+    shot(page, "11-reloaded")
 
     # Restart the app: everything is still there.
     app.stop()
     app.start()
     open_app(page, app)
     check_restored(page)
-    shot(page, "11-restarted")
+    shot(page, "12-restarted")
     assert not page.errors, page.errors
     assert time.monotonic() - t0 < 240
 

@@ -28,8 +28,9 @@ from .style import BRAND, CSS, THEME
 
 log = logging.getLogger(__name__)
 
-GEN = {"concurrency_id": "generate", "concurrency_limit": 16}
-QUICK = {"concurrency_id": "quick", "concurrency_limit": 8}
+# The streaming text (with its ▌ cursor and the tab's ● mark) is the progress indicator.
+GEN = {"concurrency_id": "generate", "concurrency_limit": 16, "show_progress": "hidden"}
+QUICK = {"concurrency_id": "quick", "concurrency_limit": 8, "show_progress": "hidden"}
 
 __all__ = ["build_demo", "CSS", "THEME"]
 
@@ -80,16 +81,16 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         side.rename.click(_rename_open(ctl), side.conversations,
                           [side.rename_row, side.rename_box], **QUICK)
         renamed = side.rename_ok.click(ev.rename, [side.conversations, side.rename_box], None, **QUICK)
-        renamed.success(lambda: gr.Group(visible=False), None, side.rename_row)
+        renamed.success(lambda: gr.Group(visible=False), None, side.rename_row, **QUICK)
         refresh_after(renamed)
-        side.rename_cancel.click(lambda: gr.Group(visible=False), None, side.rename_row)
+        side.rename_cancel.click(lambda: gr.Group(visible=False), None, side.rename_row, **QUICK)
         side.delete.click(_delete_ask(ctl), side.conversations,
                           [side.delete_row, side.delete_md], **QUICK)
         deleted = side.delete_yes.click(ev.delete, [slots, current, side.conversations],
                                         layout_out, **QUICK)
-        deleted.then(lambda: gr.Group(visible=False), None, side.delete_row)
+        deleted.then(lambda: gr.Group(visible=False), None, side.delete_row, **QUICK)
         refresh_after(deleted)
-        side.delete_no.click(lambda: gr.Group(visible=False), None, side.delete_row)
+        side.delete_no.click(lambda: gr.Group(visible=False), None, side.delete_row, **QUICK)
 
         # ---- chat tabs -------------------------------------------------------------------------
         for i, s in enumerate(ui):
@@ -110,10 +111,9 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
             refresh_after(picked)
 
         # ---- engine panel and model picker ----------------------------------------------
-        timer.tick(_engine_panel(ctl), [slots, last_panel], [right.engine, last_panel],
-                   show_progress="hidden", **QUICK)
+        timer.tick(_engine_panel(ctl), [slots, last_panel], [right.engine, last_panel], **QUICK)
         loaded = right.load.click(_load_model(models), right.model_box,
-                                  [right.model_status, model_badge], **QUICK)
+                                  [right.model_status, model_badge], **GEN)
         loaded.then(ev.titles, slots, [s.tab for s in ui])
     return demo
 
@@ -152,9 +152,9 @@ def _wire_slot(ev: Events, i: int, s: SlotUI, slots, current, layout_out, refres
     s.next.click(lambda c, sel: ev.switch(c, i, sel, 1), [slots, s.sel], chat_out, **QUICK)
     s.edit.click(lambda c, sel: ev.edit_open(c, i, sel), [slots, s.sel], [s.edit_row, s.edit_box],
                  **QUICK)
-    s.edit_save.click(lambda: gr.Group(visible=False), None, s.edit_row)
+    s.edit_save.click(lambda: gr.Group(visible=False), None, s.edit_row, **QUICK)
     s.edit_save.click(edit, [slots, s.sel, s.edit_box, *settings], chat_out, **GEN)
-    s.edit_cancel.click(lambda: gr.Group(visible=False), None, s.edit_row)
+    s.edit_cancel.click(lambda: gr.Group(visible=False), None, s.edit_row, **QUICK)
     forked = s.fork.click(lambda c, cur, sel: ev.fork(c, cur, i, sel), [slots, current, s.sel],
                           layout_out, **QUICK)
     refresh_after(forked)

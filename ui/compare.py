@@ -60,7 +60,7 @@ def build_compare() -> CompareUI:
                              value=NEW_CONVERSATION, scale=3, elem_id="cmp-target")
         k = gr.Radio([2, 3, 4], value=3, label="Columns", scale=2, min_width=200, elem_id="cmp-k")
         own = gr.Checkbox(label="Own settings per column", value=False, scale=2, elem_id="cmp-own",
-                          info="Off: samples of the conversation's settings")
+                          info="Off: samples of the chat's settings")
     with gr.Row(equal_height=True, elem_classes="lp-composer"):
         prompt = gr.Textbox(placeholder="One prompt, answered side by side…", show_label=False,
                             lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)

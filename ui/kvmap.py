@@ -118,7 +118,8 @@ def render_panel(snap: KvSnapshot) -> str:
     parts += [f'<div class="lp-tile"><b>{v}</b><span>{k}</span></div>' for k, v in tiles]
     parts.append("</div>")
     parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens · '
-                 f'KV slots used {100 * s.kv_utilization:.0f}% of held blocks</p>')
+                 f'{s.blocks_without_sharing} block references held in {s.blocks_in_use} '
+                 f'blocks</p>')
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
@@ -167,17 +168,20 @@ def _legend() -> str:
 def _rows_html(rows: list[BranchRow], sharing: dict[int, int]) -> str:
     if not rows:
         return '<p class="lp-muted">Open a conversation to see its blocks.</p>'
-    out = ['<div class="lp-rows">']
+    out, conv = ['<div class="lp-rows">'], None
     for r in rows:
+        if r.conversation_id != conv:
+            conv = r.conversation_id
+            out.append(f'<div class="lp-conv">{html.escape(r.title)}</div>')
         shared = sum(1 for b in r.blocks if sharing.get(b, 0) > 1)
-        marks = ("● " if r.live else "") + ("★ " if r.active else "")
+        mark = ("● " if r.live else "") + ("★ " if r.active else "")
         out.append(f'<div class="lp-row" data-conv="{r.conversation_id}" data-shared="{shared}">'
-                   f'<div class="lp-row-label">{marks}{html.escape(r.title)} '
-                   f'<span class="lp-muted">· branch {r.branch}/{r.branches} · '
-                   f'{len(r.blocks)} blocks, {shared} shared, adds {len(r.blocks) - shared}</span></div>')
+                   f'<div class="lp-row-label">{mark}branch {r.branch}/{r.branches} '
+                   f'<span class="lp-muted">· {len(r.blocks)} blocks: {shared} shared, '
+                   f'{len(r.blocks) - shared} its own</span></div>')
         out.append(_strip_svg(r, sharing))
         out.append("</div>")
-    out.append("</div>")
+    out.append('<p class="lp-muted">★ the branch shown · ● generating now</p></div>')
     return "".join(out)
 
 

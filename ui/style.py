@@ -68,7 +68,9 @@ footer { display: none !important; }
 .lp-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: .72rem; margin: 4px 0 8px; }
 .lp-legend i { display: inline-block; width: 9px; height: 9px; border-radius: 2px;
   margin-right: 4px; vertical-align: -1px; }
-.lp-row { margin: 6px 0 8px; }
+.lp-conv { font-size: .8rem; font-weight: 600; margin-top: 8px; overflow: hidden;
+  text-overflow: ellipsis; white-space: nowrap; }
+.lp-row { margin: 2px 0 6px 8px; }
 .lp-row-label { font-size: .78rem; margin-bottom: 2px; overflow: hidden; text-overflow: ellipsis;
   white-space: nowrap; }
 .lp-pool, .lp-strip { display: block; max-width: 100%; }
