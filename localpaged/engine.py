@@ -155,12 +155,12 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
-        logits = self.runner.execute(out)
+        logits, rows = self.runner.execute(out)
         self.num_tokens_computed += out.num_tokens
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
             self.kv.cache_full_blocks(item.seq)
-        touched = self._sample(out, logits)
+        touched = self._sample(out, logits, rows)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -170,23 +170,24 @@ class LLMEngine:
             touched.append(group)
         return [self._output(g) for g in dict.fromkeys(touched)]
 
-    def _sample(self, out, logits: dict[int, torch.Tensor]) -> list[SequenceGroup]:
+    def _sample(self, out, logits: torch.Tensor | None, row_of: dict[int, int]) -> list[SequenceGroup]:
         rows, seqs, params, groups = [], [], [], []
         beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
         for item in out.scheduled:
-            if item.seq.seq_id not in logits:
+            if item.seq.seq_id not in row_of:
                 continue
-            group = item.group
+            group, row = item.group, row_of[item.seq.seq_id]
             if group.beam is not None:
-                beams.setdefault(group, {})[item.seq.seq_id] = logits[item.seq.seq_id]
+                beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
                 continue
             for seq in self._fork_samples(group, item.seq):
-                rows.append(logits[item.seq.seq_id])
+                rows.append(row)
                 seqs.append(seq)
                 params.append(group.params_for(seq))
                 groups.append(group)
         if rows:
-            for seq, group, result in zip(seqs, groups, sample(torch.stack(rows).float().cpu(), seqs, params)):
+            batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
+            for seq, group, result in zip(seqs, groups, sample(batch, seqs, params)):
                 record(seq, result)
                 self._check_finished(group, seq)
         for group, beam_logits in beams.items():

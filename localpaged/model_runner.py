@@ -15,7 +15,6 @@ from localpaged.attention import AttentionBackend, AttentionMetadata
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
-from localpaged.sampler import SampleResult, sample
 from localpaged.scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -29,8 +28,8 @@ class ModelRunner:
         self.device = kv_cache.device
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> dict[int, torch.Tensor]:
-        """Run one step; returns logits [V] for each sequence (by seq_id) that samples."""
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int]]:
+        """Run one step; returns float32 CPU logits [S, V] and, per sampling seq_id, its row."""
         for kind, pairs in out.block_ops:
             if kind == "copy":
                 self.kv_cache.copy(pairs, self.backend)
@@ -38,13 +37,15 @@ class ModelRunner:
                 getattr(self.kv_cache, kind)(pairs)        # swap_out / swap_in
         items = order_batch(out.scheduled)
         if not items:
-            return {}
+            return None, {}
         input_ids, positions, meta = self.prepare(items)
         hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend)
         ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
         sampling = [it for it in items if it.samples]
-        logits = self.model.compute_logits(hidden.index_select(0, ends)) if sampling else None
-        return {it.seq.seq_id: logits[i] for i, it in enumerate(sampling)}
+        if not sampling:
+            return None, {}
+        logits = self.model.compute_logits(hidden.index_select(0, ends)).float().cpu()
+        return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}
 
     def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         B = self.kv.block_size
@@ -77,14 +78,6 @@ class ModelRunner:
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(items), width)
-
-    def sample(self, items: list[ScheduledSeq], logits: dict[int, torch.Tensor]) -> dict[int, SampleResult]:
-        sampling = [it for it in items if it.seq.seq_id in logits]
-        if not sampling:
-            return {}
-        rows = torch.stack([logits[it.seq.seq_id] for it in sampling]).float().cpu()
-        results = sample(rows, [it.seq for it in sampling], [it.group.params for it in sampling])
-        return {it.seq.seq_id: r for it, r in zip(sampling, results)}
 
 
 def order_batch(items: list[ScheduledSeq]) -> list[ScheduledSeq]:

@@ -5,7 +5,8 @@ Steps (a screenshot each in artifacts/ui/): open; send and watch it stream (chat
 and a script shows as text); stop; regenerate (the engine panel shows the branches sharing
 blocks); switch siblings; edit an earlier message into a branch; a 3-column comparison and
 continuing with one column; a second tab generating together with the first; fork, search and
-delete (confirmed); reload the page; restart the app. The tiny model's replies are noise: the test checks structure, not words.
+delete (confirmed); reload the page; restart the app. The tiny model's replies are noise:
+the test checks structure, not words.
 """
 
 from __future__ import annotations
@@ -270,22 +271,22 @@ def walk_through(app, page) -> None:
     wait_text(page, "#sel0", "Your message 1 of")
     page.click("#fork0")
     page.wait_for_selector("#msg2 textarea", state="visible")
-    wait_text(page, "#tab2-button", "(fork)")
+    wait_text(page, "#tab2-button", "⎇")
     assert "An edited first question" in text(page, "#chat2")
     assert "Three ways" not in text(page, "#chat2")
-    wait_text(page, "#conv-list", "(fork)")
+    wait_text(page, "#conv-list", "⎇")
     page.fill("#search textarea, #search input", "Tab two")
     page.wait_for_function("() => !document.querySelector('#conv-list').innerText"
-                           ".includes('(fork)')")
+                           ".includes('⎇')")
     assert "Tab two is talking" in text(page, "#conv-list")
     page.fill("#search textarea, #search input", "")
-    wait_text(page, "#conv-list", "(fork)")
+    wait_text(page, "#conv-list", "⎇")
     page.click("#delete")
-    wait_text(page, "#delete-question", "(fork)")
+    wait_text(page, "#delete-question", "⎇")
     shot(page, "10-fork-delete-confirm")
     page.click("#delete-yes")
     page.wait_for_selector("#tab2-button", state="hidden")
-    wait_text(page, "#conv-list", "(fork)", present=False)
+    wait_text(page, "#conv-list", "⎇", present=False)
 
     # Reload: everything is still there.
     page.reload()

@@ -207,6 +207,7 @@ def test_fork_rename_delete_search(ctl):
     reply = ctl.store.active_path(cid)[1]
     fork = ctl.fork(reply.id)
     assert [m.content for m in ctl.store.active_path(fork.id)] == [P1, reply.content]
+    assert fork.title.startswith("⎇ ")
     ctl.rename(cid, "Trip notes")
     assert [c.id for c in ctl.search("trip")] == [cid]
     assert fork.id in [c.id for c in ctl.search(P1[:6])]     # message content matches too

@@ -115,7 +115,10 @@ class ChatController:
         return self.store.set_active(message_id)
 
     def fork(self, message_id: int) -> Conversation:
-        return self.store.fork_conversation(message_id)
+        """A new conversation holding the path down to this message; its title starts with
+        ⎇ (visible even in a shortened tab label)."""
+        src = self.store.get_conversation(self.store.get_message(message_id).conversation_id)
+        return self.store.fork_conversation(message_id, title=f"⎇ {src.title}")
 
     # ---- generation -------------------------------------------------------------------------
     def turn(self, cid: int) -> Turn | None:

@@ -117,9 +117,9 @@ def render_panel(snap: KvSnapshot) -> str:
     parts = ['<div class="lp-engine">', '<div class="lp-tiles">']
     parts += [f'<div class="lp-tile"><b>{v}</b><span>{k}</span></div>' for k, v in tiles]
     parts.append("</div>")
-    parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens · '
-                 f'{s.blocks_without_sharing} block references held in {s.blocks_in_use} '
-                 f'blocks</p>')
+    held = (f" · {s.blocks_without_sharing} block references held in {s.blocks_in_use} blocks"
+            if s.blocks_in_use else "")
+    parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
