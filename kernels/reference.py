@@ -68,14 +68,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q_len = hi - lo
         if q_len == 0:
             continue
-        keys = _gather(k_cache, block_tables[i], seq_len)
-        values = _gather(v_cache, block_tables[i], seq_len)
+        group = num_heads // num_kv_heads        # expanded K/V: much faster than enable_gqa on CPU
+        keys = _gather(k_cache, block_tables[i], seq_len).to(q.dtype).repeat_interleave(group, 1)
+        values = _gather(v_cache, block_tables[i], seq_len).to(q.dtype).repeat_interleave(group, 1)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
         mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
-        attn = F.scaled_dot_product_attention(
-            q[lo:hi].transpose(0, 1), keys.transpose(0, 1).to(q.dtype),
-            values.transpose(0, 1).to(q.dtype), attn_mask=mask, scale=scale,
-            enable_gqa=num_heads != num_kv_heads)
+        attn = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), keys.transpose(0, 1),
+                                              values.transpose(0, 1), attn_mask=mask, scale=scale)
         out[lo:hi] = attn.transpose(0, 1)
     return out
 

@@ -249,8 +249,7 @@ class LLMEngine:
         pool, kv, sched = self.kv.pool, self.kv, self.scheduler
         in_use = [b for b in pool.blocks if b.ref_count > 0]
         free_cached = pool.num_cached_free
-        tokens = sum(min(len(s.token_ids), s.num_computed_tokens + 1)
-                     for g in sched.running for s in g.unfinished_seqs())
+        tokens = kv.num_stored_tokens([s for g in sched.running for s in g.unfinished_seqs()])
         tables = {}
         if with_block_tables:
             tables = {g.request_id: [kv.block_ids(s) for s in g.unfinished_seqs()] for g in sched.running}

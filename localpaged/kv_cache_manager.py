@@ -213,6 +213,16 @@ class KVCacheManager:
     def num_shared_blocks(self) -> int:
         return sum(1 for b in self.pool.blocks if b.ref_count > 1)
 
+    def num_stored_tokens(self, seqs: list[Sequence]) -> int:
+        """Slots of held device blocks that store a computed token (a shared block counts once)."""
+        filled: dict[int, int] = {}
+        B = self.block_size
+        for seq in seqs:
+            for i, block in enumerate(self.tables.get(seq.seq_id, [])):
+                n = min(B, max(0, seq.num_computed_tokens - i * B))
+                filled[block.block_id] = max(filled.get(block.block_id, 0), n)
+        return sum(filled.values())
+
     def num_table_entries(self) -> int:
         """Blocks that would be held if nothing were shared (one per table entry)."""
         return sum(len(t) for t in self.tables.values())

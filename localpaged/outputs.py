@@ -51,7 +51,7 @@ class EngineStats:
     blocks_free: int                   # ref_count == 0, no cached content
     blocks_shared: int                 # ref_count > 1
     blocks_without_sharing: int        # what the block tables would hold if nothing were shared
-    tokens_in_use: int                 # tokens whose K/V the held blocks store
+    tokens_in_use: int                 # slots of held blocks storing a token (shared: once)
     prefix_cache_queries: int          # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int             # of those, tokens found
     num_preemptions: int

@@ -5,8 +5,8 @@ Steps (a screenshot each in artifacts/ui/): open; send and watch it stream (chat
 and a script shows as text); stop; regenerate (the engine panel shows the branches sharing
 blocks); switch siblings; edit an earlier message into a branch; a 3-column comparison and
 continuing with one column; a second tab generating together with the first; fork, search and
-delete (confirmed); reload the page; restart the app. The tiny model's replies are noise:
-the test checks structure, not words.
+delete (confirmed); a model that cannot be loaded; reload the page; restart the app. The tiny
+model's replies are noise: the test checks structure, not words.
 """
 
 from __future__ import annotations
@@ -288,17 +288,27 @@ def walk_through(app, page) -> None:
     page.wait_for_selector("#tab2-button", state="hidden")
     wait_text(page, "#conv-list", "⎇", present=False)
 
+    # A model that cannot be had: a clear message, the current model stays.
+    page.fill("#model-name textarea, #model-name input", "/no/such/model")
+    page.click("#model-load")
+    wait_text(page, "#model-status", "Could not load")
+    assert "Still using" in text(page, "#model-status")
+    assert "llama-long" in text(page, "#lp-header")
+    page.locator("#model-status").scroll_into_view_if_needed()
+    shot(page, "11-model-not-found")
+
     # Reload: everything is still there.
     page.reload()
     check_restored(page)
-    shot(page, "11-reloaded")
+    shot(page, "12-reloaded")
 
     # Restart the app: everything is still there.
     app.stop()
     app.start()
     open_app(page, app)
     check_restored(page)
-    shot(page, "12-restarted")
+    shot(page, "13-restarted")
+    assert page.evaluate("window.__pwned") is None        # no toast or panel ran the HTML
     assert not page.errors, page.errors
     assert time.monotonic() - t0 < 240
 

@@ -241,3 +241,61 @@ def test_no_model_loaded_yet(tmp_path):
         ctl.send(cid, "hello")
     assert [m.content for m in store.active_path(cid)] == ["hello"]   # kept for later
     store.close()
+
+
+def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
+    path = build("llama-gqa", tiny_root)
+    mm = ModelManager(local_factory(num_kv_blocks=128))
+    assert mm.load(path).done.wait(60) and mm.job.phase == "ready" and "Loaded" in mm.status()
+    first = mm.backend
+    store = Store(tmp_path / "c.db")
+    ctl = ChatController(store, lambda: mm.backend, {**GREEDY, "max_tokens": 900})
+    mm.on_swap = ctl.stop_all
+    cid = ctl.new_conversation().id
+    turn = ctl.send(cid, P1)
+    job = mm.load(path)
+    assert mm.load("another") is job                         # one load at a time
+    assert job.done.wait(60) and job.error is None and mm.backend is not first
+    assert turn.wait(30)
+    assert store.get_message(turn.replies[0].message_id).status in ("stopped", "complete")
+    run(ctl.send(cid, P2))                                   # the new model answers
+    time.sleep(2.5)                                          # the old engine is shut down
+    assert first.engine._stopped.is_set()
+    mm.backend.engine.shutdown()
+    store.close()
+
+
+def test_event_handlers_open_close_restore_and_send(ctl):
+    """The Gradio adapters (ui/events.py): which tab shows what, and a streamed send."""
+    from localpaged.ui.events import N_SLOTS, SLOT_FIELDS, Events
+    from localpaged.ui.generation import SAMPLING_KEYS
+    ev = Events(ctl)
+    out = ev.restore()
+    assert len(out) == 3 + N_SLOTS * SLOT_FIELDS + 1
+    slots = out[0]
+    assert slots[0] is not None and slots[1:] == [None] * (N_SLOTS - 1)
+    other = ctl.new_conversation().id
+    slots, current = ev.open(slots, 0, other)[:2]
+    assert slots[1] == other and current == 1
+    assert ev.open(slots, 0, other)[:2] == [slots, 1]             # already open: just shown
+    assert ctl.open_tabs() == [slots[0], other]
+    slots = ev.close(slots, 1)[0]
+    assert slots[1] is None and ctl.open_tabs() == [slots[0]]
+    steps = list(ev.send(slots, 0, P1, "", *[GREEDY[k] for k in SAMPLING_KEYS]))
+    tab, chat, label, sel, box = steps[0]
+    assert box == "" and chat[0]["role"] == "user"
+    tab, chat, label, sel, box = steps[-1]
+    assert [m["role"] for m in chat] == ["user", "assistant"] and sel == 1
+    assert "24 tokens" in chat[1]["content"] and "Reply 2 of 2" in label
+    assert ev.chat_only(slots[0], 0)[2].startswith("Your message 1 of 2")
+
+
+def test_download_is_skipped_offline(monkeypatch):
+    from huggingface_hub import constants
+
+    from localpaged.ui import models
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    seen = []
+    models._download("owner/name", lambda phase, detail: seen.append(phase))
+    assert seen == []
+    assert models._looks_like_hub_id("owner/name") and not models._looks_like_hub_id("/abs/path")

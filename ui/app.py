@@ -18,10 +18,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from . import kvmap
+from . import kvmap, render
 from .compare import CompareEvents, build_compare
 from .controller import ChatController
-from .events import N_SLOTS, Events
+from .events import N_SLOTS, Events, warn
 from .layout import SlotUI, build_right, build_sidebar, build_slot
 from .models import ModelManager
 from .style import BRAND, CSS, THEME
@@ -51,7 +51,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                     with gr.Tab("⚖ Compare", id="compare", elem_id="tab-compare") as cmp_tab:
                         cmp = build_compare()
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
-                right = build_right(models.model_name, models.status())
+                right = build_right(models.model_name, _status(models))
         timer = gr.Timer(1.0)
 
         all_fields = [f for s in ui for f in s.fields()]
@@ -105,6 +105,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         ran = cmp.run.click(cev.run, [cmp.target, cmp.prompt, cmp.k, cmp.own, *cmp.settings_inputs()],
                             cmp_outputs, **GEN)
         refresh_after(ran)
+        ran.then(ev.refresh_tabs, slots, [f for s in ui for f in s.chat()], **QUICK)
         cmp.stop.click(cev.stop, cmp.state, None, **QUICK)
         for j, col in enumerate(cmp.columns):
             picked = col.pick.click(_pick(ev, cev, j), [cmp.state, slots, current], layout_out, **QUICK)
@@ -114,7 +115,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         timer.tick(_engine_panel(ctl), [slots, last_panel], [right.engine, last_panel], **QUICK)
         loaded = right.load.click(_load_model(models), right.model_box,
                                   [right.model_status, model_badge], **GEN)
-        loaded.then(ev.titles, slots, [s.tab for s in ui])
+        loaded.then(ev.titles, slots, [s.tab for s in ui], **QUICK)
     return demo
 
 
@@ -128,14 +129,19 @@ def _wire_slot(ev: Events, i: int, s: SlotUI, slots, current, layout_out, refres
     def regenerate(slot_cids, sel, system, *sampling) -> Iterator[list]:
         yield from ev.regenerate(slot_cids, i, sel, system, *sampling)
 
-    def retry(slot_cids, system, *sampling, evt: gr.RetryData = None) -> Iterator[list]:
-        yield from ev.regenerate(slot_cids, i, evt.index if evt else None, system, *sampling)
+    # Gradio injects event data by annotation, so these two spell out their parameters.
+    def retry(slot_cids, system, temperature, top_p, top_k, min_p, seed, max_tokens,
+              evt: gr.RetryData) -> Iterator[list]:
+        yield from ev.regenerate(slot_cids, i, evt.index, system, temperature, top_p, top_k,
+                                 min_p, seed, max_tokens)
 
     def edit(slot_cids, sel, text, system, *sampling) -> Iterator[list]:
         yield from ev.edit(slot_cids, i, sel, text, system, *sampling)
 
-    def edit_inline(slot_cids, system, *sampling, evt: gr.EditData = None) -> Iterator[list]:
-        yield from ev.edit(slot_cids, i, evt.index, evt.value, system, *sampling)
+    def edit_inline(slot_cids, system, temperature, top_p, top_k, min_p, seed, max_tokens,
+                    evt: gr.EditData) -> Iterator[list]:
+        yield from ev.edit(slot_cids, i, evt.index, evt.value, system, temperature, top_p,
+                           top_k, min_p, seed, max_tokens)
 
     def select(slot_cids, evt: gr.SelectData) -> list:
         return ev.select(slot_cids, i, evt)
@@ -181,7 +187,7 @@ def _open_selected(ev: Events):
 def _rename_open(ctl: ChatController):
     def rename_open(cid):
         if cid is None:
-            gr.Warning("Pick a conversation in the list first.")
+            warn("Pick a conversation in the list first.")
             return gr.skip(), gr.skip()
         return gr.Group(visible=True), ctl.store.get_conversation(cid).title
     return rename_open
@@ -190,10 +196,11 @@ def _rename_open(ctl: ChatController):
 def _delete_ask(ctl: ChatController):
     def delete_ask(cid):
         if cid is None:
-            gr.Warning("Pick a conversation in the list first.")
+            warn("Pick a conversation in the list first.")
             return gr.skip(), gr.skip()
-        title = ctl.store.get_conversation(cid).title.replace("`", "'")
-        return gr.Group(visible=True), f"Delete **`{title}`** and all its branches? This cannot be undone."
+        title = render.escape_markdown(ctl.store.get_conversation(cid).title)
+        return gr.Group(visible=True), (f"Delete **{title}** and all its branches? "
+                                         "This cannot be undone.")
     return delete_ask
 
 
@@ -232,11 +239,16 @@ def _load_model(models: ModelManager):
             yield str(exc), gr.skip()
             return
         while not job.done.wait(0.5):
-            yield models.status(), gr.skip()
+            yield _status(models), gr.skip()
         if job.error:
-            gr.Warning(f"Could not load {job.name}; the current model stays loaded.")
-        yield models.status(), _header(models)
+            warn(f"Could not load {job.name}; the current model stays loaded.")
+        yield _status(models), _header(models)
     return load
+
+
+def _status(models: ModelManager) -> str:
+    """The model panel's Markdown; model names and errors are user text, so escaped."""
+    return render.escape_markdown(models.status())
 
 
 def _header(models: ModelManager) -> str:

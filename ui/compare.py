@@ -13,7 +13,7 @@ import gradio as gr
 
 from . import render
 from .controller import MAX_COLUMNS, ChatController
-from .events import USER_ERRORS, _why
+from .events import USER_ERRORS, _why, info, warn
 from .generation import DEFAULT_SAMPLING, SAMPLING_KEYS
 
 log = logging.getLogger(__name__)
@@ -121,13 +121,13 @@ class CompareEvents:
             per_column = [dict(zip(SAMPLING_KEYS, settings[j * 6:(j + 1) * 6])) for j in range(k)]
             turn = self.ctl.compare(cid, prompt or "", per_column if own else k)
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             yield [gr.skip()] * (1 + 3 * MAX_COLUMNS + 1)
             return
         state = {"cid": cid, "messages": [r.message_id for r in turn.replies]}
         for t in turn.updates():
             if t.done and t.error:
-                gr.Warning(f"Generation stopped: {t.error}")
+                warn(f"Generation stopped: {t.error}")
             yield self._columns(state, t, k) + [gr.skip() if not t.done else ""]
 
     def _columns(self, state: dict, turn, k: int) -> list:
@@ -155,7 +155,7 @@ class CompareEvents:
         try:
             self.ctl.pick(state["messages"][j])
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             return None
-        gr.Info(f"Continuing with column {j + 1}; the other columns stay as branches.")
+        info(f"Continuing with column {j + 1}; the other columns stay as branches.")
         return state["cid"]

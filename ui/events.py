@@ -8,6 +8,7 @@ conversation each shows (None: hidden). A streaming handler starts a Turn and th
 
 from __future__ import annotations
 
+import html
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -76,7 +77,7 @@ class Events:
         free = [i for i, c in enumerate(slots) if c is None]
         idle = [i for i, c in enumerate(slots) if not self.ctl.busy(c)]
         if not free and not idle:
-            gr.Warning("Every tab is generating: stop or close one first.")
+            warn("Every tab is generating: stop or close one first.")
             return self._layout(slots, current, changed=())
         i = free[0] if free else (current if current in idle else idle[0])
         slots[i] = cid
@@ -126,7 +127,7 @@ class Events:
         try:
             self._settings(slots[i], system, sampling)
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
 
     def send(self, slots: list, i: int, text: str, system: str, *sampling) -> Iterator[list]:
         """Outputs: tab, chatbot, selection text, selection, message box."""
@@ -135,7 +136,7 @@ class Events:
             self._settings(cid, system, sampling)
             turn = self.ctl.send(cid, text or "")
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             yield self.chat_only(cid) + [gr.skip()]
             return
         yield self.chat_only(cid) + [""]
@@ -155,7 +156,7 @@ class Events:
             self._settings(cid, system, sampling)
             turn = start(self._message_id(cid, sel))
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             yield self.chat_only(cid, sel)
             return
         for _ in self.follow_turn(cid, turn):
@@ -174,7 +175,7 @@ class Events:
     def follow_turn(self, cid: int, turn) -> Iterator[None]:
         for t in turn.updates():
             if t.done and t.error:
-                gr.Warning(f"Generation stopped: {t.error}")
+                warn(f"Generation stopped: {t.error}")
             yield None
 
     def stop(self, slots: list, i: int) -> None:
@@ -196,7 +197,7 @@ class Events:
         try:
             self.ctl.switch(self._message_id(slots[i], sel), step)
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
         return self.chat_only(slots[i], sel)
 
     def edit_open(self, slots: list, i: int, sel: int | None) -> tuple:
@@ -204,10 +205,10 @@ class Events:
         try:
             msg = self.ctl.store.get_message(self._message_id(slots[i], sel))
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             return gr.skip(), gr.skip()
         if msg.role != "user":
-            gr.Warning("Select one of your own messages to edit it (click it in the chat).")
+            warn("Select one of your own messages to edit it (click it in the chat).")
             return gr.skip(), gr.skip()
         return gr.Group(visible=True), msg.content
 
@@ -215,9 +216,9 @@ class Events:
         try:
             conv = self.ctl.fork(self._message_id(slots[i], sel))
         except USER_ERRORS as exc:
-            gr.Warning(_why(exc))
+            warn(_why(exc))
             return self.open(slots, current, None)
-        gr.Info(f"Forked into a new conversation: {conv.title}")
+        info("Forked into a new conversation: it is open in a new tab.")
         return self.open(slots, current, conv.id)
 
     def export(self, slots: list, i: int) -> str:
@@ -226,11 +227,11 @@ class Events:
     # ---- sidebar: rename and delete -------------------------------------------------------
     def rename(self, cid: int | None, title: str) -> None:
         if cid is None:
-            raise gr.Error("Pick a conversation in the list first.")
+            raise error("Pick a conversation in the list first.")
         try:
             self.ctl.rename(cid, title or "")
         except USER_ERRORS as exc:
-            raise gr.Error(_why(exc)) from exc
+            raise error(_why(exc)) from exc
 
     def delete(self, slots: list, current: int, cid: int | None) -> list:
         if cid is None:
@@ -240,6 +241,13 @@ class Events:
             return self.close(slots, slots.index(cid))
         return self.open(slots, current, None)
 
+    def refresh_tabs(self, slots: list) -> list:
+        """Every open tab's chat re-read (after a compare added replies to one of them)."""
+        out = []
+        for cid in slots:
+            out += self.chat_only(cid) if cid is not None else [gr.skip()] * 4
+        return out
+
     def titles(self, slots: list) -> list:
         """Every open tab's label (after a rename or a first message)."""
         return [self.fill(c, settings=False)[0] if c is not None else gr.skip() for c in slots]
@@ -247,3 +255,16 @@ class Events:
 
 def _why(exc: BaseException) -> str:
     return str(exc).strip("'\"") or type(exc).__name__
+
+
+# Gradio renders toast messages as HTML: anything that may carry user text is escaped.
+def warn(message: str) -> None:
+    gr.Warning(html.escape(message))
+
+
+def info(message: str) -> None:
+    gr.Info(html.escape(message))
+
+
+def error(message: str) -> gr.Error:
+    return gr.Error(html.escape(message))

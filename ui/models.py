@@ -139,12 +139,11 @@ def _looks_like_hub_id(name: str) -> bool:
 def _download(repo_id: str, progress: Progress) -> None:
     """Fetch the files the loader needs into the HF cache, reporting files done / total. A
     failure is not fatal here: the loader then explains what it tried (cache, bundled copy)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import is_offline_mode
+    from huggingface_hub import constants, snapshot_download
     from tqdm.auto import tqdm
 
     from localpaged.loader import HUB_PATTERNS
-    if is_offline_mode():
+    if constants.HF_HUB_OFFLINE:
         return
 
     class Bar(tqdm):

@@ -68,6 +68,7 @@ footer { display: none !important; }
 .lp-legend { display: flex; flex-wrap: wrap; gap: 10px; font-size: .72rem; margin: 4px 0 8px; }
 .lp-legend i { display: inline-block; width: 9px; height: 9px; border-radius: 2px;
   margin-right: 4px; vertical-align: -1px; }
+.lp-rows { max-height: 36vh; overflow-y: auto; padding-right: 4px; }
 .lp-conv { font-size: .8rem; font-weight: 600; margin-top: 8px; overflow: hidden;
   text-overflow: ellipsis; white-space: nowrap; }
 .lp-row { margin: 2px 0 6px 8px; }
