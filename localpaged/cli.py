@@ -20,19 +20,22 @@ log = logging.getLogger("localpaged")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from localpaged.loader import DEFAULT_MODEL
-    p = argparse.ArgumentParser(prog="localpaged", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog="localpaged", description="The localpaged chat app: a "
+                                "local LLM chat UI on a PagedAttention engine, with an "
+                                "OpenAI-compatible API at /v1.")
     p.add_argument("--model", default=None,
                    help=f"Hub id, local directory or .gguf file (default {DEFAULT_MODEL}; with "
                         "--backend: the remote server's first model)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 makes it public")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; 0.0.0.0 makes it public)")
+    p.add_argument("--port", type=int, default=7860, help="default 7860")
     p.add_argument("--data-dir", default=None,
                    help="where conversations are kept (default $LOCALPAGED_DATA_DIR or the "
                         "per-user data dir)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV-cache blocks (default: sized from free memory)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and KV cache (default auto: float32 on CPU)")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")
@@ -122,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                     timeout_graceful_shutdown=3)
     finally:
-        ctl.stop_all()
-        time.sleep(0.2)                   # let stopped replies reach the store
+        ctl.stop_all(wait=5.0)            # stopped replies are saved before the store closes
         engine = getattr(models.backend, "engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()

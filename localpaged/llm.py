@@ -61,6 +61,10 @@ class LLM:
         groups = [self.engine.make_group(p, params, beam=beam) for p in _as_prompt_list(prompts)]
         return self._run(groups, False)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block (held blocks stay); benchmarks start cold with it."""
+        self.engine.kv.pool.reset_prefix_cache()
+
     def stats(self, with_block_tables: bool = False) -> EngineStats:
         return self.engine.stats(with_block_tables)
 

