@@ -70,12 +70,10 @@ def build(args: argparse.Namespace):
     log.info("loading %s …", name or f"the model served at {args.backend}")
     backend = factory(name, lambda phase, detail: log.info("model: %s %s", phase, detail))
     log.info("model %s ready in %.1f s", backend.model_name, time.monotonic() - started)
-    models = ModelManager(factory, backend=backend)
+    app = _api_app(args, backend)
+    models = ModelManager(factory, backend=backend, served=getattr(app.state, "served", None))
     ctl = ChatController(store, lambda: models.backend, state_file=data_dir / "ui_state.json")
     models.on_swap = ctl.stop_all
-    app = _api_app(args, backend)
-    if getattr(app.state, "engine", None) is not None:
-        models.keep_alive = backend           # the /v1 API serves this engine (see report)
     demo = build_demo(ctl, models)
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)

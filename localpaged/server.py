@@ -5,6 +5,8 @@ UI, Gradio at "/"), served by uvicorn.
     app = gr.mount_gradio_app(app, demo, path="/")      # after the API routes
     serve(app, host="127.0.0.1", port=8000)
 
+`app.state.served` (a ServedModel) is what the API serves; `swap` it to switch models.
+
 `python -m localpaged.server --model PATH` serves the API alone.
 """
 
@@ -18,19 +20,23 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from localpaged.api import check_bind_safety, create_api, install_error_handlers, resolve_api_key
+from localpaged.api import (ServedModel, check_bind_safety, create_api, install_error_handlers,
+                            resolve_api_key)
+from localpaged.api.served import as_served
 from localpaged.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_key: str | None = None) -> FastAPI:
-    """A FastAPI app with the API routes and OpenAI-shaped error handlers (mount Gradio after)."""
+def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
+              api_key: str | None = None) -> FastAPI:
+    """A FastAPI app with the API routes and OpenAI-shaped error handlers (mount Gradio after);
+    `engine` served as `model_name`, or a ServedModel (no name then)."""
     app = FastAPI(title="localpaged", summary="OpenAI-compatible API over a PagedAttention engine")
-    app.include_router(create_api(engine, model_name, api_key))
+    served = as_served(engine, model_name)
+    app.include_router(create_api(served, api_key=api_key))
     install_error_handlers(app)
-    app.state.engine = engine
-    app.state.model_name = model_name
+    app.state.served = served
     app.state.api_key = api_key
     return app
 

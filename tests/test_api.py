@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from localpaged import LLM, SamplingParams
-from localpaged.api import check_bind_safety, resolve_api_key
+from localpaged.api import ServedModel, check_bind_safety, resolve_api_key
 from localpaged.async_engine import AsyncEngine
 from localpaged.llm import apply_chat_template
 from localpaged.remote import RemoteChatBackend
@@ -643,3 +643,47 @@ def test_api_beside_gradio(engine):
         assert httpx.get(url + "/metrics").status_code == 200
     finally:
         stop_server(server)
+
+
+# ---- a model switch in the UI moves the API along -----------------------------------------------
+def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
+    from localpaged.ui.models import ModelManager, local_factory
+    from tiny_models import build
+    mm = ModelManager(local_factory(num_kv_blocks=64))
+    assert mm.load(tiny_llama).done.wait(60) and mm.job.error is None
+    first = mm.backend
+    mm.served = served = ServedModel(first.engine, first.model_name)
+    url, server = start_server(None, app=build_app(served))
+    c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+    try:
+        assert [m.id for m in c.models.list().data] == [first.model_name]
+        running = c.chat.completions.create(
+            model=first.model_name, messages=chat_msgs(1), max_tokens=900, stream=True,
+            extra_body={"ignore_eos": True})
+        chunks = iter(running)
+        next(chunks)
+        wait_busy(first.engine)
+        job = mm.load(build("qwen3", tiny_root))
+        assert job.done.wait(60) and job.error is None
+        new = mm.backend
+        assert new is not first and new.model_name != first.model_name
+        assert [m.id for m in c.models.list().data] == [new.model_name]
+        assert c.models.retrieve(new.model_name).id == new.model_name
+        # the request running on the old engine was aborted, and the old engine shut down
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "abort"
+        deadline = time.monotonic() + 10
+        while not first.engine._stopped.is_set():
+            assert time.monotonic() < deadline, "the old engine was kept alive"
+            time.sleep(0.05)
+        # so these answers come from the new engine
+        out = c.completions.create(model=new.model_name, prompt=[1, 2, 3], max_tokens=4)
+        assert out.model == new.model_name and out.usage.completion_tokens == 4
+        reply = c.chat.completions.create(model=new.model_name, messages=chat_msgs(2),
+                                          max_tokens=4, temperature=0)
+        assert reply.model == new.model_name and reply.usage.completion_tokens == 4
+        with pytest.raises(openai.NotFoundError):
+            c.completions.create(model=first.model_name, prompt=[1, 2], max_tokens=2)
+        wait_idle(new.engine)
+    finally:
+        stop_server(server)
+        mm.backend.engine.shutdown()

@@ -48,6 +48,13 @@ class BlockMachine(RuleBasedStateMachine):
         seq.num_computed_tokens += n
         self.kv.cache_full_blocks(seq)
 
+    def append_token(self, seq: Sequence, token: int) -> None:
+        seq.token_ids.append(token)
+        if self.kv.allocate_slots(seq, 1):
+            self.compute(seq, 1)
+        else:
+            seq.token_ids.pop()
+
     # ---- rules --------------------------------------------------------------------------------
     @rule(tokens=st.lists(st.integers(0, 2), min_size=1, max_size=14))
     def add(self, tokens):
@@ -63,12 +70,7 @@ class BlockMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100), token=st.integers(0, 2))
     def append(self, i, token):
-        seq = self.running[i % len(self.running)]
-        seq.token_ids.append(token)
-        if self.kv.allocate_slots(seq, 1):
-            self.compute(seq, 1)
-        else:
-            seq.token_ids.pop()
+        self.append_token(self.running[i % len(self.running)], token)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))
@@ -90,11 +92,7 @@ class BlockMachine(RuleBasedStateMachine):
             group.append(child)
             self.running.append(child)
         for k, seq in enumerate(group):
-            seq.token_ids.append((token + k) % 3)
-            if self.kv.allocate_slots(seq, 1):
-                self.compute(seq, 1)
-            else:
-                seq.token_ids.pop()
+            self.append_token(seq, (token + k) % 3)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))

@@ -2,8 +2,9 @@
 swapping it for another model, loaded in a background thread with progress.
 
 A load that fails leaves the current model in place and says why. When a new model is ready,
-running generations on the old one are stopped (their text is kept), the new backend takes
-over and the old engine is shut down.
+the new backend takes over (and, when `served` is set, the /v1 API's ServedModel moves to its
+engine), running generations on the old one are stopped (their text is kept) and the old
+engine is shut down.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from localpaged.chat_backend import ChatBackend
+
+if TYPE_CHECKING:
+    from localpaged.api import ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +49,10 @@ class LoadJob:
 
 class ModelManager:
     def __init__(self, factory: Factory, on_swap: Callable[[], None] | None = None,
-                 backend: ChatBackend | None = None) -> None:
+                 backend: ChatBackend | None = None, served: ServedModel | None = None) -> None:
         self._factory = factory
         self.on_swap = on_swap
-        self.keep_alive: ChatBackend | None = None     # a backend others still use (the API)
+        self.served = served               # the /v1 API's model: follows the chat's on a switch
         self._backend = backend
         self._lock = threading.Lock()
         self.job: LoadJob | None = None
@@ -85,17 +90,24 @@ class ModelManager:
             job.error, job.phase = f"{type(exc).__name__}: {exc}", "failed"
         else:
             old, self._backend = self._backend, backend
+            self._serve(backend)
             job.phase, job.detail = "ready", ""
             if old is not None:
                 self._retire(old)
         job.finished = time.monotonic()
         job.done.set()
 
+    def _serve(self, backend: ChatBackend) -> None:
+        """Point the API at the new engine (aborting its requests on the old one)."""
+        engine = getattr(backend, "engine", None)
+        if self.served is not None and engine is not None:
+            self.served.swap(engine, backend.model_name)
+
     def _retire(self, old: ChatBackend) -> None:
         if self.on_swap:
             self.on_swap()                 # stops running generations on the old model
         shutdown = getattr(getattr(old, "engine", None), "shutdown", None)
-        if shutdown and old is not self.keep_alive:
+        if shutdown:
             threading.Timer(2.0, shutdown).start()   # let the stops reach their streams
 
     def status(self) -> str:

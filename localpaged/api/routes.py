@@ -1,14 +1,15 @@
 """The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions, /metrics.
 
 `create_api` returns an APIRouter for any FastAPI app; include it before mounting Gradio at "/".
-Requests from every client go to the one AsyncEngine, so they share its batches. Tokenizing and
-the chat template run in a worker thread; the engine request is created in the event loop.
+Requests from every client go to the one AsyncEngine, so they share its batches. The engine is
+read from a `ServedModel` at each request, so the UI can switch the model under a running server.
+Tokenizing and the chat template run in a worker thread; the engine request is created in the
+event loop.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
 import jinja2
@@ -19,20 +20,22 @@ from starlette.concurrency import run_in_threadpool
 from localpaged.api.errors import APIError, from_value_error, model_not_found, route_class
 from localpaged.api.metrics import CONTENT_TYPE, DEFAULT_RECORDER, MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
-from localpaged.api.serving import Generation, SSEResponse, TokenText
+from localpaged.api.served import Model, ServedModel, as_served
+from localpaged.api.serving import Generation, SSEResponse
 from localpaged.async_engine import AsyncEngine
 from localpaged.llm import apply_chat_template
 from localpaged.sampling_params import SamplingParams
 
 
-def create_api(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-               recorder: MetricsRecorder | None = None) -> APIRouter:
-    """Routes of the OpenAI-compatible API over `engine`, serving it as `model_name`.
+def create_api(engine: AsyncEngine | ServedModel, model_name: str | None = None,
+               api_key: str | None = None, recorder: MetricsRecorder | None = None) -> APIRouter:
+    """Routes of the OpenAI-compatible API over `engine`, serving it as `model_name`; or over
+    whatever a ServedModel holds at each request (then `model_name` is not given).
 
     With `api_key`, every /v1 route requires `Authorization: Bearer <api_key>` (/metrics and
     /health stay open). Errors are OpenAI error objects with a 4xx status.
     """
-    api = _API(engine, model_name, recorder or DEFAULT_RECORDER)
+    api = _API(as_served(engine, model_name), recorder or DEFAULT_RECORDER)
     v1 = APIRouter(prefix="/v1", route_class=route_class(api_key), tags=["openai"])
     v1.add_api_route("/models", api.list_models, methods=["GET"])
     v1.add_api_route("/models/{model_id:path}", api.get_model, methods=["GET"])
@@ -49,104 +52,111 @@ def create_api(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 
 
 class _API:
-    def __init__(self, engine: AsyncEngine, model_name: str, recorder: MetricsRecorder) -> None:
-        self.engine = engine
-        self.model_name = model_name
+    def __init__(self, served: ServedModel, recorder: MetricsRecorder) -> None:
+        self.served = served
         self.recorder = recorder
-        self.created = int(time.time())
-        self.text_of = TokenText(engine.tokenizer)
         self._tokenizer_lock = threading.Lock()     # HF fast tokenizers dislike concurrent use
 
     # ---- models, health, metrics ---------------------------------------------------------
-    def _model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "localpaged", "max_model_len": self.engine.engine.max_model_len}
+    @staticmethod
+    def _model_card(model: Model) -> dict:
+        return {"id": model.name, "object": "model", "created": model.created,
+                "owned_by": "localpaged", "max_model_len": model.engine.engine.max_model_len}
 
     async def list_models(self) -> dict:
-        return {"object": "list", "data": [self._model_card()]}
+        return {"object": "list", "data": [self._model_card(self.served.current())]}
 
     async def get_model(self, model_id: str) -> dict:
-        self._check_model(model_id)
-        return self._model_card()
+        return self._model_card(self._check_model(model_id))
 
     async def health(self) -> dict:
         return {"status": "ok"}
 
     async def metrics(self) -> PlainTextResponse:
-        return PlainTextResponse(self.recorder.render(self.engine.stats()),
+        return PlainTextResponse(self.recorder.render(self.served.engine.stats()),
                                  media_type=CONTENT_TYPE)
 
-    def _check_model(self, model: str) -> None:
-        if model != self.model_name:
-            raise model_not_found(model, self.model_name)
+    def _check_model(self, name: str) -> Model:
+        """The model now served, which the request must name; the request runs on it."""
+        model = self.served.current()
+        if name != model.name:
+            raise model_not_found(name, model.name)
+        return model
 
     # ---- generation ----------------------------------------------------------------------
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
-        self._check_model(body.model)
+        model = self._check_model(body.model)
         params = _params(body, "messages")
         messages = body.template_messages()
-        ids = await run_in_threadpool(self._chat_ids, messages)
-        return await self._generate("chat", body, ids, params, request, "messages")
+        ids = await run_in_threadpool(self._chat_ids, model, messages)
+        return await self._generate(model, "chat", body, ids, params, request, "messages")
 
     async def completions(self, body: CompletionRequest, request: Request):
-        self._check_model(body.model)
+        model = self._check_model(body.model)
         params = _params(body, "prompt")
         prompt = body.prompt_value()
         if isinstance(prompt, str):
             if not prompt:
                 raise APIError("prompt must not be empty.", param="prompt", code="invalid_value")
-            prompt = await run_in_threadpool(self._encode, prompt)
-        return await self._generate("completion", body, prompt, params, request, "prompt")
+            prompt = await run_in_threadpool(self._encode, model, prompt)
+        return await self._generate(model, "completion", body, prompt, params, request, "prompt")
 
-    def _chat_ids(self, messages: list[dict]) -> list[int]:
+    def _chat_ids(self, model: Model, messages: list[dict]) -> list[int]:
         try:
             with self._tokenizer_lock:
-                return apply_chat_template(self.engine.tokenizer, messages)
+                return apply_chat_template(model.engine.tokenizer, messages)
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, model: Model, text: str) -> list[int]:
         try:
             with self._tokenizer_lock:
-                return list(self.engine.tokenizer.encode(text, add_special_tokens=True))
+                return list(model.engine.tokenizer.encode(text, add_special_tokens=True))
         except (ValueError, TypeError) as exc:
             raise APIError(f"Could not tokenize the prompt: {exc}", param="prompt",
                            code="invalid_value") from exc
 
-    async def _generate(self, kind: str, body: ChatCompletionRequest | CompletionRequest,
-                        ids: list[int], params: SamplingParams, request: Request,
-                        prompt_param: str):
-        self._check_limits(ids, params, body.max_tokens_param, prompt_param)
+    async def _generate(self, model: Model, kind: str,
+                        body: ChatCompletionRequest | CompletionRequest, ids: list[int],
+                        params: SamplingParams, request: Request, prompt_param: str):
+        _check_limits(model, ids, params, body.max_tokens_param, prompt_param)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         try:
-            stream = self.engine.submit(ids, params, request_id=rid)
+            stream = self.served.submit(
+                model, lambda: model.engine.submit(ids, params, request_id=rid))
         except ValueError as exc:
             raise from_value_error(exc, prompt_param) from exc
-        gen = Generation(stream, kind, self.model_name, self.text_of,
+        gen = Generation(stream, kind, model.name, model.text_of,
                          params.logprobs is not None, body.include_usage, self.recorder)
+
+        def close() -> None:
+            stream.cancel()
+            self.served.release(stream)
+
         if body.stream:
-            return SSEResponse(gen.sse(params.n), on_close=stream.cancel)
+            return SSEResponse(gen.sse(params.n), on_close=close)
         try:
             return JSONResponse(await gen.collect(request))
         finally:
-            stream.cancel()
+            close()
 
-    def _check_limits(self, ids: list[int], params: SamplingParams, max_tokens_param: str,
-                      prompt_param: str) -> None:
-        max_len = self.engine.engine.max_model_len
-        if params.max_tokens is not None and len(ids) + params.max_tokens > max_len:
-            raise APIError(
-                f"This model's maximum context length is {max_len} tokens. However, you "
-                f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the "
-                f"{prompt_param}, {params.max_tokens} in the completion). Please reduce the "
-                f"length of the {prompt_param} or the completion.",
-                param=max_tokens_param if len(ids) < max_len else prompt_param,
-                code="context_length_exceeded")
-        max_seqs = self.engine.engine.config.max_num_seqs
-        if params.n > max_seqs:
-            raise APIError(f"n is {params.n}; this server runs at most {max_seqs} sequences "
-                           "at once.", param="n", code="invalid_value")
+
+def _check_limits(model: Model, ids: list[int], params: SamplingParams, max_tokens_param: str,
+                  prompt_param: str) -> None:
+    max_len = model.engine.engine.max_model_len
+    if params.max_tokens is not None and len(ids) + params.max_tokens > max_len:
+        raise APIError(
+            f"This model's maximum context length is {max_len} tokens. However, you "
+            f"requested {len(ids) + params.max_tokens} tokens ({len(ids)} in the "
+            f"{prompt_param}, {params.max_tokens} in the completion). Please reduce the "
+            f"length of the {prompt_param} or the completion.",
+            param=max_tokens_param if len(ids) < max_len else prompt_param,
+            code="context_length_exceeded")
+    max_seqs = model.engine.engine.config.max_num_seqs
+    if params.n > max_seqs:
+        raise APIError(f"n is {params.n}; this server runs at most {max_seqs} sequences "
+                       "at once.", param="n", code="invalid_value")
 
 
 def _params(body: ChatCompletionRequest | CompletionRequest, prompt_param: str) -> SamplingParams:
