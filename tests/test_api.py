@@ -21,7 +21,7 @@ import openai
 import pytest
 
 from localpaged import LLM, SamplingParams
-from localpaged.api import ServedModel, check_bind_safety, resolve_api_key
+from localpaged.api import APIError, ServedModel, check_bind_safety, resolve_api_key
 from localpaged.async_engine import AsyncEngine
 from localpaged.llm import apply_chat_template
 from localpaged.remote import RemoteChatBackend
@@ -687,3 +687,13 @@ def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
     finally:
         stop_server(server)
         mm.backend.engine.shutdown()
+
+
+def test_a_request_prepared_before_a_switch_is_refused(engine):
+    served = ServedModel(engine, MODEL)
+    before = served.current()
+    served.swap(engine, "renamed")
+    with pytest.raises(APIError) as err:
+        served.submit(before, lambda: pytest.fail("submitted to the old model"))
+    assert err.value.status == 503 and err.value.code == "model_switched"
+    assert served.model_name == "renamed" and served.current().name == "renamed"

@@ -138,3 +138,11 @@ def test_conversation_regenerate_and_compare_over_a_remote_server(ctl, server_en
     # the server's engine freed every block
     assert not any(ctl.busy(c) for c in (cid, cmp_cid))
     wait_no_blocks(server_engine)
+
+
+@pytest.mark.xfail(strict=True, reason="RemoteChatBackend merges the usage of all column streams "
+                   "into one RequestMetrics, so each column reports the sum over all columns")
+def test_compare_stats_are_per_column_over_a_remote_server(ctl):
+    cid = ctl.new_conversation().id
+    turn = run(ctl.compare(cid, P1, [dict(GREEDY), {**GREEDY, "max_tokens": 5}]))
+    assert [r.stats["generated_tokens"] for r in finished(ctl, turn)] == [16, 5]
