@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 from localpaged.models import LlamaForCausalLM, build_model
-from localpaged.models.llama import Rotary
+from localpaged.models.llama import Rotary, fuse_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _gguf_state_dict(source: ModelSource) -> dict[str, torch.Tensor]:
 
 def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
     model.to_empty(device=device).to(dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(fuse_state_dict(state), strict=False)
     if model.config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]

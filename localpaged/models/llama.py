@@ -77,9 +77,8 @@ class Attention(nn.Module):
         self.scale = head_dim ** -0.5
         bias = bool(getattr(config, "attention_bias", config.model_type == "qwen2"))
         hidden = config.hidden_size
-        self.q_proj = nn.Linear(hidden, self.num_heads * head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * head_dim, bias=bias)
+        self.sizes = [self.num_heads * head_dim, self.num_kv_heads * head_dim, self.num_kv_heads * head_dim]
+        self.qkv_proj = nn.Linear(hidden, sum(self.sizes), bias=bias)   # q, k, v stacked: one matmul
         self.o_proj = nn.Linear(self.num_heads * head_dim, hidden, bias=False)
         if config.model_type == "qwen3":
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
@@ -89,9 +88,10 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: AttentionBackend):
         T = x.shape[0]
-        q = self.q_proj(x).view(T, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(T, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -103,12 +103,12 @@ class MLP(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -155,6 +155,27 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+         "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def fuse_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers' separate q/k/v and gate/up weights, stacked into our fused projections.
+
+    Stacking rows does not change any output element: each is still one dot product over the
+    same inputs (checked bitwise by the equality tests against transformers).
+    """
+    out = dict(state)
+    layers = [k[:-len(".self_attn.q_proj.weight")] for k in state if k.endswith(".self_attn.q_proj.weight")]
+    for prefix in layers:
+        for fused, parts in FUSED.items():
+            for kind in ("weight", "bias"):
+                names = [f"{prefix}.{part}.{kind}" for part in parts]
+                if all(n in out for n in names):
+                    out[f"{prefix}.{fused}.{kind}"] = torch.cat([out.pop(n) for n in names])
+    return out
 
 
 def build_model(config: PretrainedConfig) -> LlamaForCausalLM:
