@@ -37,26 +37,26 @@ class KVCache:
                  num_cpu_blocks: int = 0) -> None:
         shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
         self.device = device
-        self.gpu = torch.zeros(shape, dtype=dtype, device=device)
+        self.device_blocks = torch.zeros(shape, dtype=dtype, device=device)
         pin = device.type == "cuda"
         cpu_shape = (num_layers, 2, num_cpu_blocks, block_size, num_kv_heads, head_dim)
-        self.cpu = torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) if num_cpu_blocks else None
-        self.layers = [(self.gpu[i, 0], self.gpu[i, 1]) for i in range(num_layers)]
+        self.cpu_blocks = torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) if num_cpu_blocks else None
+        self.layers = [(self.device_blocks[i, 0], self.device_blocks[i, 1]) for i in range(num_layers)]
 
     def copy(self, mapping: list[tuple[int, int]], backend: AttentionBackend) -> None:
         """Copy-on-write: device block src -> device block dst, for every layer, K and V."""
         if not mapping:
             return
         pairs = torch.tensor(mapping, dtype=torch.long, device=self.device)
-        flat = self.gpu.flatten(0, 1)                # [layers * 2, blocks, ...]
+        flat = self.device_blocks.flatten(0, 1)                # [layers * 2, blocks, ...]
         for cache in flat:
             backend.copy_blocks(cache, cache, pairs)
 
     def swap_out(self, mapping: list[tuple[int, int]]) -> None:
-        self._move(self.gpu, self.cpu, mapping)
+        self._move(self.device_blocks, self.cpu_blocks, mapping)
 
     def swap_in(self, mapping: list[tuple[int, int]]) -> None:
-        self._move(self.cpu, self.gpu, mapping)
+        self._move(self.cpu_blocks, self.device_blocks, mapping)
 
     @staticmethod
     def _move(src: torch.Tensor, dst: torch.Tensor, mapping: list[tuple[int, int]]) -> None:

@@ -68,3 +68,12 @@ def test_dtype_validation():
         loader.resolve_dtype("float16", cpu)
     with pytest.raises(ValueError, match="dtype must be"):
         loader.resolve_dtype("int3", cpu)
+
+
+def test_bfloat16_on_cpu(tiny_llama):
+    import torch
+    llm = LLM(tiny_llama, num_kv_blocks=16, dtype="bfloat16")
+    assert llm.engine.kv_cache.device_blocks.dtype == torch.bfloat16
+    assert next(llm.engine.model.parameters()).dtype == torch.bfloat16
+    out = llm.generate([[1, 7, 8]], greedy(8))[0].outputs[0]
+    assert len(out.token_ids) == 8 and out.finish_reason == "length"
