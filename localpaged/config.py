@@ -13,7 +13,7 @@ class EngineConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None     # None: size the cache from free memory
     kv_cache_memory_fraction: float = 0.3   # of available memory, when num_kv_blocks is None
-    max_kv_cache_gb: float | None = 4.0  # CPU cap for the automatic size
+    max_kv_cache_gb: float | None = 2.0  # CPU cap for the automatic size
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None     # None: the model's max_position_embeddings
