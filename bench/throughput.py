@@ -87,22 +87,28 @@ def main() -> None:
     results: dict = {"config": vars(args), "prompt_lens": [len(p) for p in prompts], "paper": PAPER,
                      "machine": {"cpus": os.cpu_count(), "torch": torch.__version__}}
     for n in (1, 4):
-        row = {"localpaged": run_ours(llm, prompts, n, args.max_tokens)}
+        print(f"n={n}", flush=True)
+        row = {}
+        measure(row, "localpaged", lambda: run_ours(llm, prompts, n, args.max_tokens))
         if "one" not in skip:
-            row["hf_one_at_a_time"] = peers.hf_one_at_a_time(hf, prompts, n, args.max_tokens)
+            measure(row, "hf_one_at_a_time", lambda: peers.hf_one_at_a_time(hf, prompts, n, args.max_tokens))
         if "padded" not in skip:
-            row["hf_padded_batch"] = peers.hf_padded_batch(hf, prompts, n, args.max_tokens)
+            measure(row, "hf_padded_batch", lambda: peers.hf_padded_batch(hf, prompts, n, args.max_tokens))
         if "cb" not in skip:
-            row["hf_continuous_batching"] = peers.hf_continuous_batching(gguf, dtype, prompts, n, args.max_tokens)
+            measure(row, "hf_continuous_batching",
+                    lambda: peers.hf_continuous_batching(gguf, dtype, prompts, n, args.max_tokens))
         if "llamacpp" not in skip:
-            row["llama_cpp_one_at_a_time"] = peers.llama_cpp_one_at_a_time(gguf, prompts, n, args.max_tokens)
+            measure(row, "llama_cpp_one_at_a_time",
+                    lambda: peers.llama_cpp_one_at_a_time(gguf, prompts, n, args.max_tokens))
         row["contiguous_max_len_utilization"] = contiguous_utilization(
             prompts, n, args.max_tokens, llm.engine.max_model_len)
         results[f"n={n}"] = row
     if "beam" not in skip:
-        row = {"localpaged": run_ours(llm, prompts, 1, args.max_tokens, beams=4)}
+        row = {}
+        measure(row, "localpaged", lambda: run_ours(llm, prompts, 1, args.max_tokens, beams=4))
         if "one" not in skip:
-            row["hf_one_at_a_time"] = peers.hf_one_at_a_time(hf, prompts, 1, args.max_tokens, beams=4)
+            measure(row, "hf_one_at_a_time",
+                    lambda: peers.hf_one_at_a_time(hf, prompts, 1, args.max_tokens, beams=4))
         results["beam=4"] = row
     print_table(results)
     out = os.path.join(os.path.dirname(__file__), "results", f"throughput-{time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -110,6 +116,13 @@ def main() -> None:
     with open(out, "w") as f:
         json.dump(results, f, indent=2)
     print(f"\nwrote {out}")
+
+
+def measure(row: dict, name: str, run) -> None:
+    """Run one system on the workload, record and print its result at once."""
+    row[name] = run()
+    if row[name] is not None:
+        print(f"  {name}: {row[name]['tokens_per_s']} tok/s", flush=True)
 
 
 def print_table(results: dict) -> None:
