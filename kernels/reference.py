@@ -33,10 +33,27 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torc
     return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
 
 
+DECODE_CHUNK = 16     # sequences per gather: sorted by length, so padding stays small
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float) -> torch.Tensor:
-    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens."""
+    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens.
+
+    Sequences are gathered in chunks of similar length, each padded to its own longest.
+    """
+    if q.shape[0] <= DECODE_CHUNK:
+        return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    out = torch.empty_like(q)
+    for chunk in seq_lens.argsort().split(DECODE_CHUNK):
+        out[chunk] = _decode_padded(q[chunk], k_cache, v_cache, block_tables[chunk],
+                                    seq_lens[chunk], scale)
+    return out
+
+
+def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     max_len = int(seq_lens.max())

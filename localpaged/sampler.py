@@ -36,8 +36,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
         probs = _filtered_probs(logits[rand], [params[i] for i in rand])
-        for row, i in enumerate(rand):
-            tokens[i] = _draw(probs[row], seqs[i].generator)
+        tokens[rand] = _draw(probs, [seqs[i].generator for i in rand])
     return [SampleResult(int(t), float(logprobs[i, t]), _top(logprobs[i], p.logprobs))
             for i, (t, p) in enumerate(zip(tokens.tolist(), params))]
 
@@ -71,17 +70,26 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
-def _top_p(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Keep each row's smallest set of most likely tokens whose mass reaches top_p (at least one)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
+def _top_p(probs: torch.Tensor, top_p: torch.Tensor, candidates: int = 1024) -> torch.Tensor:
+    """Keep each row's smallest set of most likely tokens whose mass reaches top_p (at least one).
+
+    The kept set almost always lies within the few most likely tokens: sort only those when
+    their mass already reaches top_p in every row (same result), the whole row otherwise.
+    """
+    k = min(candidates, probs.shape[-1])
+    sorted_probs, order = probs.topk(k, dim=-1)
+    if not bool((sorted_probs.sum(dim=-1) >= top_p).all()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
     drop = sorted_probs.cumsum(dim=-1) - sorted_probs > top_p[:, None]
-    return probs.scatter(1, order, sorted_probs.masked_fill(drop, 0.0))
+    kept = sorted_probs.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, kept)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """An exact draw from probs (exponential race: argmax p_i / E_i, E_i ~ Exp(1)), one pass."""
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return int((probs / noise).argmax())
+def _draw(probs: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """An exact draw per row by inverse CDF: one uniform number from each row's own generator."""
+    cdf = probs.cumsum(dim=-1)
+    u = torch.cat([torch.rand(1, generator=g) for g in generators]) * cdf[:, -1]
+    return torch.searchsorted(cdf, u[:, None], right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
 def apply_penalties(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> torch.Tensor:
