@@ -16,6 +16,7 @@ class CompletionOutput:
     stop_reason: str | int | None = None   # the stop string or token id that ended it
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float = 0.0
+    num_tokens: int | None = None      # tokens generated, where token_ids are unknown (remote)
 
 
 @dataclass

@@ -70,7 +70,7 @@ class _Call:
                 if self.cancelled.is_set():
                     break
                 if chunk.usage is not None:
-                    self.usage.append(chunk.usage)
+                    self.usage.append((first_index, chunk.usage))
                 for choice in chunk.choices:
                     delta = choice.delta.content or "" if choice.delta else ""
                     self.events.put((first_index + choice.index, delta, choice.finish_reason))
@@ -101,14 +101,20 @@ class _Call:
         return bool(delta or finish)
 
     def output(self, finished: bool) -> RequestOutput:
-        generated = sum(u.completion_tokens for u in self.usage) if finished and self.usage \
+        usage = dict(self.usage)                # first output index of a stream -> its usage
+        generated = sum(u.completion_tokens for u in usage.values()) if finished and usage \
             else sum(self.chunks)
-        cached = sum(getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", 0) or 0
-                     for u in self.usage)
+        # Each column's stream reuses the shared prompt on its own: report the hit once.
+        cached = max((getattr(getattr(u, "prompt_tokens_details", None), "cached_tokens", 0) or 0
+                      for u in usage.values()), default=0)
         now = time.monotonic()
         metrics = RequestMetrics(self.arrival, self.first_token, now if finished else None,
                                  cached, generated)
-        outs = [CompletionOutput(o.index, o.text, [], o.finish_reason) for o in self.outputs]
+        per_column = finished and len(usage) == len(self.outputs)   # one stream per column
+        outs = [CompletionOutput(o.index, o.text, [], o.finish_reason,
+                                 num_tokens=usage[o.index].completion_tokens if per_column
+                                 else self.chunks[o.index])
+                for o in self.outputs]
         return RequestOutput(self.request_id, None, [], outs, finished, metrics)
 
 

@@ -140,8 +140,6 @@ def test_conversation_regenerate_and_compare_over_a_remote_server(ctl, server_en
     wait_no_blocks(server_engine)
 
 
-@pytest.mark.xfail(strict=True, reason="RemoteChatBackend merges the usage of all column streams "
-                   "into one RequestMetrics, so each column reports the sum over all columns")
 def test_compare_stats_are_per_column_over_a_remote_server(ctl):
     cid = ctl.new_conversation().id
     turn = run(ctl.compare(cid, P1, [dict(GREEDY), {**GREEDY, "max_tokens": 5}]))

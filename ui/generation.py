@@ -147,7 +147,8 @@ class Turn:
 
     def _stats(self, out: RequestOutput, i: int, now: float) -> dict[str, Any]:
         comp, m = out.outputs[i], out.metrics
-        n = len(comp.token_ids) if comp.token_ids else (m.num_generated_tokens if m else 0)
+        n = len(comp.token_ids) if comp.token_ids else (
+            comp.num_tokens if comp.num_tokens is not None else (m.num_generated_tokens if m else 0))
         first = self._first_token.get(i)
         ttft = m.time_to_first_token if m and m.time_to_first_token is not None else (
             None if first is None else first - self.started)
