@@ -105,15 +105,16 @@ class LLMEngine:
         else:
             text, ids = None, [int(t) for t in prompt]
         self._check_prompt(ids)
-        width = beam.beam_width if beam else (len(column_params) if column_params else params.n)
-        if width > self.config.max_num_seqs:
-            raise ValueError(f"the request needs {width} sequences at once (n, columns or beam "
-                             f"width); this engine runs at most max_num_seqs={self.config.max_num_seqs}")
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
         seq.detok_state = start_offsets(len(ids))
-        return SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
-                             self.max_model_len, beam, column_params=column_params)
+        group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
+                              self.max_model_len, beam, column_params=column_params)
+        if group.width > self.config.max_num_seqs:
+            raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
+                             f"beam width); this engine runs at most "
+                             f"max_num_seqs={self.config.max_num_seqs}")
+        return group
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:

@@ -29,6 +29,13 @@ def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -
     return h.digest()
 
 
+def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, block_size: int) -> None:
+    """Append the chain hashes of full blocks len(hashes) .. num_blocks-1 of token_ids."""
+    for i in range(len(hashes), num_blocks):
+        block = token_ids[i * block_size:(i + 1) * block_size]
+        hashes.append(hash_block(hashes[-1] if hashes else None, block))
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_cpu_blocks: int = 0, watermark: float = 0.01) -> None:
@@ -45,11 +52,20 @@ class KVCacheManager:
 
     # ---- prefix cache -------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """Chain hashes of seq's first num_blocks full blocks (memoized: tokens only grow)."""
         hashes = self._hashes.setdefault(seq.seq_id, [])
-        B = self.block_size
-        for i in range(len(hashes), num_blocks):
-            hashes.append(hash_block(hashes[-1] if hashes else None, seq.token_ids[i * B:(i + 1) * B]))
+        extend_chain(hashes, seq.token_ids, num_blocks, self.block_size)
         return hashes[:num_blocks]
+
+    def _lookup_chain(self, hashes: list[bytes]) -> list[Block]:
+        """The cached blocks for the longest run of hashes found, from the first."""
+        hits = []
+        for h in hashes:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
 
     def find_cached_prefix(self, seq: Sequence) -> list[Block]:
         """Cached blocks holding the longest prefix of seq's tokens, leaving >= 1 token to compute.
@@ -60,26 +76,16 @@ class KVCacheManager:
         if not self.pool.enable_caching:
             return []
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hits = []
-        for h in self.block_hashes(seq, max_blocks):
-            block = self.pool.lookup(h)
-            if block is None:
-                break
-            hits.append(block)
+        hits = self._lookup_chain(self.block_hashes(seq, max_blocks))
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
 
     def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks holding a prefix of token_ids; read-only, counts no query."""
-        ids, parent, B = [], None, self.block_size
-        for i in range(len(token_ids) // B):
-            parent = hash_block(parent, token_ids[i * B:(i + 1) * B])
-            block = self.pool.lookup(parent)
-            if block is None:
-                break
-            ids.append(block.block_id)
-        return ids
+        hashes: list[bytes] = []
+        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
+        return [b.block_id for b in self._lookup_chain(hashes)]
 
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks that became full and computed (called after each step)."""
