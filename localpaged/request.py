@@ -74,7 +74,7 @@ class Sequence:
 
     def fork(self, index: int, generator: torch.Generator | None) -> "Sequence":
         child = Sequence(self.token_ids, self.prompt_len, index, generator)
-        child.num_computed_tokens = self.num_computed_tokens
+        child.num_computed_tokens = self.num_computed_tokens   # KVCacheManager.fork sets it again
         child.logprobs = list(self.logprobs)
         child.cumulative_logprob = self.cumulative_logprob
         child.text, child.detok_state = self.text, self.detok_state
