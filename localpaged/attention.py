@@ -2,15 +2,18 @@
 
 The model runner builds one AttentionMetadata per step and passes it down explicitly (no global
 context). Tokens are laid out decodes first (one token per decoding sequence), then the prefill
-chunks. `AttentionBackend` bundles the four kernels; "torch" uses the references in
-`localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under TRITON_INTERPRET=1).
+chunks. `AttentionBackend` is the contract a backend meets: four kernels over the paged cache
+(write_kv, paged_decode_attention, paged_prefill_attention, copy_blocks). "torch" uses the
+references in `localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under
+TRITON_INTERPRET=1); both modules export the four functions with the same signatures.
+`PagedAttention.forward` splits a flat batch between the decode and prefill kernels.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -30,43 +33,76 @@ class AttentionMetadata:
     prefill_seq_lens: torch.Tensor        # [P] int32
 
 
-class AttentionBackend:
-    """Write new K/V into the cache, then attend through the block tables."""
+@runtime_checkable
+class AttentionBackend(Protocol):
+    """What every backend provides. Caches are [num_blocks, block_size, num_kv_heads, head_dim]."""
 
-    def __init__(self, ops: ModuleType, name: str) -> None:
-        self.ops = ops
+    name: str
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Store key/value [T, Hkv, D] into their slots; a negative slot skips the token."""
+        ...
+
+    def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                               scale: float) -> torch.Tensor:
+        """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens."""
+        ...
+
+    def paged_prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor,
+                                v_cache: torch.Tensor, block_tables: torch.Tensor,
+                                query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                                scale: float) -> torch.Tensor:
+        """New tokens of each sequence (causal) over its cached prefix and themselves."""
+        ...
+
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor,
+                    block_mapping: torch.Tensor) -> None:
+        """dst[block_mapping[p, 1]] = src[block_mapping[p, 0]] for every pair p."""
+        ...
+
+
+class PagedAttention:
+    """A backend built from a kernel module that exports the four functions of the contract."""
+
+    def __init__(self, name: str, kernels) -> None:
         self.name = name
+        self.write_kv = kernels.write_kv
+        self.paged_decode_attention = kernels.paged_decode_attention
+        self.paged_prefill_attention = kernels.paged_prefill_attention
+        self.copy_blocks = kernels.copy_blocks
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        """q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
-        self.ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        """Write new K/V into the cache, then attend through the block tables.
+
+        q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
+        self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         d = meta.num_decode_tokens
         if d == q.shape[0]:
-            return self.ops.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
-                                                   meta.decode_seq_lens, scale)
+            return self.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
+                                               meta.decode_seq_lens, scale)
         out = torch.empty_like(q)
         if d:
-            out[:d] = self.ops.paged_decode_attention(q[:d], k_cache, v_cache,
-                                                      meta.decode_block_tables,
-                                                      meta.decode_seq_lens, scale)
-        out[d:] = self.ops.paged_prefill_attention(q[d:], k_cache, v_cache,
-                                                   meta.prefill_block_tables,
-                                                   meta.prefill_query_start_loc,
-                                                   meta.prefill_seq_lens, scale)
+            out[:d] = self.paged_decode_attention(q[:d], k_cache, v_cache,
+                                                  meta.decode_block_tables,
+                                                  meta.decode_seq_lens, scale)
+        out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
+                                               meta.prefill_query_start_loc,
+                                               meta.prefill_seq_lens, scale)
         return out
 
-    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
-        self.ops.copy_blocks(src, dst, mapping)
 
-
-def get_backend(name: str, device: torch.device) -> AttentionBackend:
+def get_backend(name: str, device: torch.device) -> PagedAttention:
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "triton":
-        from localpaged.kernels import triton_ops
-        return AttentionBackend(triton_ops, "triton")
-    from localpaged.kernels import reference
-    return AttentionBackend(reference, "torch")
+        from localpaged.kernels import triton_ops as kernels
+    else:
+        from localpaged.kernels import reference as kernels
+    backend = PagedAttention(name, kernels)
+    assert isinstance(backend, AttentionBackend), f"{name} kernels miss part of the contract"
+    return backend

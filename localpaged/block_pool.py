@@ -1,6 +1,8 @@
-"""BlockPool: the physical KV blocks of one device, their ref counts and the prefix-cache index.
+"""BlockPool: the physical KV blocks of one device, their ref counts and the prefix-cache index;
+and BlockOp, a batched move of block contents that the KV cache manager decides.
 
-The pool knows block ids only; the K/V tensors themselves live in `kv_cache.KVCache`.
+The pool knows block ids only; the K/V tensors themselves live in `kv_cache.KVCache`, which
+carries out the BlockOps (`KVCache.apply`).
 
 Invariants:
 - ref_count(block) == number of block tables holding it.
@@ -13,8 +15,9 @@ Invariants:
 
 from __future__ import annotations
 
+import enum
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(eq=False)
@@ -22,6 +25,19 @@ class Block:
     block_id: int
     ref_count: int = 0
     block_hash: bytes | None = None      # set once the block is full and computed
+
+
+class BlockOpKind(enum.Enum):
+    SWAP_OUT = "swap_out"    # device block -> CPU block (preemption by swap)
+    COPY = "copy"            # device block -> device block (copy-on-write)
+    SWAP_IN = "swap_in"      # CPU block -> device block (a swapped group resumes)
+
+
+@dataclass
+class BlockOp:
+    """Copy the contents of block src to block dst, for every (src, dst) pair."""
+    kind: BlockOpKind
+    pairs: list[tuple[int, int]] = field(default_factory=list)
 
 
 class NoFreeBlocksError(RuntimeError):

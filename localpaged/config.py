@@ -22,6 +22,7 @@ class EngineConfig:
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
     revision: str | None = None
+    debug_checks: bool = False           # check the block invariants after every step (slow)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

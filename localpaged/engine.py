@@ -1,15 +1,22 @@
 """LLMEngine: add_request / step / abort over the scheduler, model runner and KV cache.
 
 One step: the scheduler picks the batch, the model runner moves blocks and runs the model, then
-the engine samples, forks parallel samples after the prompt, detokenizes, applies stop rules and
-frees what finished. The engine is single-threaded; `async_engine.AsyncEngine` drives it from a
-background thread for concurrent callers.
+the engine samples, forks parallel samples after the prompt, runs beam search, detokenizes and
+applies stop rules. What that decided (forks, frees, finished groups) is a `StepResult` that the
+scheduler's one post-step update applies (`Scheduler.update_from_output`); abort and the
+out-of-memory path finish groups through the same update. The engine is single-threaded;
+`async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
+
+Names: `block_manager` is the KVCacheManager (block tables, in block ids); `kv_cache` holds the
+K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
+with `check_invariants()`.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import random
 import time
 
@@ -20,13 +27,13 @@ from localpaged.attention import get_backend
 from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
-from localpaged.kv_cache_manager import KVCacheManager
+from localpaged.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.model_runner import ModelRunner
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from localpaged.request import BeamParams, Sequence, SequenceGroup
 from localpaged.sampler import record, sample
 from localpaged.sampling_params import SamplingParams
-from localpaged.scheduler import Scheduler
+from localpaged.scheduler import Fork, Scheduler, SchedulerOutput, StepResult
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +62,23 @@ class LLMEngine:
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
                                 mc.num_key_value_heads, self.model.head_dim, self.dtype,
                                 self.device, num_cpu_blocks)
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 num_cpu_blocks)
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.preemption_mode)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.kv, self.backend)
-        self.groups: dict[str, SequenceGroup] = {}
+        self.block_manager = KVCacheManager(num_blocks, config.block_size,
+                                            config.enable_prefix_caching, num_cpu_blocks)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
+                                   config.max_num_batched_tokens, config.preemption_mode)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend)
+        self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
+        self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
                     loaded.source.description, self.device, self.dtype, num_blocks,
                     config.block_size, self.backend.name)
+
+    @property
+    def kv(self) -> KVCacheManager:
+        """Former name of `block_manager`, kept for callers not yet renamed."""
+        return self.block_manager
 
     # ---- set-up -------------------------------------------------------------------------------
     def _max_model_len(self) -> int:
@@ -109,7 +122,8 @@ class LLMEngine:
         seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
         seq.detok_state = start_offsets(len(ids))
         group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
-                              self.max_model_len, beam, column_params=column_params)
+                              self.max_model_len, beam, column_params=column_params,
+                              beam_state=beam_search.BeamState() if beam else None)
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
                              f"beam width); this engine runs at most "
@@ -125,10 +139,11 @@ class LLMEngine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"prompt is {len(ids)} tokens; the model's context is "
                              f"{self.max_model_len} tokens (prompt plus at least one new token)")
-        capacity = self.kv.pool.num_blocks * self.kv.block_size
+        bm = self.block_manager
+        capacity = bm.pool.num_blocks * bm.block_size
         if len(ids) + 1 > capacity:
             raise ValueError(f"prompt is {len(ids)} tokens; the whole KV cache holds {capacity} "
-                             f"({self.kv.pool.num_blocks} blocks of {self.kv.block_size})")
+                             f"({bm.pool.num_blocks} blocks of {bm.block_size})")
 
     def add_group(self, group: SequenceGroup) -> None:
         if group.request_id in self.groups:
@@ -143,12 +158,13 @@ class LLMEngine:
         return group.request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        group = self.groups.pop(request_id, None)
+        group = self.groups.get(request_id)
         if group is None:
             return None
         for seq in group.unfinished_seqs():
             seq.finish_reason = "abort"
-        return self._finish(group)
+        self._update(SchedulerOutput(), StepResult(finished=[group]))
+        return self._output(group)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
@@ -158,20 +174,38 @@ class LLMEngine:
         out = self.scheduler.schedule()
         logits, rows = self.runner.execute(out)
         self.num_tokens_computed += out.num_tokens
-        for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_tokens
-            self.kv.cache_full_blocks(item.seq)
-        touched = self._sample(out, logits, rows)
+        result = StepResult()
+        touched = self._sample(out, logits, rows, result)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
                 seq.finish_reason = "length"
-            self.groups.pop(group.request_id, None)
-            self._finish(group)
+            result.finished.append(group)
             touched.append(group)
+        self._update(out, result)
         return [self._output(g) for g in dict.fromkeys(touched)]
 
-    def _sample(self, out, logits: torch.Tensor | None, row_of: dict[int, int]) -> list[SequenceGroup]:
+    def _update(self, out: SchedulerOutput, result: StepResult) -> None:
+        """The one way a step's decisions, and every finish, reach the scheduler and blocks."""
+        self.scheduler.update_from_output(out, result)
+        now = time.monotonic()
+        for group in result.finished:
+            self.groups.pop(group.request_id, None)
+            group.finished_time = now
+        if self.debug_checks:
+            self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Block accounting (KVCacheManager.check) plus: only live sequences hold blocks."""
+        self.block_manager.check(expect_empty=not self.groups)
+        live = {s.seq_id for g in self.groups.values() for s in g.unfinished_seqs()}
+        stray = (set(self.block_manager.tables) | set(self.block_manager.cpu_tables)) - live
+        if stray:
+            raise InvariantError(f"sequences {sorted(stray)} hold blocks but are not running")
+
+    def _sample(self, out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, int],
+                result: StepResult) -> list[SequenceGroup]:
+        """Sample every sequence that reached its end; decisions go into result."""
         rows, seqs, params, groups = [], [], [], []
         beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
         for item in out.scheduled:
@@ -181,36 +215,52 @@ class LLMEngine:
             if group.beam is not None:
                 beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
                 continue
-            for seq in self._fork_samples(group, item.seq):
+            for seq in self._fork_samples(group, item.seq, result):
                 rows.append(row)
                 seqs.append(seq)
                 params.append(group.params_for(seq))
                 groups.append(group)
         if rows:
             batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
-            for seq, group, result in zip(seqs, groups, sample(batch, seqs, params)):
-                record(seq, result)
-                self._check_finished(group, seq)
+            for seq, group, sampled in zip(seqs, groups, sample(batch, seqs, params)):
+                record(seq, sampled)
+                self._check_stop(group, seq, result)
         for group, beam_logits in beams.items():
-            beam_search.step(self, group, beam_logits)
+            self._beam_step(group, beam_logits, result)
             groups.append(group)
         now = time.monotonic()
         for group in groups:
             group.first_token_time = group.first_token_time or now
         return groups
 
-    def _fork_samples(self, group: SequenceGroup, seq: Sequence) -> list[Sequence]:
+    def _fork_samples(self, group: SequenceGroup, seq: Sequence,
+                      result: StepResult) -> list[Sequence]:
         """After the prompt, n > 1 samples fork from it, sharing every prompt block."""
         if not group.in_prompt_stage or group.width == 1:
             return [seq]
         for i in range(1, group.width):
             seed_index = 0 if group.column_params else i     # a column samples like a lone request
             child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
-            self.kv.fork(seq, child)
+            result.forks.append(Fork(seq, child))
             group.seqs.append(child)
         return list(group.seqs)
 
-    def _check_finished(self, group: SequenceGroup, seq: Sequence) -> None:
+    def _beam_step(self, group: SequenceGroup, logits: dict[int, torch.Tensor],
+                   result: StepResult) -> None:
+        decision = beam_search.step(group, logits)
+        if decision is None:
+            return                                   # some beam still waits for its logits
+        group.seqs = decision.beams
+        result.forks.extend(decision.forks)
+        result.frees.extend(decision.frees)
+        if decision.finished is not None:            # done: the hypotheses replace the beams
+            result.frees.extend(decision.beams)
+            group.seqs = beam_search.hypothesis_seqs(
+                group, decision.finished,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
+            result.finished.append(group)
+
+    def _check_stop(self, group: SequenceGroup, seq: Sequence, result: StepResult) -> None:
         p = group.params_for(seq)
         token = seq.token_ids[-1]
         new_text = detokenize(self.tokenizer, seq)
@@ -222,18 +272,12 @@ class LLMEngine:
                 or len(seq.token_ids) >= group.max_model_len:
             seq.finish_reason = "length"
         if not group.unfinished_seqs():
-            self.groups.pop(group.request_id, None)
-            self._finish(group)
-
-    def _finish(self, group: SequenceGroup) -> RequestOutput:
-        self.scheduler.finish(group)
-        group.finished_time = time.monotonic()
-        return self._output(group)
+            result.finished.append(group)
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
         outputs = [self._completion(s, group.params_for(s)) for s in group.seqs]
         metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
-                                 max(0, group.num_cached_tokens),
+                                 group.num_cached_tokens or 0,
                                  sum(s.num_output_tokens for s in group.seqs))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
                              group.is_finished, metrics)
@@ -247,7 +291,8 @@ class LLMEngine:
 
     # ---- introspection ------------------------------------------------------------------------
     def stats(self, with_block_tables: bool = False) -> EngineStats:
-        pool, kv, sched = self.kv.pool, self.kv, self.scheduler
+        kv, sched = self.block_manager, self.scheduler
+        pool = kv.pool
         in_use = [b for b in pool.blocks if b.ref_count > 0]
         free_cached = pool.num_cached_free
         tokens = kv.num_stored_tokens([s for g in sched.running for s in g.unfinished_seqs()])
@@ -269,4 +314,4 @@ class LLMEngine:
 
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""
-        return self.kv.cached_prefix_block_ids(token_ids)
+        return self.block_manager.cached_prefix_block_ids(token_ids)

@@ -13,6 +13,7 @@ import logging
 import torch
 
 from localpaged.attention import AttentionBackend
+from localpaged.block_pool import BlockOp, BlockOpKind
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ class KVCache:
         cpu_shape = (num_layers, 2, num_cpu_blocks, block_size, num_kv_heads, head_dim)
         self.cpu_blocks = torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) if num_cpu_blocks else None
         self.layers = [(self.device_blocks[i, 0], self.device_blocks[i, 1]) for i in range(num_layers)]
+
+    def apply(self, op: BlockOp, backend: AttentionBackend) -> None:
+        """Carry out one block op decided by the KV cache manager."""
+        if op.kind is BlockOpKind.COPY:
+            self.copy(op.pairs, backend)
+        elif op.kind is BlockOpKind.SWAP_OUT:
+            self.swap_out(op.pairs)
+        else:
+            self.swap_in(op.pairs)
 
     def copy(self, mapping: list[tuple[int, int]], backend: AttentionBackend) -> None:
         """Copy-on-write: device block src -> device block dst, for every layer, K and V."""

@@ -10,6 +10,10 @@ Invariants:
   filled last block, `allocate_slots` gives it a private copy and queues the copy in
   `pending_copies` for the model runner to carry out before the forward pass.
 - A block is registered in the prefix cache only when it is full and its K/V are computed.
+- Moves of block contents (copy-on-write, swap out, swap in) are queued as typed `BlockOp`s, in
+  the order they were decided, for the model runner to carry out before the next forward pass.
+`check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
+it after every step when `EngineConfig.debug_checks` is set.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from localpaged.block_pool import Block, BlockPool
+from localpaged.block_pool import Block, BlockOp, BlockOpKind, BlockPool
 from localpaged.request import Sequence
+
+
+class InvariantError(AssertionError):
+    """A block-accounting invariant does not hold (a bug in the engine, never bad input)."""
 
 
 def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
@@ -46,7 +54,7 @@ class KVCacheManager:
         self.tables: dict[int, list[Block]] = {}
         self.cpu_tables: dict[int, list[Block]] = {}
         self._hashes: dict[int, list[bytes]] = {}       # chain hashes of each seq's full blocks
-        self.block_ops: list[tuple[str, list[tuple[int, int]]]] = []   # ("copy"|"swap_out"|"swap_in", pairs)
+        self.block_ops: list[BlockOp] = []               # decided, not yet carried out; in order
         self.prefix_cache_queries = 0                    # tokens looked up
         self.prefix_cache_hits = 0                       # tokens found
 
@@ -101,9 +109,29 @@ class KVCacheManager:
         need = max(0, total - max(len(table), num_cached // self.block_size))
         return need + int(self._needs_copy(seq))
 
-    def can_admit(self, blocks_needed: int, hits: list[Block]) -> bool:
-        revived = sum(1 for b in hits if b.ref_count == 0)
-        return blocks_needed + revived + self.watermark_blocks <= self.pool.num_free
+    def admit(self, seqs: list[Sequence], budget: int) -> list[int] | None:
+        """Admit waiting sequences (no table yet): prefix-cache hits, then up to `budget` new
+        tokens in all, keeping the watermark free; all or nothing.
+
+        Returns the number of tokens each sequence got from the prefix cache (now computed), or
+        None, with nothing held, when the blocks do not fit.
+        """
+        admitted: list[Sequence] = []
+        cached_tokens: list[int] = []
+        for seq in seqs:
+            hits = self.find_cached_prefix(seq)
+            num_cached = len(hits) * self.block_size
+            n = min(seq.num_uncomputed_tokens - num_cached, budget)
+            revived = sum(1 for b in hits if b.ref_count == 0)
+            need = self.blocks_needed(seq, n, num_cached) + revived + self.watermark_blocks
+            if need > self.pool.num_free or not self.allocate_slots(seq, n, hits):
+                for s in admitted:
+                    self.reset_computed(s)
+                return None
+            admitted.append(seq)
+            cached_tokens.append(num_cached)
+            budget -= n
+        return cached_tokens
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
                        cached: list[Block] | None = None) -> bool:
@@ -139,29 +167,32 @@ class KVCacheManager:
         last = seq.num_computed_tokens // self.block_size
         shared = table[last]
         private = self.pool.allocate()
-        self._record("copy", [(shared.block_id, private.block_id)])
+        self._record(BlockOpKind.COPY, [(shared.block_id, private.block_id)])
         self.pool.decref(shared)
         table[last] = private
 
-    def _record(self, kind: str, pairs: list[tuple[int, int]]) -> None:
+    def _record(self, kind: BlockOpKind, pairs: list[tuple[int, int]]) -> None:
+        """Queue a move; consecutive moves of one kind merge into one batched op."""
         if not pairs:
             return
-        if self.block_ops and self.block_ops[-1][0] == kind:
-            self.block_ops[-1][1].extend(pairs)
+        if self.block_ops and self.block_ops[-1].kind is kind:
+            self.block_ops[-1].pairs.extend(pairs)
         else:
-            self.block_ops.append((kind, list(pairs)))
+            self.block_ops.append(BlockOp(kind, list(pairs)))
 
-    def take_block_ops(self) -> list[tuple[str, list[tuple[int, int]]]]:
+    def take_block_ops(self) -> list[BlockOp]:
         ops, self.block_ops = self.block_ops, []
         return ops
 
     @property
     def pending_copies(self) -> list[tuple[int, int]]:
         """The copy-on-write pairs among the pending block ops (read-only view)."""
-        return [pair for kind, pairs in self.block_ops if kind == "copy" for pair in pairs]
+        return [pair for op in self.block_ops if op.kind is BlockOpKind.COPY for pair in op.pairs]
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """child shares every block of parent (ref_count + 1 each)."""
+        """child shares every block of parent (ref_count + 1 each), so its K/V are computed as
+        far as the parent's are."""
+        child.num_computed_tokens = parent.num_computed_tokens
         table = list(self.tables.get(parent.seq_id, []))
         for block in table:
             self.pool.incref(block)
@@ -188,14 +219,14 @@ class KVCacheManager:
 
     def swap_out(self, seqs: list[Sequence]) -> None:
         """Move seqs' blocks to the CPU pool; blocks shared inside the group stay shared."""
-        self._record("swap_out", self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool))
+        self._record(BlockOpKind.SWAP_OUT, self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool))
 
     def can_swap_in(self, seqs: list[Sequence]) -> bool:
         blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])}
         return len(blocks) + self.watermark_blocks <= self.pool.num_free
 
     def swap_in(self, seqs: list[Sequence]) -> None:
-        self._record("swap_in", self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool))
+        self._record(BlockOpKind.SWAP_IN, self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool))
 
     @staticmethod
     def _move(seqs, src_tables, dst_tables, src_pool, dst_pool) -> list[tuple[int, int]]:
@@ -232,3 +263,47 @@ class KVCacheManager:
     def num_table_entries(self) -> int:
         """Blocks that would be held if nothing were shared (one per table entry)."""
         return sum(len(t) for t in self.tables.values())
+
+    # ---- invariants ---------------------------------------------------------------------------
+    def check(self, expect_empty: bool = False) -> None:
+        """Raise InvariantError unless the block invariants hold.
+
+        - ref_count of every device and CPU block == number of block tables holding it;
+        - a device block is in the free queue iff its ref_count is 0;
+        - a cached block is indexed under its own hash, and a hashed block at position i of a
+          table carries that sequence's chain hash of blocks 0..i (its stored tokens);
+        - with expect_empty (every request has ended), no table and no held block remains.
+        """
+        _check_ref_counts(self.pool, self.tables, "device")
+        if self.cpu_pool is not None:
+            _check_ref_counts(self.cpu_pool, self.cpu_tables, "CPU")
+        elif self.cpu_tables:
+            raise InvariantError("CPU block tables exist without a CPU pool")
+        for block in self.pool.blocks:
+            if (block.block_id in self.pool.free_queue) != (block.ref_count == 0):
+                raise InvariantError(f"block {block.block_id}: ref_count {block.ref_count} but "
+                                     f"{'' if block.ref_count else 'not '}in the free queue")
+        for h, block in self.pool.cached.items():
+            if block.block_hash != h:
+                raise InvariantError(f"block {block.block_id} is cached under another hash")
+        for seq_id, table in self.tables.items():
+            hashes = self._hashes.get(seq_id, [])
+            for i, block in enumerate(table[:len(hashes)]):
+                if block.block_hash is not None and block.block_hash != hashes[i]:
+                    raise InvariantError(f"block {block.block_id} (block {i} of sequence {seq_id}) "
+                                         "is cached under a hash of other tokens")
+        if expect_empty and (self.tables or self.cpu_tables or self.pool.num_free != self.pool.num_blocks):
+            raise InvariantError(f"blocks still held after every request ended: device tables "
+                                 f"{sorted(self.tables)}, CPU tables {sorted(self.cpu_tables)}, "
+                                 f"{self.pool.num_blocks - self.pool.num_free} blocks in use")
+
+
+def _check_ref_counts(pool: BlockPool, tables: dict[int, list[Block]], where: str) -> None:
+    holders: dict[int, int] = {}
+    for table in tables.values():
+        for block in table:
+            holders[block.block_id] = holders.get(block.block_id, 0) + 1
+    for block in pool.blocks:
+        if block.ref_count != holders.get(block.block_id, 0):
+            raise InvariantError(f"{where} block {block.block_id}: ref_count {block.ref_count}, "
+                                 f"held by {holders.get(block.block_id, 0)} block tables")

@@ -30,11 +30,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int]]:
         """Run one step; returns float32 CPU logits [S, V] and, per sampling seq_id, its row."""
-        for kind, pairs in out.block_ops:
-            if kind == "copy":
-                self.kv_cache.copy(pairs, self.backend)
-            else:
-                getattr(self.kv_cache, kind)(pairs)        # swap_out / swap_in
+        for op in out.block_ops:
+            self.kv_cache.apply(op, self.backend)
         items = order_batch(out.scheduled)
         if not items:
             return None, {}

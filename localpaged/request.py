@@ -11,10 +11,14 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from localpaged.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from localpaged.beam_search import BeamState
 
 _seq_ids = itertools.count()
 
@@ -70,7 +74,7 @@ class Sequence:
 
     def fork(self, index: int, generator: torch.Generator | None) -> "Sequence":
         child = Sequence(self.token_ids, self.prompt_len, index, generator)
-        child.num_computed_tokens = self.num_computed_tokens
+        child.num_computed_tokens = self.num_computed_tokens   # KVCacheManager.fork sets it again
         child.logprobs = list(self.logprobs)
         child.cumulative_logprob = self.cumulative_logprob
         child.text, child.detok_state = self.text, self.detok_state
@@ -98,10 +102,9 @@ class SequenceGroup:
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     finished_time: float | None = None
-    num_cached_tokens: int = -1          # prefix tokens served from the cache at first admission
-    finished_beams: list = field(default_factory=list)   # beam search: (score, tokens, last)
-    beam_logits: dict = field(default_factory=dict)       # beam search: seq_id -> logits, this step
-    beam_improvable: bool = True                          # beam search: a running beam may still win
+    # Prompt tokens served from the prefix cache; None until first admitted (set once, there).
+    num_cached_tokens: int | None = None
+    beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
 
     @property

@@ -9,6 +9,11 @@ Every step (an iteration of the model):
    admitted first-come-first-served while the token budget, `max_num_seqs` and blocks allow.
    A waiting group's prompt first looks up the prefix cache: cached blocks are not recomputed.
 Prefills and decodes share a step; the model runner receives one flat batch.
+3. After the forward pass and sampling, `update_from_output` is the one post-step update: it
+   advances the computed tokens of what ran, registers blocks that became full in the prefix
+   cache, applies forks and frees (parallel samples, beam search) and frees every group that
+   finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
+   goes through it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
+from localpaged.block_pool import BlockOp
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.request import GroupStatus, Sequence, SequenceGroup
 
@@ -28,17 +34,33 @@ class ScheduledSeq:
     group: SequenceGroup
     seq: Sequence
     num_tokens: int          # tokens computed this step, starting at seq.num_computed_tokens
+    # Whether this step reaches the end of the sequence's tokens (so it samples the next one);
+    # fixed when scheduled, so it stays right after the engine advances the sequence.
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the end of the sequence's tokens (so it samples the next)."""
-        return self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+    def __post_init__(self) -> None:
+        self.samples = self.seq.num_computed_tokens + self.num_tokens == len(self.seq.token_ids)
+
+
+@dataclass
+class Fork:
+    """child now shares every block of parent (n > 1 after the prompt, or a beam)."""
+    parent: Sequence
+    child: Sequence
+
+
+@dataclass
+class StepResult:
+    """What sampling decided, for `Scheduler.update_from_output` to apply (in this order)."""
+    forks: list[Fork] = field(default_factory=list)
+    frees: list[Sequence] = field(default_factory=list)          # seqs dropped from a running group
+    finished: list[SequenceGroup] = field(default_factory=list)  # every seq has a finish_reason
 
 
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    block_ops: list[tuple[str, list[tuple[int, int]]]] = field(default_factory=list)  # in order
+    block_ops: list[BlockOp] = field(default_factory=list)       # carry out in this order
     preempted: list[SequenceGroup] = field(default_factory=list)
     out_of_memory: list[SequenceGroup] = field(default_factory=list)  # cannot fit even alone
 
@@ -48,11 +70,11 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, block_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute") -> None:
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
-        self.kv = kv
+        self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
@@ -74,7 +96,7 @@ class Scheduler:
         if not out.preempted:
             budget = self._schedule_swapped(out, budget)
             self._schedule_waiting(out, budget)
-        out.block_ops = self.kv.take_block_ops()
+        out.block_ops = self.block_manager.take_block_ops()
         return out
 
     # ---- running ------------------------------------------------------------------------------
@@ -99,7 +121,7 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget - sum(it.num_tokens for it in items))
             if n <= 0:
                 continue
-            while not self.kv.allocate_slots(seq, n):
+            while not self.block_manager.allocate_slots(seq, n):
                 victim = self.running[-1]
                 if victim is group and len(self.running) == 1:   # alone, and still no room
                     self.running.remove(group)
@@ -118,14 +140,14 @@ class Scheduler:
         out.preempted.append(group)
         self.num_preemptions += 1
         seqs = group.unfinished_seqs()
-        if self.preemption_mode == "swap" and self.kv.can_swap_out(seqs):
-            self.kv.swap_out(seqs)
+        if self.preemption_mode == "swap" and self.block_manager.can_swap_out(seqs):
+            self.block_manager.swap_out(seqs)
             group.status = GroupStatus.SWAPPED
             self.swapped.appendleft(group)
             self.num_swapped_out += 1
         else:
             for seq in seqs:
-                self.kv.reset_computed(seq)
+                self.block_manager.reset_computed(seq)
             group.status = GroupStatus.WAITING
             self.waiting.appendleft(group)
         logger.debug("preempted %s (%s)", group.request_id, group.status.value)
@@ -139,10 +161,10 @@ class Scheduler:
             group = self.swapped[0]
             seqs = group.unfinished_seqs()
             if (self._num_running_seqs() + _width(group) > self.max_num_seqs
-                    or not self.kv.can_swap_in(seqs)):
+                    or not self.block_manager.can_swap_in(seqs)):
                 break
             self.swapped.popleft()
-            self.kv.swap_in(seqs)
+            self.block_manager.swap_in(seqs)
             budget = self._start(group, budget, out)
         return budget
 
@@ -158,19 +180,11 @@ class Scheduler:
 
     def _admit(self, group: SequenceGroup, budget: int) -> bool:
         """Prefix-cache lookup and block allocation for a waiting group; all or nothing."""
-        done: list[Sequence] = []
-        for seq in group.unfinished_seqs():
-            hits = self.kv.find_cached_prefix(seq)
-            n = min(seq.num_uncomputed_tokens - len(hits) * self.kv.block_size, budget)
-            if not self.kv.can_admit(self.kv.blocks_needed(seq, n, len(hits) * self.kv.block_size), hits) \
-                    or not self.kv.allocate_slots(seq, n, hits):
-                for s in done:
-                    self.kv.reset_computed(s)
-                return False
-            done.append(seq)
-            budget -= n
-            if group.num_cached_tokens < 0:
-                group.num_cached_tokens = len(hits) * self.kv.block_size
+        cached = self.block_manager.admit(group.unfinished_seqs(), budget)
+        if cached is None:
+            return False
+        if group.num_cached_tokens is None:          # first admission only
+            group.num_cached_tokens = cached[0]
         return True
 
     def _start(self, group: SequenceGroup, budget: int, out: SchedulerOutput,
@@ -182,14 +196,27 @@ class Scheduler:
             n = min(seq.num_uncomputed_tokens, budget)
             if n <= 0:
                 continue
-            if not allocated and not self.kv.allocate_slots(seq, n):
+            if not allocated and not self.block_manager.allocate_slots(seq, n):
                 break                          # no room this step; it runs next step
             out.scheduled.append(ScheduledSeq(group, seq, n))
             budget -= n
         return budget
 
-    # ---- finishing ----------------------------------------------------------------------------
-    def finish(self, group: SequenceGroup) -> None:
+    # ---- the post-step update -----------------------------------------------------------------
+    def update_from_output(self, out: SchedulerOutput, result: StepResult) -> None:
+        """Apply one step: what ran is computed, full blocks are cached, forks share blocks,
+        dropped sequences and finished groups free theirs. The only place a group finishes."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_tokens
+            self.block_manager.cache_full_blocks(item.seq)
+        for fork in result.forks:
+            self.block_manager.fork(fork.parent, fork.child)
+        for seq in result.frees:
+            self.block_manager.free(seq)
+        for group in result.finished:
+            self._finish(group)
+
+    def _finish(self, group: SequenceGroup) -> None:
         """Remove a finished or aborted group from every queue and free all it holds."""
         for queue in (self.waiting, self.swapped):
             if group in queue:
@@ -197,7 +224,7 @@ class Scheduler:
         if group in self.running:
             self.running.remove(group)
         for seq in group.seqs:
-            self.kv.free(seq)
+            self.block_manager.free(seq)
         group.status = GroupStatus.FINISHED
 
 

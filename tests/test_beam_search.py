@@ -22,7 +22,7 @@ def hf_beams(path, prompt, width, max_tokens, length_penalty, early_stopping):
 ])
 def test_beam_search_equals_transformers(kind, width, penalty, early, tiny_root):
     path = tiny_models.build(kind, tiny_root)
-    llm = LLM(path, num_kv_blocks=128)
+    llm = LLM(path, num_kv_blocks=128, debug_checks=True)
     batch = prompts(3, seed=21)
     outs = llm.beam_search(batch, width, 12, length_penalty=penalty, early_stopping=early,
                            ignore_eos=True)
@@ -34,7 +34,7 @@ def test_beam_search_equals_transformers(kind, width, penalty, early, tiny_root)
 
 
 def test_beams_share_blocks(tiny_llama):
-    llm = LLM(tiny_llama, num_kv_blocks=128)
+    llm = LLM(tiny_llama, num_kv_blocks=128, debug_checks=True)
     engine = llm.engine
     prompt = prompts(1, seed=4, lo=60, hi=61)[0]
     from localpaged.request import BeamParams

@@ -1,5 +1,6 @@
 """Property-based block accounting: random add / fork / append / free / abort / preempt / swap
-sequences keep the invariants of DESIGN.md §1."""
+sequences keep the invariants of DESIGN.md §1, checked both here (independently) and by
+KVCacheManager.check()."""
 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -146,7 +147,34 @@ class BlockMachine(RuleBasedStateMachine):
             self.compute(seq, n)
             self.running.append(seq)
 
+    @precondition(lambda self: self.waiting)
+    @rule(budget=st.integers(1, 20))
+    def admit_waiting(self, budget):
+        """The scheduler's admission: prefix hits, watermark and allocation in one call."""
+        seq = self.waiting[0]
+        free_before = self.kv.pool.num_free
+        cached = self.kv.admit([seq], budget)
+        if cached is None:
+            assert self.kv.pool.num_free == free_before and seq.seq_id not in self.kv.tables
+            return
+        self.waiting.pop(0)
+        assert seq.num_computed_tokens == cached[0] and cached[0] % B == 0
+        assert self.kv.pool.num_free >= self.kv.watermark_blocks
+        n = min(seq.num_uncomputed_tokens, budget)
+        self.compute(seq, n)
+        if seq.num_uncomputed_tokens:          # the rest of the prompt, as the next steps would
+            if not self.kv.allocate_slots(seq, seq.num_uncomputed_tokens):
+                self.kv.reset_computed(seq)
+                self.waiting.append(seq)
+                return
+            self.compute(seq, seq.num_uncomputed_tokens)
+        self.running.append(seq)
+
     # ---- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def manager_check_passes(self):
+        self.kv.check()
+
     @invariant()
     def ref_counts_match_tables(self):
         holders: dict[int, int] = {}
@@ -178,6 +206,7 @@ class BlockMachine(RuleBasedStateMachine):
         assert self.kv.pool.num_free == NUM_BLOCKS, "a block is still held after every request ended"
         assert all(b.ref_count == 0 for b in self.kv.pool.blocks)
         assert self.kv.cpu_pool.num_free == self.kv.cpu_pool.num_blocks
+        self.kv.check(expect_empty=True)
 
 
 TestBlockMachine = BlockMachine.TestCase

@@ -42,7 +42,7 @@ def test_seeded_parallel_samples_are_reproducible(tiny_llama, batch, unpressured
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preempted_groups_give_identical_outputs(tiny_llama, batch, unpressured, mode):
     llm, n4, beams = run(tiny_llama, batch, num_kv_blocks=20, preemption_mode=mode,
-                         swap_space_gb=0.01)
+                         swap_space_gb=0.01, debug_checks=True)
     stats = llm.stats()
     assert stats.num_preemptions > 0
     if mode == "swap":

@@ -66,14 +66,15 @@ def test_prefix_cache_hot_and_cold(tiny_llama, batch, alone):
 
 
 def test_chunked_prefill(tiny_llama, batch, alone, alone_sampled):
-    llm, g, s = run_all(tiny_llama, batch, num_kv_blocks=256, max_num_batched_tokens=7)
+    llm, g, s = run_all(tiny_llama, batch, num_kv_blocks=256, max_num_batched_tokens=7,
+                        debug_checks=True)
     assert g == alone and s == alone_sampled
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption(tiny_llama, batch, alone, alone_sampled, mode):
     llm, g, s = run_all(tiny_llama, batch, num_kv_blocks=14, preemption_mode=mode,
-                        swap_space_gb=0.001)
+                        swap_space_gb=0.001, debug_checks=True)
     stats = llm.stats()
     assert stats.num_preemptions > 0
     if mode == "swap":

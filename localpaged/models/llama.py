@@ -17,7 +17,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.attention import AttentionMetadata, PagedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: AttentionBackend):
+    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: PagedAttention):
         T = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q = q.view(T, self.num_heads, self.head_dim)
@@ -146,7 +146,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: AttentionBackend) -> torch.Tensor:
+                backend: PagedAttention) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):

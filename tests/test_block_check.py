@@ -1,0 +1,71 @@
+"""KVCacheManager.check() catches broken block accounting, and the engine's debug flag runs it
+every step (the invariants of localpaged/kv_cache_manager.py and block_pool.py)."""
+
+import pytest
+from engine_helpers import greedy, prompts
+
+from localpaged import LLM
+from localpaged.kv_cache_manager import InvariantError, KVCacheManager, hash_block
+from localpaged.request import Sequence
+
+
+def forked_pair() -> tuple[KVCacheManager, Sequence, Sequence]:
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True, num_cpu_blocks=4)
+    parent = Sequence(list(range(10)), 10, 0, None)          # 2 full blocks + 2 tokens
+    assert kv.admit([parent], 10) == [0]
+    parent.num_computed_tokens = 10
+    kv.cache_full_blocks(parent)
+    child = parent.fork(1, None)
+    kv.fork(parent, child)
+    kv.check()
+    return kv, parent, child
+
+
+def test_check_catches_a_broken_ref_count():
+    kv, parent, _child = forked_pair()
+    shared = kv.pool.blocks[kv.block_ids(parent)[0]]
+    shared.ref_count -= 1                                     # one table too few
+    with pytest.raises(InvariantError, match=f"block {shared.block_id}: ref_count 1, held by 2"):
+        kv.check()
+
+
+def test_check_catches_a_held_block_in_the_free_queue():
+    kv, parent, _child = forked_pair()
+    kv.pool.free_queue[kv.block_ids(parent)[2]] = None
+    with pytest.raises(InvariantError, match="in the free queue"):
+        kv.check()
+
+
+def test_check_catches_a_cached_hash_of_other_tokens():
+    kv, parent, _child = forked_pair()
+    block = kv.pool.blocks[kv.block_ids(parent)[1]]
+    del kv.pool.cached[block.block_hash]
+    block.block_hash = hash_block(None, [7, 7, 7, 7])
+    kv.pool.cached[block.block_hash] = block
+    with pytest.raises(InvariantError, match="hash of other tokens"):
+        kv.check()
+
+
+def test_check_catches_blocks_held_after_every_request_ended():
+    kv, parent, child = forked_pair()
+    kv.free(parent)
+    with pytest.raises(InvariantError, match="still held"):
+        kv.check(expect_empty=True)
+    kv.free(child)
+    kv.check(expect_empty=True)
+
+
+def test_engine_debug_flag_checks_every_step(tiny_llama):
+    llm = LLM(tiny_llama, num_kv_blocks=32, debug_checks=True)
+    engine = llm.engine
+    prompt = prompts(1, seed=9, lo=40, hi=41)[0]
+    engine.add_request("a", prompt, greedy(6))
+    engine.step()                                            # the prompt: blocks now held
+    block = next(b for b in engine.block_manager.pool.blocks if b.ref_count > 0)
+    block.ref_count += 1                                     # a bug: a reference nobody holds
+    with pytest.raises(InvariantError, match=f"block {block.block_id}: ref_count 2, held by 1"):
+        engine.step()
+    block.ref_count -= 1
+    while engine.has_unfinished_requests():                  # repaired: runs to the end, checked
+        engine.step()
+    assert llm.stats().blocks_in_use == 0
