@@ -75,7 +75,7 @@ def assert_close(actual, expected, dtype):
 
 def test_reference_dequantize_matches_python_loops():
     gen = torch.Generator().manual_seed(0)
-    N, K, G = 3, 64, 32
+    N, K, G = 2, 64, 32
     packed = torch.randint(0, 256, (N, K // 2), generator=gen, dtype=torch.uint8)
     scales = torch.rand(N, K // G, generator=gen)
     mins = torch.randn(N, K // G, generator=gen)
@@ -136,15 +136,15 @@ def test_quant_matmul_matches_reference(M, N, K, bits, G, dtype, sdtype):
 
 
 @CPU
-@pytest.mark.parametrize("bits,G,dtype", [(8, None, F16), (4, 32, BF16), (4, 128, F32)])
-def test_decode_split_k_and_small_tiles(bits, G, dtype):
-    """Split-K (partials summed after, one split shorter than the rest) and several N blocks."""
-    M, N, K = 2, 100, 256 if G != 128 else 384
+@pytest.mark.parametrize("M,bits,G,dtype", [(2, 8, None, F16), (2, 4, 32, BF16),
+                                           (9, 4, 128, F32), (9, 8, None, BF16)])
+def test_decode_split_k_and_small_tiles(M, bits, G, dtype):
+    """Split-K (partials summed after; the last split shorter, its last unrolled tiles past K)
+    and several N blocks, with broadcast-sum (M=2) and tl.dot (M=9) tiles."""
+    N, K = 100, 288 if G != 128 else 384          # 288: 4.5 iterations of 2 x 32
     args = make_case(7 + bits, M, N, K, bits, G, dtype)
-    expected = qref.quant_matmul_reference(*args, G, bits)
-    for split_k in (2, 3):
-        assert_close(qmm.quant_decode(*args, G, bits, block_n=16, block_k=32, split_k=split_k),
-                     expected, dtype)
+    out = qmm.quant_decode(*args, G, bits, block_n=32, sub_k=32, unroll=2, split_k=3)
+    assert_close(out, qref.quant_matmul_reference(*args, G, bits), dtype)
 
 
 @CPU
@@ -153,7 +153,7 @@ def test_prefill_kernel_small_m_and_tiles(bits, G):
     """The GEMM kernel is right for any M (M=3 in one partial m block, M=33 over three)."""
     for M in (3, 33):
         args = make_case(M, M, 48, 128, bits, G, F16)
-        assert_close(qmm.quant_prefill(*args, G, bits, block_m=16, block_n=16, block_k=32),
+        assert_close(qmm.quant_prefill(*args, G, bits, block_m=16, block_n=16, sub_k=32),
                      qref.quant_matmul_reference(*args, G, bits), F16)
 
 
