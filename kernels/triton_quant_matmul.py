@@ -13,12 +13,11 @@ Invariants of both kernels:
   (|q| <= 128) and fp32 accumulation;
 - int4 tiles are read as bytes [BLOCK_N, SUB_K // 2]; the low nibbles meet the even columns of
   x and the high nibbles the odd ones, so nibbles are never interleaved in registers;
-- rows >= M, columns >= N and k >= K are masked; x must have a unit stride along K.
+- rows >= M, columns >= N and k >= K are masked; x must have a unit stride along K;
+- weight row offsets are int64 (N * K may pass 2**31 for a large vocabulary's lm_head).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
@@ -26,6 +25,7 @@ import triton.language as tl
 
 from .quant_reference import check_quant_args, quant_matmul_reference
 from .triton_common import _dot, dot_options, fallback_reason, log_fallback, next_pow2
+from .triton_decode import _num_sms
 
 DECODE_MAX_M = 16
 DECODE_TILE_BUDGET = 4096   # broadcast-sum products [BLOCK_M, BLOCK_N, SUB_K] per iteration
@@ -52,7 +52,7 @@ def _tile(x_ptr, q_ptr, s_ptr, mn_ptr, offs_m, offs_n, k0, M, N, K,
         k_ok = offs_k < K
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        q = tl.load(q_ptr + offs_n[:, None] * stride_qn + offs_k[None, :],
+        q = tl.load(q_ptr + offs_n.to(tl.int64)[:, None] * stride_qn + offs_k[None, :],
                     mask=n_ok[:, None] & k_ok[None, :], other=0)
         s = tl.load(s_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
         return _mm(x, q, USE_DOT, DOT_F32, PREC) * s[None, :]
@@ -63,7 +63,7 @@ def _tile(x_ptr, q_ptr, s_ptr, mn_ptr, offs_m, offs_n, k0, M, N, K,
         x_rows = x_ptr + offs_m[:, None] * stride_xm + 2 * offs_j[None, :]
         x_even = tl.load(x_rows, mask=x_mask, other=0.0)
         x_odd = tl.load(x_rows + 1, mask=x_mask, other=0.0)
-        packed = tl.load(q_ptr + offs_n[:, None] * stride_qn + offs_j[None, :],
+        packed = tl.load(q_ptr + offs_n.to(tl.int64)[:, None] * stride_qn + offs_j[None, :],
                          mask=n_ok[:, None] & j_ok[None, :], other=0)
         low = packed & 0x0F
         high = packed >> 4
@@ -136,13 +136,6 @@ def _prefill_kernel(x_ptr, q_ptr, s_ptr, mn_ptr, y_ptr, M, N, K,
              acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1   # the interpreter runs programs one by one: never split unless asked
-
-
 def _sub_k(bits: int, group_size: int | None, K: int, wanted: int) -> int:
     """The one-group tile width: a power of two <= wanted that divides G for int4 (so a tile
     stays in one group) and >= 32 for int4 (each nibble half >= 16, tl.dot's minimum K)."""
@@ -165,7 +158,8 @@ def decode_config(M: int, N: int, K: int, bits: int, group_size: int | None,
     block_n = 64 if use_dot else max(4, DECODE_TILE_BUDGET // (block_m * sub_k * unroll))
     n_blocks = triton.cdiv(N, block_n)
     k_iters = triton.cdiv(K, sub_k * unroll)
-    split = max(1, min(4 * _num_sms(device) // n_blocks, k_iters // 2))
+    sms = _num_sms(device) if device.type == "cuda" else 0    # interpreter: split if asked
+    split = max(1, min(4 * sms // n_blocks, k_iters // 2))
     return dict(block_m=block_m, block_n=block_n, sub_k=sub_k, unroll=unroll, split_k=split,
                 use_dot=use_dot)
 
