@@ -33,6 +33,10 @@ def check_quant_args(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
     if scales.dtype not in SCALE_DTYPES:
         raise ValueError(f"scales dtype {scales.dtype} is not supported; supported: "
                          f"{SCALE_DTYPES}")
+    others = {"qweight": qweight, "scales": scales, "mins": mins}
+    for name, t in others.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} is on {t.device} but x is on {x.device}: all on one device")
     M, K = x.shape
     N = qweight.shape[0]
     if bits == 8:

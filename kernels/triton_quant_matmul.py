@@ -172,10 +172,19 @@ def prefill_config(M: int, bits: int, group_size: int | None, K: int) -> dict:
                 sub_k=sub_k, unroll=max(1, 64 // sub_k), num_warps=8 if big else 4)
 
 
+def _prepare(x, qweight, scales, mins):
+    """Unit stride along K for x and qweight; scales and mins contiguous, hence with the same
+    row stride (the kernels index both with stride_sn)."""
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    qweight = qweight if qweight.stride(-1) == 1 else qweight.contiguous()
+    return x, qweight, scales.contiguous(), None if mins is None else mins.contiguous()
+
+
 def quant_decode(x, qweight, scales, mins, group_size, bits, block_n=None, sub_k=None,
                  unroll=None, split_k=None) -> torch.Tensor:
     """The decode kernel (any M <= 16); None tile arguments take ``decode_config``'s choice."""
     M, N, K = check_quant_args(x, qweight, scales, mins, group_size, bits)
+    x, qweight, scales, mins = _prepare(x, qweight, scales, mins)
     if M > DECODE_MAX_M:
         raise ValueError(f"the decode kernel takes M <= {DECODE_MAX_M} rows, got M={M}")
     cfg = decode_config(M, N, K, bits, group_size, x.device)
@@ -204,6 +213,7 @@ def quant_prefill(x, qweight, scales, mins, group_size, bits, block_m=None, bloc
                   sub_k=None, unroll=None) -> torch.Tensor:
     """The tiled-GEMM kernel (any M); None tile arguments take ``prefill_config``'s choice."""
     M, N, K = check_quant_args(x, qweight, scales, mins, group_size, bits)
+    x, qweight, scales, mins = _prepare(x, qweight, scales, mins)
     cfg = prefill_config(M, bits, group_size, K)
     block_m, block_n = block_m or cfg["block_m"], block_n or cfg["block_n"]
     sub_k, unroll = sub_k or cfg["sub_k"], unroll or cfg["unroll"]
@@ -228,14 +238,8 @@ def quant_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     if reason is not None:
         log_fallback("quant_matmul", reason)
         return quant_matmul_reference(x, qweight, scales, mins, group_size, bits)
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    if qweight.stride(-1) != 1:
-        qweight = qweight.contiguous()
     if x.shape[0] == 0 or qweight.shape[0] == 0:
         return torch.zeros(x.shape[0], qweight.shape[0], dtype=x.dtype, device=x.device)
-    scales = scales.contiguous()
-    mins = mins.contiguous() if mins is not None else None
     if x.shape[0] <= DECODE_MAX_M:
         return quant_decode(x, qweight, scales, mins, group_size, bits)
     return quant_prefill(x, qweight, scales, mins, group_size, bits)

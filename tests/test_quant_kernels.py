@@ -163,8 +163,10 @@ def test_zero_rows_and_non_contiguous_x():
     assert qmm.quant_matmul(x[:0], q, s, mn, 32, 4).shape == (0, 48)
     wide = torch.randn(5, 2 * 128)
     x_nc = wide[:, ::2]                                  # unit stride broken along K
-    assert_close(qmm.quant_matmul(x_nc, q, s, mn, 32, 4),
-                 qref.quant_matmul_reference(x_nc.contiguous(), q, s, mn, 32, 4), F32)
+    expected = qref.quant_matmul_reference(x_nc.contiguous(), q, s, mn, 32, 4)
+    assert_close(qmm.quant_matmul(x_nc, q, s, mn, 32, 4), expected, F32)
+    s_nc, mn_nc = s.t().contiguous().t(), mn.t().contiguous().t()   # column-major groups
+    assert_close(qmm.quant_prefill(x_nc, q, s_nc, mn_nc, 32, 4), expected, F32)
 
 
 def test_cpu_without_interpreter_falls_back(monkeypatch, caplog):
@@ -184,6 +186,7 @@ def test_cpu_without_interpreter_falls_back(monkeypatch, caplog):
     (dict(mins=None), "int4 needs mins"),
     (dict(x_dtype=torch.float64), "x dtype torch.float64 is not supported"),
     (dict(qweight_dtype=torch.int8), "int4 qweight must be uint8"),
+    (dict(scales_device="meta"), "scales is on meta but x is on cpu"),
 ])
 def test_bad_input_is_a_clear_value_error(change, match):
     K = change.get("K", 128)
@@ -191,6 +194,7 @@ def test_bad_input_is_a_clear_value_error(change, match):
     q = torch.zeros(16, K // 2, dtype=change.get("qweight_dtype", torch.uint8))
     G = change.get("group_size", 32)
     s = mn = torch.ones(16, max(1, K // G))
+    s = s.to(change.get("scales_device", "cpu"))
     mins = change["mins"] if "mins" in change else mn
     for fn in (qmm.quant_matmul, qref.quant_matmul_reference):
         with pytest.raises(ValueError, match=match):
