@@ -79,8 +79,8 @@ throughput() {
 export PY
 export -f install_project engine_tests throughput
 step install 70 install_project
-step kernel_tests 145 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
-step quant_tests 55 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
+step kernel_tests 140 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
+step quant_tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
 step engine_tests 110 engine_tests
 step bench_kernels 65 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step bench_quant 75 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
