@@ -3,12 +3,15 @@
 #   1. install the project (pip install -e .[test]; offline machines fall back to --no-deps;
 #      SKIP_INSTALL=1 skips this)
 #   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset)
-#   3. the engine-vs-transformers equality tests with the Triton backend, where present
-#   4. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
-#   5. bench/throughput.py --device cuda --quick, where present
+#   3. the quantized-matmul kernel tests (tests/test_quant_kernels.py), compiled
+#   4. the engine-vs-transformers equality tests with the Triton backend, where present
+#   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
+#   6. bench/gpu_quant.py: int8/int4 weight-only matmul vs fp16, batch-1 weight bandwidth
+#   7. bench/throughput.py --device cuda --quick, where present
 # Each step has its own timeout and a share of one overall deadline; a failing step does not stop
 # the others. Results go to $OUT if set, else bench/results/: gpu_check.json (per step: exit
-# status, seconds), gpu_check.log (all output), gpu_kernels.json (the kernel benchmark).
+# status, seconds), gpu_check.log (all output), gpu_kernels.json and gpu_quant.json (the kernel
+# benchmarks).
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -75,13 +78,15 @@ throughput() {
 
 export PY
 export -f install_project engine_tests throughput
-step install 100 install_project
-step kernel_tests 170 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
-step engine_tests 140 engine_tests
-step bench_kernels 90 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
-step throughput 70 throughput
+step install 70 install_project
+step kernel_tests 140 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
+step quant_tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
+step engine_tests 110 engine_tests
+step bench_kernels 65 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
+step bench_quant 75 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
+step throughput 50 throughput
 
 printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"
-echo "wrote $DEST/gpu_check.json, $DEST/gpu_check.log, $DEST/gpu_kernels.json"
+echo "wrote gpu_check.json, gpu_check.log, gpu_kernels.json, gpu_quant.json in $DEST"
 grep -q '"rc": [1-9]' "$DEST/gpu_check.json" && exit 1
 exit 0

@@ -84,6 +84,18 @@ def _copy_blocks(dt):
         CHUNK=ops.COPY_CHUNK)
 
 
+def _quant(kind, dt, bits, group, block_m, block_n, sub_k, unroll):
+    from . import triton_quant_matmul as qmm
+    scale = "fp16" if dt == "fp16" else "fp32"
+    pointers = dict(x_ptr=dt, q_ptr="i8" if bits == 8 else "u8", s_ptr=scale, mn_ptr=scale,
+                    y_ptr=dt if kind == "prefill" else "fp32")
+    consts = dict(GROUP=group, BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, SUB_K=sub_k,
+                  UNROLL=unroll, DOT_F32=False, PREC="ieee" if dt == "fp32" else "tf32")
+    if kind == "prefill":
+        return qmm._prefill_kernel, pointers, (), consts
+    return qmm._decode_kernel, pointers, (), dict(consts, USE_DOT=block_m >= 16)
+
+
 CONFIGS = {
     "decode split fp16 gqa4 bs16 d128": lambda: _decode("fp16", 4, 16, 128, True),
     "decode plain bf16 gqa1 bs8 d64": lambda: _decode("bf16", 1, 8, 64, False),
@@ -94,9 +106,17 @@ CONFIGS = {
     "prefill fp32 gqa1 bs8 d64": lambda: _prefill("fp32", 1, 8, 64),
     "write_kv fp32->fp16 bs16 d80": lambda: _write_kv("fp32", "fp16", 16, 80),
     "copy_blocks bf16": lambda: _copy_blocks("bf16"),
+    "qmm decode int4 fp16 g128 m1": lambda: _quant("decode", "fp16", 4, 128, 1, 16, 128, 2),
+    "qmm decode int8 bf16 m16 dot": lambda: _quant("decode", "bf16", 8, 1, 16, 64, 256, 1),
+    "qmm decode int4 fp32 g32 m4": lambda: _quant("decode", "fp32", 4, 32, 4, 4, 32, 8),
+    "qmm prefill int4 fp16 g32 128x128": lambda: _quant("prefill", "fp16", 4, 32, 128, 128, 32,
+                                                         2),
+    "qmm prefill int8 bf16 64x64": lambda: _quant("prefill", "bf16", 8, 1, 64, 64, 64, 1),
+    "qmm prefill int4 fp32 g64 32x64": lambda: _quant("prefill", "fp32", 4, 64, 32, 64, 64, 1),
 }
 # one configuration per kernel, the cheapest to compile: what the test suite runs
-QUICK = ("decode split fp16", "reduce", "prefill fp16", "write_kv", "copy_blocks")
+QUICK = ("decode split fp16", "reduce", "prefill fp16", "write_kv", "copy_blocks",
+         "qmm decode int4 fp16", "qmm prefill int4 fp16")
 
 
 def main(argv=None) -> int:
