@@ -3,7 +3,8 @@ OpenAI-compatible server whose reply holds a Markdown image, an <img>, a `javasc
 an ordinary link, all pointing at the fake server's own /leak/ paths. The fake server records
 every path it is asked for, and the browser records every request it sends.
 
-Checks: the reply renders; no request reaches /leak/ (neither from the browser nor anywhere
+The app runs with `--password`: the browser without credentials gets 401, with them (its Basic
+login) the whole UI works. Checks: the reply renders; no request reaches /leak/ (neither from the browser nor anywhere
 else); the browser asks nothing of any origin but the app's; no clickable `javascript:` link
 and no <img> pointing outside the page; the ordinary link opens in a new tab with
 rel="noopener noreferrer"; the page carries the Content-Security-Policy and the browser reports
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM = "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "artifacts" / "ui"
+PASSWORD = "let me in"
 BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
                 "--no-first-run", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync"]
@@ -112,7 +115,8 @@ def app_url(fake, tmp_path_factory):
     log = tmp_path_factory.mktemp("untrusted") / "app.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, str(REPO / "app.py"), "--backend", fake.base + "/v1",
-                             "--data-dir", str(log.parent / "data"), "--port", str(port)],
+                             "--data-dir", str(log.parent / "data"), "--port", str(port),
+                             "--password", PASSWORD],
                             cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     deadline = time.monotonic() + 150
@@ -120,6 +124,8 @@ def app_url(fake, tmp_path_factory):
         assert proc.poll() is None, f"the app exited:\n{log.read_text()[-3000:]}"
         try:
             urllib.request.urlopen(url + "config", timeout=2)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401, exc                 # up, and asking for the login
             break
         except OSError:
             assert time.monotonic() < deadline, f"the app did not come up:\n{log.read_text()}"
@@ -134,7 +140,13 @@ def test_a_hostile_reply_causes_no_request_and_no_script(fake, app_url):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        anonymous = browser.new_page()
+        with pytest.raises(Exception, match="ERR_INVALID_AUTH_CREDENTIALS"):
+            anonymous.goto(app_url)                                # no login, no page
+        anonymous.close()
+        context = browser.new_context(viewport={"width": 1280, "height": 900},
+                                      http_credentials={"username": "me", "password": PASSWORD})
+        page = context.new_page()
         page.set_default_timeout(60_000)
         requests, console, errors = [], [], []
         page.on("request", lambda r: requests.append(r.url))
