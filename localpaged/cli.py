@@ -100,10 +100,9 @@ def build(args: argparse.Namespace):
 def _guard_policy(args: argparse.Namespace):
     """Host/origin checks and the login (the password; the API key too when /v1 is ours)."""
     from localpaged.api.guard import GuardPolicy
-    from localpaged.api.security import resolve_api_key, resolve_password
-    secrets = [resolve_password(args.password)]
-    if not args.backend:
-        secrets.append(resolve_api_key(args.api_key))
+    from localpaged.api.security import login_secrets, resolve_api_key, resolve_password
+    api_key = None if args.backend else resolve_api_key(args.api_key)    # else: the remote's key
+    secrets = login_secrets(args.host, resolve_password(args.password), api_key)
     return GuardPolicy.for_bind(args.host, args.allowed_hosts.split(","), secrets)
 
 
@@ -164,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _display_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"[{host}]" if ":" in host else host          # an IPv6 address in a URL
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ from fastapi import FastAPI
 from localpaged.api import (ServedModel, check_bind_safety, create_api, install_error_handlers,
                             resolve_api_key)
 from localpaged.api.guard import GuardPolicy, guard_app
-from localpaged.api.security import OPEN_FLAG, require_login_for_bind, resolve_password
+from localpaged.api.security import (OPEN_FLAG, login_secrets, require_login_for_bind,
+                                     resolve_password)
 from localpaged.api.served import as_served
 from localpaged.async_engine import AsyncEngine
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO)
     api_key = resolve_api_key(args.api_key)
     policy = GuardPolicy.for_bind(args.host, args.allowed_hosts.split(","),
-                                  [resolve_password(args.password), api_key])
+                                  login_secrets(args.host, resolve_password(args.password), api_key))
     try:
         require_login_for_bind(args.host, list(policy.secrets), args.open_public)
     except ValueError as exc:

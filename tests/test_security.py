@@ -19,7 +19,7 @@ import pytest
 
 from localpaged import cli
 from localpaged.api.guard import CSP, GuardPolicy, host_name
-from localpaged.api.security import require_login_for_bind
+from localpaged.api.security import login_secrets, require_login_for_bind
 from localpaged.server import make_server, start_in_thread
 
 PASSWORD = "correct horse"
@@ -167,5 +167,14 @@ def test_host_names_and_policy():
     assert not p.host_allowed("") and not p.host_allowed("10.0.0.77")
     assert GuardPolicy.for_bind("0.0.0.0").host_allowed(socket.gethostname())
     assert not p.origin_allowed("http://localhost:1", "localhost:2")
-    assert p.origin_allowed("http://box.lan", "127.0.0.1:2")
+    assert not p.origin_allowed("http://10.0.0.7:3000", "10.0.0.7:7860")   # another app, same box
+    assert p.origin_allowed("http://box.lan", "127.0.0.1:2")               # an --allowed-hosts name
+    assert p.origin_allowed("http://10.0.0.7:7860", "10.0.0.7:7860")
     assert not p.origin_allowed("file://", "localhost:2")
+
+
+def test_which_secrets_log_in():
+    assert login_secrets("127.0.0.1", None, "key") == []           # loopback: /v1 alone wants it
+    assert login_secrets("127.0.0.1", "pw", "key") == ["pw", "key"]
+    assert login_secrets("0.0.0.0", None, "key") == ["key"]         # public: the key is the login
+    assert login_secrets("0.0.0.0", None, None) == []

@@ -94,16 +94,20 @@ class GuardPolicy:
 
     allowed_hosts: frozenset[str]
     secrets: tuple[str, ...] = field(default=())
+    # Origins from these names (any port) are accepted though they differ from the Host header:
+    # the `--allowed-hosts` names, e.g. a reverse proxy's public name.
+    origin_hosts: frozenset[str] = field(default=frozenset())
 
     @classmethod
     def for_bind(cls, bind_host: str, allowed_hosts: list[str] | tuple[str, ...] = (),
                  secrets: list[str | None] | tuple[str | None, ...] = ()) -> "GuardPolicy":
-        names = {*LOOPBACK_NAMES, *(host_name(h) for h in allowed_hosts if h.strip())}
+        extra = frozenset(host_name(h) for h in allowed_hosts if h.strip())
+        names = {*LOOPBACK_NAMES, *extra}
         if host_name(bind_host) in ("0.0.0.0", "::", ""):   # every interface: this machine's names
             names |= _own_names()
         else:
             names.add(host_name(bind_host))
-        return cls(frozenset(names), tuple(s for s in secrets if s))
+        return cls(frozenset(names), tuple(s for s in secrets if s), extra)
 
     def host_allowed(self, host: str | None) -> bool:
         return bool(host) and host_name(host) in self.allowed_hosts
@@ -113,7 +117,7 @@ class GuardPolicy:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             return False                             # "null", file:, chrome-extension: ...
         return parts.netloc.lower() == host.strip().lower() \
-            or host_name(parts.netloc) in (self.allowed_hosts - set(LOOPBACK_NAMES))
+            or host_name(parts.netloc) in self.origin_hosts
 
     def authorized(self, authorization: str | None) -> bool:
         if not self.secrets:

@@ -15,7 +15,7 @@ PASSWORD_ENV = "LOCALPAGED_PASSWORD"
 OPEN_FLAG = "--no-login-i-know-this-is-public"
 
 __all__ = ["API_KEY_ENV", "PASSWORD_ENV", "OPEN_FLAG", "is_loopback", "resolve_api_key",
-           "resolve_password", "check_bind_safety", "require_login_for_bind"]
+           "resolve_password", "check_bind_safety", "login_secrets", "require_login_for_bind"]
 
 
 def _resolve(cli_value: str | None, env: str) -> str | None:
@@ -40,6 +40,16 @@ def check_bind_safety(host: str, api_key: str | None) -> bool:
     logger.warning("serving on %s without an API key: anyone who can reach this address can use "
                    "the model. Set --api-key or %s, or bind 127.0.0.1.", host, API_KEY_ENV)
     return False
+
+
+def login_secrets(host: str, password: str | None, api_key: str | None) -> list[str]:
+    """What logs a request in on every route: the password when set; the API key too when a
+    password is set or the bind is not loopback (on loopback with a key alone, only /v1 asks for
+    the key, as before, and the UI stays open to this machine)."""
+    secrets = [password] if password else []
+    if api_key and (password or not is_loopback(host)):
+        secrets.append(api_key)
+    return secrets
 
 
 def require_login_for_bind(host: str, secrets: list[str | None], open_ok: bool = False) -> None:
