@@ -73,6 +73,18 @@ def test_images_become_link_text_naming_the_host():
     assert render.escape_markdown("![x](data:image/png;base64,AAAA)") == "🖼 image: x (not loaded)"
 
 
+def test_an_error_in_a_reply_footer_is_defused():
+    from localpaged.ui.store import Message
+    msg = Message(id=1, conversation_id=1, parent_id=None, role="assistant", content="",
+                  created=0.0, sampling={}, active_child_id=None, status="stopped",
+                  stats={"error": "server said ![x](https://evil.example/e.png) <img src=y>"})
+    md = MarkdownIt("commonmark", {"html": True})
+    md.validateLink = lambda url: True
+    parser = Elements()
+    parser.feed(md.render(render.footer(msg, (1, 1))))
+    assert [t for t, _ in parser.tags] == ["p", "a"]        # the image is a link, the tag text
+
+
 def test_safe_markdown_keeps_its_meaning():
     text = ("**bold** [docs](https://docs.example/a_(b)?x=1&y=2) and <b>\n\n"
             "```python\nprint('<img src=x>')\n```\n`![not an image](https://a.b)`")

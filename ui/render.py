@@ -118,7 +118,7 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
             bits.append(fmt_stats(stats))
-    return html.escape(" · ".join(bits), quote=False)
+    return _defuse(html.escape(" · ".join(bits), quote=False))    # errors may quote a server
 
 
 def chat_messages(view: View) -> list[dict[str, str]]:
