@@ -5,6 +5,11 @@ at http://127.0.0.1:7860 unless told otherwise. Never public by default.
 With `--backend URL` the chat talks to a remote OpenAI-compatible server instead of a local
 engine (no /v1 API of our own then; `--api-key` is that server's key). Without it, `--api-key`
 (or $LOCALPAGED_API_KEY) protects our /v1 API.
+
+Security (localpaged.api.guard): every route refuses foreign Host headers and foreign origins;
+a non-loopback --host needs a login (--password, or --api-key) unless
+--no-login-i-know-this-is-public is given. One app per data dir (localpaged.instance_lock): a
+second start exits with the running one's URL.
 """
 
 from __future__ import annotations
