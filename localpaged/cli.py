@@ -5,6 +5,11 @@ at http://127.0.0.1:7860 unless told otherwise. Never public by default.
 With `--backend URL` the chat talks to a remote OpenAI-compatible server instead of a local
 engine (no /v1 API of our own then; `--api-key` is that server's key). Without it, `--api-key`
 (or $LOCALPAGED_API_KEY) protects our /v1 API.
+
+Security (localpaged.api.guard): every route refuses foreign Host headers and foreign origins;
+a non-loopback --host needs a login (--password, or --api-key) unless
+--no-login-i-know-this-is-public is given. One app per data dir (localpaged.instance_lock): a
+second start exits with the running one's URL.
 """
 
 from __future__ import annotations
@@ -42,6 +47,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=None,
                    help="key of the remote --backend; else the key our /v1 API requires "
                         "(or $LOCALPAGED_API_KEY)")
+    p.add_argument("--allowed-hosts", default="", metavar="NAMES",
+                   help="comma-separated extra host names the page may be reached by (besides "
+                        "the bound address, localhost, 127.0.0.1, [::1]); others get 403")
+    p.add_argument("--password", default=None,
+                   help="login for the UI and the API (browser prompt; any user name), or "
+                        "$LOCALPAGED_PASSWORD; required to bind a non-loopback address unless "
+                        "--api-key is set")
+    p.add_argument("--no-login-i-know-this-is-public", dest="open_public", action="store_true",
+                   help="serve a non-loopback address WITHOUT a login: anyone who can reach it "
+                        "reads and writes your conversations")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
 
@@ -50,6 +65,8 @@ def build(args: argparse.Namespace):
     """Everything but the server: (FastAPI app, controller, model manager, store)."""
     import gradio as gr
 
+    from localpaged.api.guard import guard_app
+    from localpaged.instance_lock import InstanceLock
     from localpaged.loader import DEFAULT_MODEL
     from localpaged.ui.app import CSS, THEME, build_demo
     from localpaged.ui.controller import ChatController
@@ -58,6 +75,8 @@ def build(args: argparse.Namespace):
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
+    # The lock first: only its holder may mark 'streaming' replies interrupted (no live writer).
+    lock = InstanceLock.acquire(data_dir, f"http://{_display_host(args.host)}:{args.port}/")
     store = Store(data_dir / DB_FILENAME)
     store.mark_interrupted()
     if args.backend:
@@ -77,8 +96,19 @@ def build(args: argparse.Namespace):
     demo = build_demo(ctl, models)
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)
+    guard_app(app, _guard_policy(args))
+    app.state.instance_lock = lock
     log.info("conversations in %s", store.path)
     return app, ctl, models, store
+
+
+def _guard_policy(args: argparse.Namespace):
+    """Host/origin checks and the login (the password; the API key too when /v1 is ours)."""
+    from localpaged.api.guard import GuardPolicy
+    from localpaged.api.security import login_secrets, resolve_api_key, resolve_password
+    api_key = None if args.backend else resolve_api_key(args.api_key)    # else: the remote's key
+    secrets = login_secrets(args.host, resolve_password(args.password), api_key)
+    return GuardPolicy.for_bind(args.host, args.allowed_hosts.split(","), secrets)
 
 
 def _remote_factory(url: str, api_key: str | None):
@@ -109,15 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
+
+    from localpaged.instance_lock import InstanceRunning
     try:
+        policy = _guard_policy(args)
+        from localpaged.api.security import require_login_for_bind
+        require_login_for_bind(args.host, list(policy.secrets), args.open_public)
         app, ctl, models, store = build(args)
+    except InstanceRunning as exc:
+        log.error("%s", exc)
+        return 2
     except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
         log.error("cannot start: %s", exc)
         log.debug("start-up failure", exc_info=True)
         return 1
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("serving on %s: the chat UI has no login; anyone who can reach this "
-                    "address can read and write your conversations", args.host)
     log.info("chat UI at http://%s:%d", _display_host(args.host), args.port)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
@@ -128,11 +163,13 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()
         store.close()
+        app.state.instance_lock.release()
     return 0
 
 
 def _display_host(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"[{host}]" if ":" in host else host          # an IPv6 address in a URL
 
 
 if __name__ == "__main__":

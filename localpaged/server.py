@@ -7,6 +7,9 @@ UI, Gradio at "/"), served by uvicorn.
 
 `app.state.served` (a ServedModel) is what the API serves; `swap` it to switch models.
 
+`guard_app(app, GuardPolicy.for_bind(host, ...))` puts the Host/Origin checks, the login and the
+security headers in front of every route (localpaged.api.guard).
+
 `python -m localpaged.server --model PATH` serves the API alone.
 """
 
@@ -22,6 +25,9 @@ from fastapi import FastAPI
 
 from localpaged.api import (ServedModel, check_bind_safety, create_api, install_error_handlers,
                             resolve_api_key)
+from localpaged.api.guard import GuardPolicy, guard_app
+from localpaged.api.security import (OPEN_FLAG, login_secrets, require_login_for_bind,
+                                     resolve_password)
 from localpaged.api.served import as_served
 from localpaged.async_engine import AsyncEngine
 
@@ -77,13 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", default=None, help="or $LOCALPAGED_API_KEY")
+    parser.add_argument("--password", default=None, help="login, or $LOCALPAGED_PASSWORD")
+    parser.add_argument("--allowed-hosts", default="", help="extra Host names, comma-separated")
+    parser.add_argument(OPEN_FLAG, dest="open_public", action="store_true",
+                        help="serve a non-loopback address WITHOUT a login")
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
+    api_key = resolve_api_key(args.api_key)
+    policy = GuardPolicy.for_bind(args.host, args.allowed_hosts.split(","),
+                                  login_secrets(args.host, resolve_password(args.password), api_key))
+    try:
+        require_login_for_bind(args.host, list(policy.secrets), args.open_public)
+    except ValueError as exc:
+        parser.error(str(exc))
     llm = LLM(args.model, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs)
     engine = AsyncEngine(llm.engine)
-    app = build_app(engine, args.served_model_name or args.model, resolve_api_key(args.api_key))
+    app = guard_app(build_app(engine, args.served_model_name or args.model, api_key), policy)
     try:
         serve(app, args.host, args.port)
     finally:

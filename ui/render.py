@@ -2,10 +2,14 @@
 Markdown, `‹ 2/3 ›` markers at branch points, a stats line under each reply), sidebar choices
 and the small status texts.
 
-Safety: chat text is untrusted. Outside code spans and fenced blocks, `&`, `<` and `>` are
-escaped, so HTML and scripts in a message show as text (inside code, Markdown itself escapes);
-the Chatbot's own sanitizer stays on as a second line of defence. The only markup added here
-is built from numbers and fixed strings.
+Safety: chat text is untrusted, and rendering it must never make the browser send a request.
+Outside code spans and fenced blocks, `&`, `<` and `>` are escaped, so HTML and scripts in a
+message show as text (inside code, Markdown itself escapes); a Markdown image becomes a link-text
+placeholder naming its host (never loaded); a link whose destination is not http(s) loses its
+link syntax (no javascript:, data:, relative or obfuscated URLs), and so does a reference
+definition. The Chatbot's own sanitizer and the page's Content-Security-Policy (api/guard.py)
+stay on as further lines of defence. The only markup added here is built from numbers and
+fixed strings.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ from .store import Conversation, Message
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+# ![alt](<url> "title"): alt without unescaped brackets, url without spaces or parentheses.
+_IMAGE = re.compile(r"!\[((?:[^\[\]\\]|\\.)*)\]\(\s*<?([^\s<>()]*)>?"
+                    r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)")
+_LINK_OPEN = re.compile(r"\]\(\s*")                      # where an inline link's destination starts
+_REF_DEF = re.compile(r"^( {0,3})\[(?=[^\]]+\]:\s*)")    # "[label]: destination" at a line start
+_HTTP = re.compile(r"<?https?://", re.I)
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
 
@@ -51,13 +61,35 @@ def _escape_info(line: str, end: int) -> str:
 
 
 def _escape_inline(line: str) -> str:
+    m = _REF_DEF.match(line)
+    if m and not _HTTP.match(line[line.index("]:") + 2:].lstrip()):
+        line = m.group(1) + "\\" + line[len(m.group(1)):]     # "\[label]: ..." is plain text
     parts, pos = [], 0
     for m in _INLINE_CODE.finditer(line):
-        parts.append(html.escape(line[pos:m.start()], quote=False))
+        parts.append(_defuse(html.escape(line[pos:m.start()], quote=False)))
         parts.append(m.group(0))
         pos = m.end()
-    parts.append(html.escape(line[pos:], quote=False))
+    parts.append(_defuse(html.escape(line[pos:], quote=False)))
     return "".join(parts)
+
+
+def _defuse(text: str) -> str:
+    """Markdown text (outside code) with no image and no non-http(s) inline link left."""
+    text = _IMAGE.sub(_image_placeholder, text)
+    text = text.replace("![", "!\\[")                      # any other image form: not an image
+    return _LINK_OPEN.sub(lambda m: m.group(0) if _HTTP.match(text, m.end())
+                          else "\\" + m.group(0), text)
+
+
+def _image_placeholder(m: re.Match) -> str:
+    """`![alt](url)` -> `[🖼 image: alt (host.example, not loaded)](url)`: a link the user may
+    click (a new tab), never an image the browser fetches; text only when url is not http(s)."""
+    alt, url = m.group(1).strip() or "image", m.group(2)
+    if not _HTTP.match(url):
+        return f"🖼 image: {alt} (not loaded)"
+    host = re.sub(r"^<?https?://", "", url, flags=re.I).split("/")[0].split("?")[0]
+    host = re.sub(r"[\[\]()\\`*_]", "", host)
+    return f"[🖼 image: {alt} ({host}, not loaded)]({url})"
 
 
 def fmt_stats(stats: dict[str, Any]) -> str:
@@ -86,7 +118,7 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
             bits.append(fmt_stats(stats))
-    return html.escape(" · ".join(bits), quote=False)
+    return _defuse(html.escape(" · ".join(bits), quote=False))    # errors may quote a server
 
 
 def chat_messages(view: View) -> list[dict[str, str]]:
