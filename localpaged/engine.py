@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from localpaged import beam_search, loader
+from localpaged import beam_search, loader, prompt_logprobs
 from localpaged.attention import get_backend
 from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
@@ -156,7 +156,8 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
-        logits, rows = self.runner.execute(out)
+        logits, rows, prompt_lps = self.runner.execute(out)
+        prompt_logprobs.record(out.scheduled, prompt_lps)
         self.num_tokens_computed += out.num_tokens
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
@@ -236,7 +237,9 @@ class LLMEngine:
                                  max(0, group.num_cached_tokens),
                                  sum(s.num_output_tokens for s in group.seqs))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             group.is_finished, metrics)
+                             group.is_finished, metrics,
+                             list(group.prompt_logprobs) if group.params.prompt_logprobs is not None
+                             else None)
 
     @staticmethod
     def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:

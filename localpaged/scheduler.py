@@ -160,7 +160,8 @@ class Scheduler:
         """Prefix-cache lookup and block allocation for a waiting group; all or nothing."""
         done: list[Sequence] = []
         for seq in group.unfinished_seqs():
-            hits = self.kv.find_cached_prefix(seq)
+            # prompt logprobs need every prompt position's logits: no prefix-cache hits then
+            hits = [] if group.needs_prompt_logprobs else self.kv.find_cached_prefix(seq)
             n = min(seq.num_uncomputed_tokens - len(hits) * self.kv.block_size, budget)
             if not self.kv.can_admit(self.kv.blocks_needed(seq, n, len(hits) * self.kv.block_size), hits) \
                     or not self.kv.allocate_slots(seq, n, hits):
