@@ -245,7 +245,8 @@ class LLMEngine:
     def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
         return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
                                 seq.finish_reason, seq.stop_reason,
-                                seq.logprobs if p.logprobs is not None else None,
+                                # a copy: the engine thread appends while a stream reads
+                                list(seq.logprobs) if p.logprobs is not None else None,
                                 seq.cumulative_logprob)
 
     # ---- introspection ------------------------------------------------------------------------
