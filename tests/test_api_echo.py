@@ -9,38 +9,14 @@ same request without echo; `max_tokens=0` returns the prompt alone; the payload 
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 import torch
 from engine_helpers import hf_greedy, hf_model
-from test_api import MODEL, make_engine, start_server, stop_server, wait_idle, words
+from test_api import MODEL, words
+# the API tests' fixtures: a module-scoped engine and server of our own, no block left held
+from test_api import _no_blocks_leak, base_url, client, engine  # noqa: F401
 
 ATOL = 2e-4
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = make_engine(tiny_llama)
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def base_url(engine):
-    url, server = start_server(engine)
-    yield url
-    stop_server(server)
-
-
-@pytest.fixture(autouse=True)
-def _idle_after(engine):
-    yield
-    wait_idle(engine)
-
-
-@pytest.fixture(scope="module")
-def client(base_url):
-    return openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def hf_logprobs(path: str, ids: list[int]) -> torch.Tensor:
