@@ -81,7 +81,8 @@ def compute(model, hidden: torch.Tensor, items) -> dict[int, list[TokenLogprob]]
         for j in range(hi - lo):
             i, k = lo + j, want.top_k[lo + j]
             top = dict(zip(top_ids[j][:k], top_values[j][:k]))
-            found.setdefault(want.seq_ids[i], []).append(TokenLogprob(want.targets[i], chosen[j], top))
+            entry = TokenLogprob(want.targets[i], chosen[j], top)
+            found.setdefault(want.seq_ids[i], []).append(entry)
     return found
 
 

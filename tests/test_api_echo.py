@@ -2,7 +2,8 @@
 
 Checked through the official openai client and raw HTTP against a real server over the tiny
 model: prompt logprobs equal log_softmax of transformers' logits; the completion part equals the
-same request without echo; `max_tokens=0` returns the prompt alone; the payload lm-eval's
+same request without echo; `max_tokens=0` returns the prompt alone; streamed chunks join into the
+whole response; the payload lm-eval's
 `local-completions` sends for log-likelihood requests is parsed as lm-eval parses it.
 """
 
@@ -92,9 +93,33 @@ def test_max_tokens_zero_echo_returns_prompt_only_for_each_choice(client):
     assert without.choices[0].text.startswith(text) and without.choices[0].logprobs is None
 
 
+@pytest.mark.parametrize("max_tokens", [3, 0])
+def test_streamed_echo_equals_whole_response(client, max_tokens):
+    """Streaming puts the prompt and its logprobs in each choice's first chunk; joined, the
+    chunks equal the whole response (greedy, n = 2)."""
+    kw = dict(model=MODEL, prompt=words(7, 15), max_tokens=max_tokens, temperature=0, n=2,
+              logprobs=1, echo=True)
+    whole = client.completions.create(**kw).choices
+    text, reasons = {0: "", 1: ""}, {}
+    tokens, lps, offsets = ({0: [], 1: []} for _ in range(3))
+    for chunk in client.completions.create(stream=True, **kw):
+        for c in chunk.choices:
+            text[c.index] += c.text
+            if c.logprobs:
+                tokens[c.index] += c.logprobs.tokens
+                lps[c.index] += c.logprobs.token_logprobs
+                offsets[c.index] += c.logprobs.text_offset
+            reasons[c.index] = c.finish_reason or reasons.get(c.index)
+    for c in whole:
+        assert text[c.index] == c.text
+        assert tokens[c.index] == c.logprobs.tokens
+        assert lps[c.index] == pytest.approx(c.logprobs.token_logprobs, abs=1e-6)
+        assert offsets[c.index] == c.logprobs.text_offset
+        assert reasons[c.index] == c.finish_reason == "length"
+
+
 @pytest.mark.parametrize("changes,param", [
     ({"max_tokens": 0}, "max_tokens"),                       # 0 only with echo
-    ({"echo": True, "stream": True}, "echo"),
     ({"echo": True, "logprobs": 21}, "logprobs"),
     ({"echo": True, "logprobs": -1}, "logprobs"),
     ({"echo": True, "max_tokens": -1}, "max_tokens"),

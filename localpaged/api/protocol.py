@@ -194,9 +194,6 @@ class CompletionRequest(_Common):
 
     def sampling_params(self) -> SamplingParams:
         self._check_unsupported()
-        if self.echo and self.stream:
-            raise APIError("echo is not supported with stream=true by this server.",
-                           param="echo", code="unsupported_parameter")
         if self.max_tokens == 0 and not self.echo:
             raise APIError("max_tokens must be at least 1 (0 is allowed only with echo=true).",
                            param="max_tokens", code="invalid_value")

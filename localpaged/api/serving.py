@@ -2,9 +2,10 @@
 
 `Generation` wraps one engine RequestStream. `collect()` waits for the final output (aborting the
 request if the client goes away meanwhile); `sse()` yields `data: {...}\\n\\n` chunks carrying
-only what is new since the previous chunk, then `data: [DONE]\\n\\n`. A completion with echo
-puts the prompt (and its tokens' logprobs, the first null) before the generated text. `SSEResponse` makes sure the
+only what is new since the previous chunk, then `data: [DONE]\\n\\n`. `SSEResponse` makes sure the
 engine request is aborted however the response ends (finished, client gone, server error).
+A completion with echo puts the prompt (and its tokens' logprobs, the first null) before the
+generated text, in the whole response or in each choice's first chunk.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ def echo_logprobs(text_of: TokenText, prompt_ids: list[int],
 def without_generation(out: RequestOutput) -> RequestOutput:
     """max_tokens=0 with echo: the engine sampled one token, the response shows none."""
     outputs = [replace(o, text="", token_ids=[], logprobs=[] if o.logprobs is not None else None,
-                       finish_reason="length", stop_reason=None, cumulative_logprob=0.0)
+                       finish_reason="length" if o.finish_reason else None, stop_reason=None,
+                       cumulative_logprob=0.0)
                for o in out.outputs]
     return replace(out, outputs=outputs)
 
@@ -185,15 +187,21 @@ class Generation:
                 "finish_reason": o.finish_reason}
 
     def _echo_choice(self, o: CompletionOutput, out: RequestOutput) -> dict:
+        prompt_text = self._echo_text(out)
+        text, lps = self._with_echo(out, prompt_text, o.text,
+                                    self._logprobs_of(o.logprobs, len(prompt_text)))
+        return {"index": o.index, "text": text, "logprobs": lps, "finish_reason": o.finish_reason}
+
+    def _echo_text(self, out: RequestOutput) -> str:
         p = self.echo.prompt
-        prompt_text = p if isinstance(p, str) else self.text_of.decode(out.prompt_token_ids)
-        lps = None
+        return p if isinstance(p, str) else self.text_of.decode(out.prompt_token_ids)
+
+    def _with_echo(self, out: RequestOutput, prompt_text: str, text: str,
+                   lps: dict | None) -> tuple[str, dict | None]:
+        """A choice's (first) text and logprobs with the prompt and its logprobs before them."""
         if self.logprobs and out.prompt_logprobs is not None:
-            completion = self._logprobs_of(o.logprobs, len(prompt_text)) if o.token_ids else None
-            lps = echo_logprobs(self.text_of, out.prompt_token_ids, out.prompt_logprobs,
-                                completion)
-        return {"index": o.index, "text": prompt_text + o.text, "logprobs": lps,
-                "finish_reason": o.finish_reason}
+            lps = echo_logprobs(self.text_of, out.prompt_token_ids, out.prompt_logprobs, lps)
+        return prompt_text + text, lps
 
     # ---- streaming -------------------------------------------------------------------------
     def _chunk(self, choices: list[dict], usage_: dict | None = None) -> str:
@@ -208,12 +216,18 @@ class Generation:
         sent_text = [0] * n
         sent_tokens = [0] * n
         done = [False] * n
+        echoed = [self.echo is None] * n        # echo: the prompt goes first, once per choice
+        prompt_text = ""
         if self.kind == "chat":
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": None, "finish_reason": None} for i in range(n)])
         final: RequestOutput | None = None
         try:
             async for out in self.stream:
+                if self.echo is not None:
+                    prompt_text = prompt_text or self._echo_text(out)
+                    if not self.echo.generate:
+                        out = without_generation(out)
                 final = out
                 choices = []
                 for o in out.outputs:
@@ -221,9 +235,13 @@ class Generation:
                     delta = o.text[sent_text[i]:]
                     new_lps = (o.logprobs or [])[sent_tokens[i]:] if self.logprobs else []
                     newly_done = o.finish_reason is not None and not done[i]
-                    if not (delta or new_lps or newly_done):
+                    if not (delta or new_lps or newly_done or not echoed[i]):
                         continue
-                    lps = self._logprobs_of(new_lps, sent_text[i]) if self.logprobs else None
+                    lps = (self._logprobs_of(new_lps, len(prompt_text) + sent_text[i])
+                           if self.logprobs else None)
+                    if not echoed[i]:
+                        delta, lps = self._with_echo(out, prompt_text, delta, lps)
+                        echoed[i] = True
                     sent_text[i] = max(sent_text[i], len(o.text))
                     sent_tokens[i] = len(o.token_ids)
                     done[i] = done[i] or newly_done
