@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from localpaged import beam_search, loader
+from localpaged import beam_search, loader, prompt_logprobs
 from localpaged.attention import get_backend
 from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
@@ -172,7 +172,8 @@ class LLMEngine:
     # ---- the step -----------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
-        logits, rows = self.runner.execute(out)
+        logits, rows, prompt_lps = self.runner.execute(out)
+        prompt_logprobs.record(out.scheduled, prompt_lps)
         self.num_tokens_computed += out.num_tokens
         result = StepResult()
         touched = self._sample(out, logits, rows, result)
@@ -280,13 +281,16 @@ class LLMEngine:
                                  group.num_cached_tokens or 0,
                                  sum(s.num_output_tokens for s in group.seqs))
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             group.is_finished, metrics)
+                             group.is_finished, metrics,
+                             list(group.prompt_logprobs) if group.params.prompt_logprobs is not None
+                             else None)
 
     @staticmethod
     def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
         return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
                                 seq.finish_reason, seq.stop_reason,
-                                seq.logprobs if p.logprobs is not None else None,
+                                # a copy: the engine thread appends while a stream reads
+                                list(seq.logprobs) if p.logprobs is not None else None,
                                 seq.cumulative_logprob)
 
     # ---- introspection ------------------------------------------------------------------------

@@ -109,9 +109,10 @@ class KVCacheManager:
         need = max(0, total - max(len(table), num_cached // self.block_size))
         return need + int(self._needs_copy(seq))
 
-    def admit(self, seqs: list[Sequence], budget: int) -> list[int] | None:
-        """Admit waiting sequences (no table yet): prefix-cache hits, then up to `budget` new
-        tokens in all, keeping the watermark free; all or nothing.
+    def admit(self, seqs: list[Sequence], budget: int,
+              use_prefix_cache: bool = True) -> list[int] | None:
+        """Admit waiting sequences (no table yet): prefix-cache hits (unless `use_prefix_cache`
+        is off), then up to `budget` new tokens in all, keeping the watermark free; all or nothing.
 
         Returns the number of tokens each sequence got from the prefix cache (now computed), or
         None, with nothing held, when the blocks do not fit.
@@ -119,7 +120,7 @@ class KVCacheManager:
         admitted: list[Sequence] = []
         cached_tokens: list[int] = []
         for seq in seqs:
-            hits = self.find_cached_prefix(seq)
+            hits = self.find_cached_prefix(seq) if use_prefix_cache else []
             num_cached = len(hits) * self.block_size
             n = min(seq.num_uncomputed_tokens - num_cached, budget)
             revived = sum(1 for b in hits if b.ref_count == 0)

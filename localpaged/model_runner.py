@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from localpaged import prompt_logprobs
 from localpaged.attention import AttentionBackend, AttentionMetadata
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
@@ -28,21 +29,23 @@ class ModelRunner:
         self.device = kv_cache.device
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int]]:
-        """Run one step; returns float32 CPU logits [S, V] and, per sampling seq_id, its row."""
+    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int], dict]:
+        """Run one step; returns float32 CPU logits [S, V], per sampling seq_id its row, and
+        the prompt logprobs computed this step per seq_id (prompt_logprobs.compute)."""
         for op in out.block_ops:
             self.kv_cache.apply(op, self.backend)
         items = order_batch(out.scheduled)
         if not items:
-            return None, {}
+            return None, {}, {}
         input_ids, positions, meta = self.prepare(items)
         hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend)
+        prompt_lps = prompt_logprobs.compute(self.model, hidden, items)
         ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
         sampling = [it for it in items if it.samples]
         if not sampling:
-            return None, {}
+            return None, {}, prompt_lps
         logits = self.model.compute_logits(hidden.index_select(0, ends)).float().cpu()
-        return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}
+        return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}, prompt_lps
 
     def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         B = self.kv.block_size

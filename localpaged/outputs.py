@@ -40,6 +40,8 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics
+    # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (as vLLM)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass

@@ -106,6 +106,8 @@ class SequenceGroup:
     num_cached_tokens: int | None = None
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
+    # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
 
     @property
     def width(self) -> int:
@@ -119,6 +121,12 @@ class SequenceGroup:
 
     def params_for_index(self, index: int) -> SamplingParams:
         return self.column_params[index] if self.column_params else self.params
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked for and some are missing: prefill from position 0."""
+        return (self.params.prompt_logprobs is not None
+                and len(self.prompt_logprobs) < len(self.prompt_token_ids))
 
     def unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.is_finished]

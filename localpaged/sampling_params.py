@@ -28,6 +28,7 @@ class SamplingParams:
     max_tokens: int | None = 16         # None: up to the model's context
     ignore_eos: bool = False
     logprobs: int | None = None         # top logprobs per token besides the chosen one
+    prompt_logprobs: int | None = None  # same, for every prompt token (the first gets None)
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
@@ -57,6 +58,9 @@ class SamplingParams:
             ("max_tokens", self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
              "must be an integer >= 1 or None"),
             ("logprobs", self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= 20),
+             "must be an integer in [0, 20] or None"),
+            ("prompt_logprobs", self.prompt_logprobs is None
+             or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
              "must be an integer in [0, 20] or None"),
             ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),

@@ -180,7 +180,9 @@ class Scheduler:
 
     def _admit(self, group: SequenceGroup, budget: int) -> bool:
         """Prefix-cache lookup and block allocation for a waiting group; all or nothing."""
-        cached = self.block_manager.admit(group.unfinished_seqs(), budget)
+        # prompt logprobs need every prompt position's logits: no prefix-cache hits then
+        cached = self.block_manager.admit(group.unfinished_seqs(), budget,
+                                          use_prefix_cache=not group.needs_prompt_logprobs)
         if cached is None:
             return False
         if group.num_cached_tokens is None:          # first admission only

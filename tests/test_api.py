@@ -429,7 +429,6 @@ BAD_REQUESTS = [
     ("chat/completions", _with(OK_CHAT, messages=[{"role": "user", "content": "a\udfff"}]), 400,
      "messages[0].content", "invalid_value"),
     ("completions", _with(OK_COMPLETION, logprobs=True), 400, "logprobs", "invalid_value"),
-    ("completions", _with(OK_COMPLETION, echo=True), 400, "echo", "unsupported_parameter"),
     ("completions", _with(OK_COMPLETION, temperature=float("nan")), 400, "temperature",
      "invalid_value"),
     ("completions", _with(OK_COMPLETION, max_tokens=0), 400, "max_tokens", "invalid_value"),

@@ -2,14 +2,18 @@
 
 Types are strict (a string is not a number, 3.0 is not an integer) and NaN/Infinity are refused,
 so a bad field is answered with a 400 naming it before anything reaches the engine. Fields the
-engine cannot honour (tools, logit_bias, echo, ...) are refused rather than silently ignored;
+engine cannot honour (tools, logit_bias, suffix, ...) are refused rather than silently ignored;
 other unknown fields are ignored, as OpenAI's clients send a few of their own.
+`echo` on /v1/completions returns the prompt before the completion, and with `logprobs` the
+prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allowed with echo
+(log-likelihood clients such as lm-eval's local-completions score a text that way).
 Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,6 +37,13 @@ def check_text(text: str, param: str) -> str:
         raise APIError(f"'{param}' is not valid Unicode text: {exc.reason} at position "
                        f"{exc.start}.", param=param, code="invalid_value") from exc
     return text
+
+
+@dataclass
+class Echo:
+    """What a completion with echo=true returns before its generated text."""
+    prompt: str | list[int]      # the prompt as sent: text, or token ids (decoded for the echo)
+    generate: bool = True        # False for max_tokens=0: the prompt alone, no completion
 
 
 class StreamOptions(BaseModel):
@@ -67,6 +78,9 @@ class _Common(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def echo_request(self) -> Echo | None:
+        return None
 
     def _check_unsupported(self) -> None:
         if self.logit_bias:
@@ -161,7 +175,7 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 class CompletionRequest(_Common):
     prompt: str | TokenIds | list[str] | list[TokenIds]
-    max_tokens: Annotated[int, Field(ge=1)] | None = 16      # OpenAI's default for completions
+    max_tokens: Annotated[int, Field(ge=0)] | None = 16      # OpenAI's default; 0 only with echo
     logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     echo: bool | None = False
     best_of: Annotated[int, Field(ge=1)] | None = None
@@ -180,16 +194,26 @@ class CompletionRequest(_Common):
 
     def sampling_params(self) -> SamplingParams:
         self._check_unsupported()
-        if self.echo:
-            raise APIError("echo is not supported by this server.", param="echo",
-                           code="unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise APIError("max_tokens must be at least 1 (0 is allowed only with echo=true).",
+                           param="max_tokens", code="invalid_value")
         if self.suffix:
             raise APIError("suffix is not supported by this server.", param="suffix",
                            code="unsupported_parameter")
         if self.best_of is not None and self.best_of != (self.n or 1):
             raise APIError("best_of other than n is not supported by this server.",
                            param="best_of", code="unsupported_parameter")
-        return self._sampling(self.max_tokens, self.logprobs)
+        # max_tokens=0: the engine samples one token, which the response leaves out
+        max_tokens = None if self.max_tokens is None else max(1, self.max_tokens)
+        params = self._sampling(max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:
+            params = replace(params, prompt_logprobs=self.logprobs)     # validated again
+        return params
+
+    def echo_request(self) -> Echo | None:
+        if not self.echo:
+            return None
+        return Echo(self.prompt_value(), generate=self.max_tokens != 0)
 
     @property
     def max_tokens_param(self) -> str:

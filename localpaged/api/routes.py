@@ -128,7 +128,8 @@ class _API:
         except ValueError as exc:
             raise from_value_error(exc, prompt_param) from exc
         gen = Generation(stream, kind, model.name, model.text_of,
-                         params.logprobs is not None, body.include_usage, self.recorder)
+                         params.logprobs is not None, body.include_usage, self.recorder,
+                         echo=body.echo_request())
 
         def close() -> None:
             stream.cancel()

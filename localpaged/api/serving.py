@@ -4,6 +4,8 @@
 request if the client goes away meanwhile); `sse()` yields `data: {...}\\n\\n` chunks carrying
 only what is new since the previous chunk, then `data: [DONE]\\n\\n`. `SSEResponse` makes sure the
 engine request is aborted however the response ends (finished, client gone, server error).
+A completion with echo puts the prompt (and its tokens' logprobs, the first null) before the
+generated text, in the whole response or in each choice's first chunk.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from functools import lru_cache
 
 from starlette.requests import Request
@@ -21,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
+from localpaged.api.protocol import Echo
 from localpaged.async_engine import RequestStream
 from localpaged.outputs import CompletionOutput, RequestOutput
 from localpaged.request import TokenLogprob
@@ -34,11 +38,16 @@ class TokenText:
     """The text of single tokens, for logprobs (cached: the vocabulary is fixed)."""
 
     def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
         self._decode = lru_cache(maxsize=65536)(
             lambda tid: tokenizer.decode([tid], skip_special_tokens=False))
 
     def __call__(self, token_id: int) -> str:
         return self._decode(token_id)
+
+    def decode(self, token_ids: list[int]) -> str:
+        """The text of a whole token sequence (an echoed prompt given as token ids)."""
+        return self._tokenizer.decode(token_ids, skip_special_tokens=False)
 
 
 def _lp(value: float) -> float:
@@ -73,6 +82,27 @@ def completion_logprobs(text_of: TokenText, lps: list[TokenLogprob], offset: int
             "text_offset": offsets}
 
 
+def echo_logprobs(text_of: TokenText, prompt_ids: list[int],
+                  prompt_lps: list[TokenLogprob | None], completion: dict | None) -> dict:
+    """Legacy-completions logprobs of the prompt tokens (the first has none: null), followed
+    by the completion's (`completion`, whose text offsets already follow the prompt's text)."""
+    first = {"tokens": [text_of(prompt_ids[0])], "token_logprobs": [None],
+             "top_logprobs": [None], "text_offset": [0]}
+    rest = completion_logprobs(text_of, [lp for lp in prompt_lps[1:] if lp is not None],
+                               len(first["tokens"][0]))
+    parts = [first, rest] + ([completion] if completion else [])
+    return {key: [v for part in parts for v in part[key]] for key in first}
+
+
+def without_generation(out: RequestOutput) -> RequestOutput:
+    """max_tokens=0 with echo: the engine sampled one token, the response shows none."""
+    outputs = [replace(o, text="", token_ids=[], logprobs=[] if o.logprobs is not None else None,
+                       finish_reason="length" if o.finish_reason else None, stop_reason=None,
+                       cumulative_logprob=0.0)
+               for o in out.outputs]
+    return replace(out, outputs=outputs)
+
+
 def usage(out: RequestOutput) -> dict:
     completion = sum(len(o.token_ids) for o in out.outputs)
     prompt = len(out.prompt_token_ids)
@@ -90,12 +120,14 @@ class Generation:
     """One request on the engine, rendered as a chat or text completion."""
 
     def __init__(self, stream: RequestStream, kind: str, model: str, text_of: TokenText,
-                 logprobs: bool, include_usage: bool, recorder: MetricsRecorder) -> None:
+                 logprobs: bool, include_usage: bool, recorder: MetricsRecorder,
+                 echo: Echo | None = None) -> None:
         self.stream, self.kind, self.model = stream, kind, model
         self.id = stream.request_id
         self.created = int(time.time())
         self.text_of, self.logprobs, self.include_usage = text_of, logprobs, include_usage
         self.recorder = recorder
+        self.echo = echo
         self.object = "chat.completion" if kind == "chat" else "text_completion"
 
     # ---- shared ----------------------------------------------------------------------------
@@ -129,9 +161,11 @@ class Generation:
                 watcher.cancel()
         assert final is not None
         self._record(final)
+        if self.echo is not None and not self.echo.generate:
+            final = without_generation(final)
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "system_fingerprint": None,
-                "choices": [self._choice(o) for o in final.outputs], "usage": usage(final)}
+                "choices": [self._choice(o, final) for o in final.outputs], "usage": usage(final)}
 
     async def _watch(self, request: Request) -> None:
         """Abort the request when its client disconnects before the answer is ready."""
@@ -142,13 +176,32 @@ class Generation:
                 self.stream.cancel()
                 return
 
-    def _choice(self, o: CompletionOutput) -> dict:
+    def _choice(self, o: CompletionOutput, out: RequestOutput) -> dict:
+        if self.echo is not None:
+            return self._echo_choice(o, out)
         lps = self._logprobs_of(o.logprobs)
         if self.kind == "chat":
             return {"index": o.index, "message": {"role": "assistant", "content": o.text},
                     "logprobs": lps, "finish_reason": o.finish_reason}
         return {"index": o.index, "text": o.text, "logprobs": lps,
                 "finish_reason": o.finish_reason}
+
+    def _echo_choice(self, o: CompletionOutput, out: RequestOutput) -> dict:
+        prompt_text = self._echo_text(out)
+        text, lps = self._with_echo(out, prompt_text, o.text,
+                                    self._logprobs_of(o.logprobs, len(prompt_text)))
+        return {"index": o.index, "text": text, "logprobs": lps, "finish_reason": o.finish_reason}
+
+    def _echo_text(self, out: RequestOutput) -> str:
+        p = self.echo.prompt
+        return p if isinstance(p, str) else self.text_of.decode(out.prompt_token_ids)
+
+    def _with_echo(self, out: RequestOutput, prompt_text: str, text: str,
+                   lps: dict | None) -> tuple[str, dict | None]:
+        """A choice's (first) text and logprobs with the prompt and its logprobs before them."""
+        if self.logprobs and out.prompt_logprobs is not None:
+            lps = echo_logprobs(self.text_of, out.prompt_token_ids, out.prompt_logprobs, lps)
+        return prompt_text + text, lps
 
     # ---- streaming -------------------------------------------------------------------------
     def _chunk(self, choices: list[dict], usage_: dict | None = None) -> str:
@@ -163,12 +216,18 @@ class Generation:
         sent_text = [0] * n
         sent_tokens = [0] * n
         done = [False] * n
+        echoed = [self.echo is None] * n        # echo: the prompt goes first, once per choice
+        prompt_text = ""
         if self.kind == "chat":
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": None, "finish_reason": None} for i in range(n)])
         final: RequestOutput | None = None
         try:
             async for out in self.stream:
+                if self.echo is not None:
+                    prompt_text = prompt_text or self._echo_text(out)
+                    if not self.echo.generate:
+                        out = without_generation(out)
                 final = out
                 choices = []
                 for o in out.outputs:
@@ -176,9 +235,13 @@ class Generation:
                     delta = o.text[sent_text[i]:]
                     new_lps = (o.logprobs or [])[sent_tokens[i]:] if self.logprobs else []
                     newly_done = o.finish_reason is not None and not done[i]
-                    if not (delta or new_lps or newly_done):
+                    if not (delta or new_lps or newly_done or not echoed[i]):
                         continue
-                    lps = self._logprobs_of(new_lps, sent_text[i]) if self.logprobs else None
+                    lps = (self._logprobs_of(new_lps, len(prompt_text) + sent_text[i])
+                           if self.logprobs else None)
+                    if not echoed[i]:
+                        delta, lps = self._with_echo(out, prompt_text, delta, lps)
+                        echoed[i] = True
                     sent_text[i] = max(sent_text[i], len(o.text))
                     sent_tokens[i] = len(o.token_ids)
                     done[i] = done[i] or newly_done
