@@ -340,3 +340,22 @@ def test_download_is_skipped_offline(monkeypatch):
     models._download("owner/name", lambda phase, detail: seen.append(phase))
     assert seen == []
     assert models._looks_like_hub_id("owner/name") and not models._looks_like_hub_id("/abs/path")
+
+
+def test_compare_handler_with_own_settings_per_column(ctl):
+    """ui/compare.py's run handler: each column decodes with its own fields; the streamed
+    CompareValues end with each column's text, equal to the same prompt answered alone."""
+    from localpaged.ui.compare import NEW_CONVERSATION, CompareEvents
+    from localpaged.ui.controller import MAX_COLUMNS
+    from localpaged.ui.sampling import SAMPLING_KEYS
+    alone = run(ctl.send(ctl.new_conversation().id, P1)).replies[0].text
+    short = {**GREEDY, "max_tokens": 5}
+    per_column = [tuple(GREEDY[k] for k in SAMPLING_KEYS), tuple(short[k] for k in SAMPLING_KEYS)]
+    per_column += [per_column[0]] * (MAX_COLUMNS - 2)
+    steps = list(CompareEvents(ctl).run(NEW_CONVERSATION, P1, 2, True, per_column))
+    last = steps[-1]
+    assert last.prompt == "" and len(last.outs) == len(last.picks) == MAX_COLUMNS
+    assert last.outs[0] == render.escape_markdown(alone) and last.outs[2:] == [""] * (MAX_COLUMNS - 2)
+    replies = [ctl.message(m) for m in last.state["messages"]]
+    assert [r.stats["generated_tokens"] for r in replies] == [24, 5]
+    assert [r.sampling["max_tokens"] for r in replies] == [24, 5]

@@ -72,3 +72,11 @@ def test_compare_values_and_a_wrong_count(page):
     assert all(_is_skip(by_comp[id(c)]) for c in cmp.stats + [cmp.prompt])
     with pytest.raises(ValueError, match="outs"):
         flatten(cmp, CompareValues(outs=texts[:-1]))
+
+
+def test_sampling_fields_in_key_order():
+    from localpaged.ui.sampling import from_fields
+    assert from_fields((0.5, 0.9, 3, 0.1, 7, 9)) == {
+        "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "seed": 7, "max_tokens": 9}
+    with pytest.raises(ValueError, match="temperature, top_p"):
+        from_fields((0.5, 0.9))

@@ -5,7 +5,8 @@ from a provider so the model can be swapped): conversations (new, rename, delete
 settings, export), the message tree (switch siblings, pick a compare column, fork), and
 generation (send, regenerate, edit, compare, stop), which runs as `generation.Turn`s, at most
 one per conversation and any number at once across conversations. It returns store rows and
-Turns, never Gradio objects, so it is tested without a browser; `app.py` renders what it returns.
+Turns, never Gradio objects, so it is tested without a browser; every UI handler reads and
+writes through it (the feature modules listed in `app.py` render what it returns).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 from localpaged.chat_backend import ChatBackend
 
 from .generation import LiveReply, Turn
+from .open_tabs import OpenTabsFile
 from .sampling import clean_sampling, sampling_record, to_params
 from .store import Conversation, Message, Store
 
@@ -61,7 +63,7 @@ class ChatController:
         self.store = store
         self._backend = backend
         self.default_sampling = clean_sampling(default_sampling)
-        self.state_file = Path(state_file) if state_file else None
+        self._open_tabs = OpenTabsFile(state_file)
         self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
         self._starting: set[int] = set()           # conversations whose turn is being set up
         self._lock = threading.Lock()
@@ -287,22 +289,13 @@ class ChatController:
         path = self.store.path_to(last_id) if last_id is not None else []
         return chat_prompt(self.store.get_conversation(cid).system_prompt, path)
 
-    # ---- open tabs, remembered across reloads and restarts ----------------------------------
+    # ---- open tabs, remembered across reloads and restarts (open_tabs.py) ------------------
     def open_tabs(self) -> list[int]:
-        try:
-            cids = json.loads(self.state_file.read_text())["open"] if self.state_file else []
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
         alive = {c.id for c in self.store.list_conversations()}
-        return [c for c in cids if isinstance(c, int) and c in alive]
+        return [c for c in self._open_tabs.read() if c in alive]
 
     def save_open_tabs(self, cids: list[int]) -> None:
-        if self.state_file is None:
-            return
-        try:
-            self.state_file.write_text(json.dumps({"open": [c for c in cids if c]}))
-        except OSError:
-            log.exception("could not save the open tabs to %s", self.state_file)
+        self._open_tabs.write(cids)
 
 
 def _title_from(text: str) -> str:
