@@ -13,7 +13,7 @@ from localpaged.ui.chat_tab import ChatTabUI, TabValues, build_chat_tab
 from localpaged.ui.compare import CompareValues, build_compare
 from localpaged.ui.sampling import SAMPLING_KEYS
 from localpaged.ui.tabset import N_SLOTS, PageUI, PageValues
-from localpaged.ui.values import flatten, outputs
+from localpaged.ui.values import KEEP, flatten, outputs
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +80,9 @@ def test_sampling_fields_in_key_order():
         "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "seed": 7, "max_tokens": 9}
     with pytest.raises(ValueError, match="temperature, top_p"):
         from_fields((0.5, 0.9))
+
+
+def test_nested_values_cannot_be_kept_wholesale(page):
+    ui, _ = page
+    with pytest.raises(TypeError, match="PageValues.chat"):
+        ui.flatten(PageValues(chat=KEEP))

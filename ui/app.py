@@ -9,9 +9,12 @@ its own part. One module per feature, each owning its components, handlers and w
   compare.py       the side-by-side compare tab (CompareValues)
   engine_panel.py  the KV-cache panel and its timer (drawing in kvmap.py)
   model_picker.py  the header badge and the model panel
-Handler results reach Gradio through `values.py` only. `build_demo(controller, models)` returns
-the Blocks; `localpaged.cli` mounts it on the FastAPI app. `THEME` and `CSS` go to
-`mount_gradio_app`/`launch`.
+Shared by them: `values.py` (the only place handler results become Gradio outputs), `queues.py`
+(concurrency groups), `toasts.py` (user messages), `sampling_fields.py` (settings fields), and,
+below the UI, `controller.py` (every handler reads and writes through it).
+
+`build_demo(controller, models)` returns the Blocks; `localpaged.cli` mounts it on the FastAPI
+app. `THEME` and `CSS` go to `mount_gradio_app`/`launch`.
 """
 
 from __future__ import annotations

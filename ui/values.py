@@ -35,7 +35,10 @@ def _walk(ui: Any, values: Any) -> Iterator[tuple[Any, Any]]:
         comp, value = getattr(ui, f.name), getattr(values, f.name)
         if not isinstance(comp, list):
             yield comp, value
-        elif value is KEEP:                     # a flat list: nested UIs get nested values
+        elif value is KEEP:
+            if any(dataclasses.is_dataclass(c) for c in comp):
+                raise TypeError(f"{type(values).__name__}.{f.name}: nested values cannot be "
+                                "KEEP (leave the default: one all-KEEP value per UI)")
             yield from ((c, KEEP) for c in comp)
         else:
             if len(value) != len(comp):
