@@ -359,3 +359,19 @@ def test_compare_handler_with_own_settings_per_column(ctl):
     replies = [ctl.message(m) for m in last.state["messages"]]
     assert [r.stats["generated_tokens"] for r in replies] == [24, 5]
     assert [r.sampling["max_tokens"] for r in replies] == [24, 5]
+
+
+def test_export_writes_markdown_and_the_whole_tree(ctl):
+    import json
+
+    from localpaged.ui.export import export_files
+    cid = ctl.new_conversation("Ŀŀ notes").id
+    first = run(ctl.send(cid, P1)).replies[0].message_id
+    run(ctl.regenerate(first))
+    md, js = export_files(ctl, cid)
+    assert md.suffix == ".md" and js.suffix == ".json"
+    tree = json.loads(js.read_text(encoding="utf-8"))
+    assert tree == ctl.store.export_json(cid) and len(tree["messages"]) == 3    # both replies
+    shown = ctl.view(cid).path
+    assert md.read_text(encoding="utf-8").startswith("# ") and shown[-1].content in md.read_text(
+        encoding="utf-8")
