@@ -57,4 +57,8 @@ class LocalChatBackend:
         return self.engine.stats()
 
     def prompt_blocks(self, messages: list[dict]) -> list[int]:
-        return self.engine.engine.cached_prefix_blocks(self.prompt_ids(messages))
+        return self.cached_blocks(self.prompt_ids(messages))
+
+    def cached_blocks(self, token_ids: list[int]) -> list[int]:
+        """Cached KV block ids holding a prefix of these prompt token ids."""
+        return self.engine.engine.cached_prefix_blocks(token_ids)

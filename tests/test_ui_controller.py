@@ -179,13 +179,48 @@ def test_branches_share_kv_blocks_in_the_engine_panel(ctl):
     cid = ctl.new_conversation().id
     first = run(ctl.send(cid, P1 + P2)).replies[0].message_id
     run(ctl.regenerate(first))
-    snap = kvmap.collect(ctl, [cid])
+    snap = kvmap.KvMap(ctl).collect([cid])
     assert len(snap.rows) == 2 and snap.available
     shared = set(snap.rows[0].blocks) & set(snap.rows[1].blocks)
     assert len(shared) >= 4                                  # the ~80-token prompt
     assert all(snap.sharing()[b] == 2 for b in shared)
     page = kvmap.render_panel(snap)
     assert f'data-shared="{len(shared)}"' in page and "Prefix hits" in page
+
+
+def test_kv_map_tokenizes_a_branch_only_when_it_changes(ctl, backend, monkeypatch):
+    """The engine panel ticks every second: unchanged branches keep their token ids, a new
+    branch or a new system prompt is tokenized again; blocks match an uncached lookup."""
+    cid = ctl.new_conversation().id
+    first = run(ctl.send(cid, P1)).replies[0].message_id
+    calls = []
+    real = backend.prompt_ids
+    monkeypatch.setattr(backend, "prompt_ids", lambda msgs: calls.append(msgs) or real(msgs))
+    kv = kvmap.KvMap(ctl)
+
+    def blocks_uncached() -> list[list[int]]:
+        _, branches = ctl.branches(cid)
+        return [real_blocks(ctl.prompt_messages(cid, b.leaf_id)) for b in branches]
+
+    def real_blocks(msgs):
+        return backend.cached_blocks(real(msgs))
+
+    def tick() -> tuple[int, kvmap.KvSnapshot]:
+        """(tokenizer calls the tick made, its snapshot)"""
+        before = len(calls)
+        snap = kv.collect([cid])
+        return len(calls) - before, snap
+
+    n1, tick1 = tick()
+    n2, tick2 = tick()
+    assert (n1, n2) == (1, 0)                                # nothing changed: no tokenizer
+    assert [r.blocks for r in tick2.rows] == [r.blocks for r in tick1.rows] == blocks_uncached()
+    run(ctl.regenerate(first))
+    n3, tick3 = tick()
+    assert n3 == 1 and len(tick3.rows) == 2                  # only the new branch
+    assert [r.blocks for r in tick3.rows] == blocks_uncached()
+    ctl.update_settings(cid, "ĀĂĄ", GREEDY)                  # every branch's prompt changed
+    assert [tick()[0], tick()[0]] == [2, 0]
 
 
 def test_html_and_script_are_shown_as_text(ctl):
@@ -196,7 +231,7 @@ def test_html_and_script_are_shown_as_text(ctl):
     assert "<script>" not in content and "&lt;script&gt;alert('x')&lt;/script&gt;" in content
     assert "`<b>code</b>`" in content and "\n<i>raw</i>\n" in content   # code: Markdown escapes
     assert "&amp;amp;" in content and "**bold**" in content
-    panel = kvmap.render_panel(kvmap.collect(ctl, [cid]))
+    panel = kvmap.render_panel(kvmap.KvMap(ctl).collect([cid]))
     assert "<img" not in panel and "&lt;img src=x" in panel
     assert render.escape_markdown("a <b>\n```\n<b>\n```\n<b>") == "a &lt;b&gt;\n```\n<b>\n```\n&lt;b&gt;"
 
@@ -266,28 +301,34 @@ def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
 
 
 def test_event_handlers_open_close_restore_and_send(ctl):
-    """The Gradio adapters (ui/events.py): which tab shows what, and a streamed send."""
-    from localpaged.ui.events import N_SLOTS, SLOT_FIELDS, Events
-    from localpaged.ui.generation import SAMPLING_KEYS
-    ev = Events(ctl)
-    out = ev.restore()
-    assert len(out) == 3 + N_SLOTS * SLOT_FIELDS + 1
-    slots = out[0]
+    """The Gradio adapters (ui/tabset.py, ui/chat_events.py): which tab shows what, and a
+    streamed send."""
+    from localpaged.ui.chat_events import ChatEvents
+    from localpaged.ui.sampling import SAMPLING_KEYS
+    from localpaged.ui.tabset import N_SLOTS, TabSet
+    from localpaged.ui.values import KEEP
+    tabs = TabSet(ctl)
+    ev = ChatEvents(ctl, tabs)
+    out = tabs.restore()
+    assert len(out.chat) == N_SLOTS and all(t.chatbot is not KEEP for t in out.chat)
+    slots = out.slots
     assert slots[0] is not None and slots[1:] == [None] * (N_SLOTS - 1)
     other = ctl.new_conversation().id
-    slots, current = ev.open(slots, 0, other)[:2]
+    opened = tabs.open(slots, 0, other)
+    slots, current = opened.slots, opened.current
     assert slots[1] == other and current == 1
-    assert ev.open(slots, 0, other)[:2] == [slots, 1]             # already open: just shown
+    again = tabs.open(slots, 0, other)                        # already open: just shown
+    assert [again.slots, again.current] == [slots, 1]
+    assert all(t.chatbot is KEEP for t in again.chat)
     assert ctl.open_tabs() == [slots[0], other]
-    slots = ev.close(slots, 1)[0]
+    slots = tabs.close(slots, 1).slots
     assert slots[1] is None and ctl.open_tabs() == [slots[0]]
     steps = list(ev.send(slots, 0, P1, "", *[GREEDY[k] for k in SAMPLING_KEYS]))
-    tab, chat, label, sel, box = steps[0]
-    assert box == "" and chat[0]["role"] == "user"
-    tab, chat, label, sel, box = steps[-1]
-    assert [m["role"] for m in chat] == ["user", "assistant"] and sel == 1
-    assert "24 tokens" in chat[1]["content"] and "Reply 2 of 2" in label
-    assert ev.chat_only(slots[0], 0)[2].startswith("Your message 1 of 2")
+    assert steps[0].msg == "" and steps[0].chatbot[0]["role"] == "user"
+    last = steps[-1]
+    assert [m["role"] for m in last.chatbot] == ["user", "assistant"] and last.sel == 1
+    assert "24 tokens" in last.chatbot[1]["content"] and "Reply 2 of 2" in last.sel_md
+    assert ev.chat(slots[0], 0).sel_md.startswith("Your message 1 of 2")
 
 
 def test_download_is_skipped_offline(monkeypatch):
@@ -299,3 +340,38 @@ def test_download_is_skipped_offline(monkeypatch):
     models._download("owner/name", lambda phase, detail: seen.append(phase))
     assert seen == []
     assert models._looks_like_hub_id("owner/name") and not models._looks_like_hub_id("/abs/path")
+
+
+def test_compare_handler_with_own_settings_per_column(ctl):
+    """ui/compare.py's run handler: each column decodes with its own fields; the streamed
+    CompareValues end with each column's text, equal to the same prompt answered alone."""
+    from localpaged.ui.compare import NEW_CONVERSATION, CompareEvents
+    from localpaged.ui.controller import MAX_COLUMNS
+    from localpaged.ui.sampling import SAMPLING_KEYS
+    alone = run(ctl.send(ctl.new_conversation().id, P1)).replies[0].text
+    short = {**GREEDY, "max_tokens": 5}
+    per_column = [tuple(GREEDY[k] for k in SAMPLING_KEYS), tuple(short[k] for k in SAMPLING_KEYS)]
+    per_column += [per_column[0]] * (MAX_COLUMNS - 2)
+    steps = list(CompareEvents(ctl).run(NEW_CONVERSATION, P1, 2, True, per_column))
+    last = steps[-1]
+    assert last.prompt == "" and len(last.outs) == len(last.picks) == MAX_COLUMNS
+    assert last.outs[0] == render.escape_markdown(alone) and last.outs[2:] == [""] * (MAX_COLUMNS - 2)
+    replies = [ctl.message(m) for m in last.state["messages"]]
+    assert [r.stats["generated_tokens"] for r in replies] == [24, 5]
+    assert [r.sampling["max_tokens"] for r in replies] == [24, 5]
+
+
+def test_export_writes_markdown_and_the_whole_tree(ctl):
+    import json
+
+    from localpaged.ui.export import export_files
+    cid = ctl.new_conversation("Ŀŀ notes").id
+    first = run(ctl.send(cid, P1)).replies[0].message_id
+    run(ctl.regenerate(first))
+    md, js = export_files(ctl, cid)
+    assert md.suffix == ".md" and js.suffix == ".json"
+    tree = json.loads(js.read_text(encoding="utf-8"))
+    assert tree == ctl.store.export_json(cid) and len(tree["messages"]) == 3    # both replies
+    shown = ctl.view(cid).path
+    assert md.read_text(encoding="utf-8").startswith("# ") and shown[-1].content in md.read_text(
+        encoding="utf-8")

@@ -129,7 +129,7 @@ def test_conversation_regenerate_and_compare_over_a_remote_server(ctl, server_en
     assert ctl.view(cmp_cid).siblings[-1] == (2, 3)
 
     # the engine panel: no KV blocks to show for a remote engine
-    snap = kvmap.collect(ctl, [cid, cmp_cid])
+    snap = kvmap.KvMap(ctl).collect([cid, cmp_cid])
     assert not snap.available and not snap.rows and snap.stats is None
     assert "not available for a remote engine" in snap.note and MODEL in snap.note
     assert "not available for a remote engine" in kvmap.render_panel(snap)

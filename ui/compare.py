@@ -1,6 +1,9 @@
 """The side-by-side compare tab: one prompt, 2 to 4 columns decoded in one engine batch over
 the shared prompt, each column k samples of the conversation's settings or its own settings;
 "Continue with this" makes a column the active branch (the others stay as siblings).
+
+Its components (`CompareUI`), the values its run handler streams (`CompareValues`, mapped to
+outputs by `values.py`), the handlers and their wiring.
 """
 
 from __future__ import annotations
@@ -8,13 +11,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import gradio as gr
 
 from . import render
 from .controller import MAX_COLUMNS, ChatController
-from .events import USER_ERRORS, _why, info, warn
-from .generation import DEFAULT_SAMPLING, SAMPLING_KEYS
+from .queues import GEN, QUICK
+from .sampling import SAMPLING_KEYS, from_fields
+from .sampling_fields import sampling_fields
+from .tabset import Page
+from .toasts import USER_ERRORS, info, warn, why
+from .values import KEEP, flatten, outputs
 
 log = logging.getLogger(__name__)
 
@@ -24,13 +32,20 @@ COLUMN_PRESETS = [{"temperature": 0.2}, {"temperature": 0.8}, {"temperature": 1.
 
 
 @dataclass
-class Column:
-    box: gr.Column
-    settings: gr.Accordion
-    fields: list = field(default_factory=list)     # one component per SAMPLING_KEYS
-    out: gr.Markdown | None = None
-    stats: gr.Markdown | None = None
-    pick: gr.Button | None = None
+class CompareValues:
+    """What a compare run shows; lists have one entry per column (MAX_COLUMNS)."""
+    state: Any = KEEP                 # {"cid", "messages"}: what "Continue with this" picks from
+    outs: Any = KEEP                  # each column's text (Markdown)
+    stats: Any = KEEP                 # each column's stats line
+    picks: Any = KEEP                 # each column's "Continue with this" (interactive or not)
+    prompt: Any = KEEP                # the prompt box ("" when done)
+
+
+@dataclass
+class ColumnsValues:
+    """Which columns show, and whether their settings do."""
+    boxes: Any = KEEP
+    settings: Any = KEEP
 
 
 @dataclass
@@ -42,13 +57,12 @@ class CompareUI:
     run: gr.Button
     stop: gr.Button
     state: gr.State
-    columns: list[Column]
-
-    def settings_inputs(self) -> list:
-        return [f for c in self.columns for f in c.fields]
-
-    def output_boxes(self) -> list:
-        return [c.out for c in self.columns] + [c.stats for c in self.columns]
+    boxes: list = field(default_factory=list)         # per column: gr.Column
+    settings: list = field(default_factory=list)      # per column: gr.Accordion
+    fields: list = field(default_factory=list)        # per column: SAMPLING_KEYS fields
+    outs: list = field(default_factory=list)
+    stats: list = field(default_factory=list)
+    picks: list = field(default_factory=list)
 
 
 def build_compare() -> CompareUI:
@@ -66,34 +80,21 @@ def build_compare() -> CompareUI:
                             lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)
         run = gr.Button("Compare", variant="primary", scale=1, min_width=90, elem_id="cmp-run")
         stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="cmp-stop")
-    columns = []
+    ui = CompareUI(target, prompt, k, own, run, stop, gr.State(None))
     with gr.Row(equal_height=False, elem_classes="lp-columns"):
         for j in range(MAX_COLUMNS):
-            preset = {**DEFAULT_SAMPLING, **COLUMN_PRESETS[j]}
             with gr.Column(visible=j < 3, min_width=220, elem_classes="lp-column") as box:
                 gr.Markdown(f"**Column {j + 1}**")
                 with gr.Accordion("Settings", open=False, visible=False) as acc:
-                    fields = _setting_fields(preset, f"cmp{j}")
-                out = gr.Markdown("", elem_id=f"cmp-out{j}", elem_classes="lp-cmp-out",
-                                  sanitize_html=True, min_height=120)
-                stats = gr.Markdown("", elem_id=f"cmp-stats{j}", elem_classes="lp-meta")
-                pick = gr.Button("Continue with this", size="sm", elem_id=f"cmp-pick{j}",
-                                 interactive=False)
-            columns.append(Column(box, acc, fields, out, stats, pick))
-    return CompareUI(target, prompt, k, own, run, stop, gr.State(None), columns)
-
-
-def _setting_fields(values: dict, prefix: str) -> list:
-    return [
-        gr.Slider(0, 2, value=values["temperature"], step=0.05, label="Temperature",
-                  elem_id=f"{prefix}-temperature"),
-        gr.Slider(0.05, 1, value=values["top_p"], step=0.05, label="Top-p"),
-        gr.Number(value=values["top_k"], precision=0, minimum=0, label="Top-k (0: off)"),
-        gr.Slider(0, 1, value=values["min_p"], step=0.01, label="Min-p"),
-        gr.Number(value=values["seed"], precision=0, label="Seed (blank: random)"),
-        gr.Number(value=values["max_tokens"], precision=0, minimum=1, label="Max tokens",
-                  elem_id=f"{prefix}-max_tokens"),
-    ]
+                    ui.fields.append(sampling_fields(f"cmp{j}-", COLUMN_PRESETS[j], rows=False))
+                ui.outs.append(gr.Markdown("", elem_id=f"cmp-out{j}", elem_classes="lp-cmp-out",
+                                           sanitize_html=True, min_height=120))
+                ui.stats.append(gr.Markdown("", elem_id=f"cmp-stats{j}", elem_classes="lp-meta"))
+                ui.picks.append(gr.Button("Continue with this", size="sm", elem_id=f"cmp-pick{j}",
+                                          interactive=False))
+            ui.boxes.append(box)
+            ui.settings.append(acc)
+    return ui
 
 
 class CompareEvents:
@@ -102,35 +103,36 @@ class CompareEvents:
 
     def targets(self, slots: list, current: int) -> gr.Dropdown:
         """The conversations open in tabs (the current one chosen), or a new one."""
-        choices = [(render.tab_label(self.ctl.store.get_conversation(c)), c)
-                   for c in slots if c is not None]
+        choices = [(render.tab_label(self.ctl.conversation(c)), c) for c in slots if c is not None]
         value = slots[current] if slots and slots[current] is not None else NEW_CONVERSATION
         return gr.Dropdown(choices=choices + [("New conversation", NEW_CONVERSATION)], value=value)
 
-    def layout(self, k: int, own: bool) -> list:
-        k = int(k)
-        return ([gr.Column(visible=j < k) for j in range(MAX_COLUMNS)]
-                + [gr.Accordion(visible=bool(own)) for _ in range(MAX_COLUMNS)])
+    def layout(self, k: int, own: bool) -> ColumnsValues:
+        return ColumnsValues(boxes=[gr.Column(visible=j < int(k)) for j in range(MAX_COLUMNS)],
+                             settings=[gr.Accordion(visible=bool(own))
+                                       for _ in range(MAX_COLUMNS)])
 
     def run(self, target: int | None, prompt: str, k: int, own: bool,
-            *settings) -> Iterator[list]:
-        """Outputs: state, 4 texts, 4 stats lines, 4 pick buttons, prompt box."""
+            per_column: list[tuple]) -> Iterator[CompareValues]:
+        """`per_column`: each column's settings field values, in SAMPLING_KEYS order."""
         k = int(k)
         try:
             cid = target if target not in (None, NEW_CONVERSATION) else self.ctl.new_conversation().id
-            per_column = [dict(zip(SAMPLING_KEYS, settings[j * 6:(j + 1) * 6])) for j in range(k)]
-            turn = self.ctl.compare(cid, prompt or "", per_column if own else k)
+            columns = [from_fields(per_column[j]) for j in range(k)]
+            turn = self.ctl.compare(cid, prompt or "", columns if own else k)
         except USER_ERRORS as exc:
-            warn(_why(exc))
-            yield [gr.skip()] * (1 + 3 * MAX_COLUMNS + 1)
+            warn(why(exc))
+            yield CompareValues()
             return
         state = {"cid": cid, "messages": [r.message_id for r in turn.replies]}
         for t in turn.updates():
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
-            yield self._columns(state, t, k) + [gr.skip() if not t.done else ""]
+            values = self._columns(t, k)
+            values.state, values.prompt = state, "" if t.done else KEEP
+            yield values
 
-    def _columns(self, state: dict, turn, k: int) -> list:
+    def _columns(self, turn, k: int) -> CompareValues:
         texts, stats, picks = [], [], []
         for j in range(MAX_COLUMNS):
             if j >= k:
@@ -142,7 +144,7 @@ class CompareEvents:
             status = "" if r.status in ("complete", "streaming") else f"{r.status} · "
             stats.append(f"<sub>{status}{note}</sub>" if note or status else "")
             picks.append(gr.Button(interactive=turn.done and r.status != "deleted"))
-        return [state] + texts + stats + picks
+        return CompareValues(outs=texts, stats=stats, picks=picks)
 
     def stop(self, state: dict | None) -> None:
         if state:
@@ -155,7 +157,36 @@ class CompareEvents:
         try:
             self.ctl.pick(state["messages"][j])
         except USER_ERRORS as exc:
-            warn(_why(exc))
+            warn(why(exc))
             return None
         info(f"Continuing with column {j + 1}; the other columns stay as branches.")
         return state["cid"]
+
+
+def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> None:
+    slots, current = page.ui.slots, page.ui.current
+    n_fields = len(SAMPLING_KEYS)
+
+    def run(target, prompt, k, own, *settings) -> Iterator[list]:
+        per_column = [settings[j * n_fields:(j + 1) * n_fields] for j in range(MAX_COLUMNS)]
+        for v in ev.run(target, prompt, k, own, per_column):
+            yield flatten(cmp, v)
+
+    def pick(j: int):
+        def run_pick(state, slot_cids, cur) -> list:
+            return page.ui.flatten(page.tabs.open(slot_cids, cur, ev.pick(state, j), refresh=True))
+        return run_pick
+
+    tab.select(ev.targets, [slots, current], cmp.target, **QUICK)
+    for trigger in (cmp.k.change, cmp.own.change):
+        trigger(lambda k, own: flatten(cmp, ev.layout(k, own)), [cmp.k, cmp.own],
+                outputs(cmp, ColumnsValues))
+    ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own,
+                              *[f for col in cmp.fields for f in col]],
+                        outputs(cmp, CompareValues), **GEN)
+    page.refresh_after(ran)
+    ran.then(page.handler(page.tabs.refresh_chats), slots, page.ui.outputs(), **QUICK)
+    cmp.stop.click(ev.stop, cmp.state, None, **QUICK)
+    for j, button in enumerate(cmp.picks):
+        page.refresh_after(button.click(pick(j), [cmp.state, slots, current], page.ui.outputs(),
+                                        **QUICK))

@@ -5,7 +5,8 @@ from a provider so the model can be swapped): conversations (new, rename, delete
 settings, export), the message tree (switch siblings, pick a compare column, fork), and
 generation (send, regenerate, edit, compare, stop), which runs as `generation.Turn`s, at most
 one per conversation and any number at once across conversations. It returns store rows and
-Turns, never Gradio objects, so it is tested without a browser; `app.py` renders what it returns.
+Turns, never Gradio objects, so it is tested without a browser; every UI handler reads and
+writes through it (the feature modules listed in `app.py` render what it returns).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 from localpaged.chat_backend import ChatBackend
 
-from .generation import LiveReply, Turn, clean_sampling, to_params
+from .generation import LiveReply, Turn
+from .open_tabs import OpenTabsFile
+from .sampling import clean_sampling, sampling_record, to_params
 from .store import Conversation, Message, Store
 
 log = logging.getLogger(__name__)
@@ -45,6 +48,14 @@ class View:
     busy: bool
 
 
+@dataclass
+class Branch:
+    """One root-to-leaf path of a conversation's tree; `active` when it is the path shown."""
+    leaf_id: int
+    path: list[Message]
+    active: bool
+
+
 class ChatController:
     def __init__(self, store: Store, backend: Callable[[], ChatBackend | None],
                  default_sampling: dict[str, Any] | None = None,
@@ -52,7 +63,7 @@ class ChatController:
         self.store = store
         self._backend = backend
         self.default_sampling = clean_sampling(default_sampling)
-        self.state_file = Path(state_file) if state_file else None
+        self._open_tabs = OpenTabsFile(state_file)
         self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
         self._starting: set[int] = set()           # conversations whose turn is being set up
         self._lock = threading.Lock()
@@ -76,6 +87,9 @@ class ChatController:
 
     def search(self, query: str = "") -> list[Conversation]:
         return self.store.list_conversations(query.strip() or None)
+
+    def conversation(self, cid: int) -> Conversation:
+        return self.store.get_conversation(cid)
 
     def settings(self, cid: int) -> tuple[str, dict[str, Any]]:
         conv = self.store.get_conversation(cid)
@@ -104,6 +118,32 @@ class ChatController:
         turn = self.turn(cid)
         live = {r.message_id: r for r in turn.replies} if turn and not turn.done else {}
         return View(self.store.get_conversation(cid), path, sib, live, bool(live))
+
+    def message(self, message_id: int) -> Message:
+        return self.store.get_message(message_id)
+
+    def message_at(self, cid: int, index: int | None) -> Message:
+        """The message at `index` on the shown path (the last one for None or past the end)."""
+        path = self.store.active_path(cid)
+        if not path:
+            raise ChatError("there is no message yet")
+        return path[-1 if index is None or index >= len(path) else index]
+
+    def branches(self, cid: int) -> tuple[Conversation, list[Branch]]:
+        """Every root-to-leaf path: the shown one first, then newest leaf first."""
+        msgs = {m.id: m for m in self.store.messages(cid)}
+        parents = {m.parent_id for m in msgs.values()}
+        shown = self.store.active_path(cid)
+        shown_leaf = shown[-1].id if shown else None
+        leaves = sorted((i for i in msgs if i not in parents), key=lambda i: (i != shown_leaf, -i))
+        out = []
+        for leaf in leaves:
+            path, cur = [], msgs.get(leaf)
+            while cur is not None:
+                path.append(cur)
+                cur = msgs.get(cur.parent_id)
+            out.append(Branch(leaf, path[::-1], leaf == shown_leaf))
+        return self.store.get_conversation(cid), out
 
     def switch(self, message_id: int, step: int) -> list[Message]:
         """Show the sibling `step` places after (or before) this message, wrapping round."""
@@ -236,7 +276,7 @@ class ChatController:
         stream = backend.chat(prompt, params, request_id=request_id)   # ValueError: bad input
         try:
             replies = [LiveReply(self.store.add_message(
-                cid, parent_id, "assistant", "", _sampling_record(vars(p)), status="streaming").id)
+                cid, parent_id, "assistant", "", sampling_record(p), status="streaming").id)
                 for p in params]
             self.store.set_active(replies[0].message_id)
         except BaseException:
@@ -246,28 +286,16 @@ class ChatController:
 
     def prompt_messages(self, cid: int, last_id: int | None) -> list[dict[str, str]]:
         """The engine's chat messages: the system prompt, then the path down to last_id."""
-        conv = self.store.get_conversation(cid)
-        msgs = [{"role": "system", "content": conv.system_prompt}] if conv.system_prompt else []
-        if last_id is not None:
-            msgs += [{"role": m.role, "content": m.content} for m in self.store.path_to(last_id)]
-        return msgs
+        path = self.store.path_to(last_id) if last_id is not None else []
+        return chat_prompt(self.store.get_conversation(cid).system_prompt, path)
 
-    # ---- open tabs, remembered across reloads and restarts ----------------------------------
+    # ---- open tabs, remembered across reloads and restarts (open_tabs.py) ------------------
     def open_tabs(self) -> list[int]:
-        try:
-            cids = json.loads(self.state_file.read_text())["open"] if self.state_file else []
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
         alive = {c.id for c in self.store.list_conversations()}
-        return [c for c in cids if isinstance(c, int) and c in alive]
+        return [c for c in self._open_tabs.read() if c in alive]
 
     def save_open_tabs(self, cids: list[int]) -> None:
-        if self.state_file is None:
-            return
-        try:
-            self.state_file.write_text(json.dumps({"open": [c for c in cids if c]}))
-        except OSError:
-            log.exception("could not save the open tabs to %s", self.state_file)
+        self._open_tabs.write(cids)
 
 
 def _title_from(text: str) -> str:
@@ -275,5 +303,7 @@ def _title_from(text: str) -> str:
     return line if len(line) <= 48 else line[:47].rstrip() + "…"
 
 
-def _sampling_record(p: dict[str, Any]) -> dict[str, Any]:
-    return {k: p[k] for k in ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")}
+def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
+    """The engine's chat messages for a path: the system prompt (if any), then the path."""
+    msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return msgs + [{"role": m.role, "content": m.content} for m in path]

@@ -6,8 +6,7 @@ A Turn outlives the browser event that started it: Gradio handlers only *follow*
 to the store. The store is written when the turn starts (replies with status 'streaming'), about
 once a second while it streams, and when it ends ('complete' or 'stopped', with stats).
 
-Also here: the per-conversation sampling settings (a plain dict, stored on the conversation) and
-their conversion to engine SamplingParams.
+(The sampling settings live in `sampling.py`.)
 """
 
 from __future__ import annotations
@@ -20,41 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localpaged.outputs import RequestOutput
-from localpaged.sampling_params import SamplingParams
 
 from .store import Store
 
 log = logging.getLogger(__name__)
 
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")
-DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
-                                    "seed": None, "max_tokens": 512}
 STORE_WRITE_INTERVAL_S = 1.0
-
-
-def clean_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None = None) -> dict:
-    """Known keys only, numbers coerced (blank seed: None), missing keys from base/defaults;
-    raises ValueError naming the field when a value is not acceptable to the engine."""
-    out = {**DEFAULT_SAMPLING, **(base or {})}
-    for key in SAMPLING_KEYS:
-        value = (settings or {}).get(key, out[key])
-        if value in ("", None):
-            value = None if key in ("seed", "max_tokens") else DEFAULT_SAMPLING[key]
-        elif key in ("top_k", "seed", "max_tokens"):
-            value = int(float(value))
-        else:
-            value = float(value)
-        out[key] = value
-    to_params(out)                        # validates: ValueError names the field
-    return {k: out[k] for k in SAMPLING_KEYS}
-
-
-def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
-    seed = settings.get("seed")
-    return SamplingParams(temperature=settings["temperature"], top_p=settings["top_p"],
-                          top_k=settings["top_k"], min_p=settings["min_p"],
-                          seed=None if seed is None else seed + seed_offset,
-                          max_tokens=settings["max_tokens"])
 
 
 @dataclass

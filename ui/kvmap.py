@@ -1,8 +1,8 @@
 """The engine panel: KV-cache numbers and a picture of the block map.
 
-`collect` gathers, for every branch (leaf path) of every open conversation, the KV blocks that
-hold it: the live block table while the branch is generating, else the cached blocks of its
-prompt (`backend.prompt_blocks`). A block in several branches' lists is shared: stored once,
+`KvMap.collect` gathers, for every branch (leaf path) of every open conversation, the KV blocks
+that hold it: the live block table while the branch is generating, else the cached blocks of its
+prompt (`backend.cached_blocks` of its token ids, kept per branch between ticks). A block in several branches' lists is shared: stored once,
 referenced by each. `render_panel` draws it as HTML + SVG built from numbers only; titles are
 the one piece of user text and are escaped.
 """
@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import html
 import logging
+import threading
 from dataclasses import dataclass, field
 
 from localpaged.outputs import EngineStats
 
-from .controller import ChatController
+from .controller import Branch, ChatController, chat_prompt
 
 log = logging.getLogger(__name__)
 
@@ -52,55 +53,68 @@ class KvSnapshot:
         return count
 
 
-def collect(controller: ChatController, cids: list[int]) -> KvSnapshot:
-    backend = controller.backend()
-    if backend is None:
-        return KvSnapshot(False, "No model is loaded yet.")
-    if not getattr(backend, "supports_kv_stats", False):
-        return KvSnapshot(False, "KV-cache statistics are not available for a remote engine "
-                                 f"({html.escape(str(getattr(backend, 'model_name', '')))}).")
-    stats = backend.stats()
-    snap = KvSnapshot(True, stats=stats)
-    for cid in cids:
-        try:
-            snap.rows += _branch_rows(controller, backend, stats, cid)
-        except KeyError:
-            continue                      # deleted meanwhile
-    return snap
+class KvMap:
+    """Collects the engine panel's snapshot. Tokenizing every branch on every one-second tick
+    would cost a chat template per branch per tick, so each branch's prompt token ids are kept
+    per leaf message id with a signature of what they were made from (system prompt, the
+    path's ids and texts); a branch is re-tokenized only when its signature changes. The block
+    lookup itself runs every tick (the prefix cache changes under us). Invariant: a cached
+    entry belongs to the backend in `_backend` (a model swap clears the cache). Thread-safe:
+    ticks of several pages run at once."""
 
+    def __init__(self, controller: ChatController) -> None:
+        self.controller = controller
+        self._ids: dict[int, tuple[tuple, list[int]]] = {}  # leaf id -> (signature, token ids)
+        self._backend = None
+        self._lock = threading.Lock()
 
-def _branch_rows(controller: ChatController, backend, stats: EngineStats, cid: int) -> list[BranchRow]:
-    data = controller.store.export_json(cid)
-    conv, msgs = data["conversation"], {m["id"]: m for m in data["messages"]}
-    parents = {m["parent_id"] for m in msgs.values()}
-    leaves = sorted((i for i in msgs if i not in parents), reverse=True)
-    active_path = [m.id for m in controller.store.active_path(cid)]
-    active_leaf = active_path[-1] if active_path else None
-    leaves.sort(key=lambda i: i != active_leaf)
-    turn = controller.turn(cid)
-    live = {} if turn is None or turn.done else {r.message_id: i for i, r in enumerate(turn.replies)}
-    tables = stats.block_tables.get(turn.request_id, []) if live else []
-    rows = []
-    for n, leaf in enumerate(leaves[:MAX_BRANCHES]):
-        row = BranchRow(cid, conv["title"], n + 1, len(leaves), leaf == active_leaf, leaf in live)
-        if row.live and len(tables) == len(live):
-            row.blocks = list(tables[live[leaf]])
-        else:
-            path = _path(msgs, leaf)
-            prompt = ([{"role": "system", "content": conv["system_prompt"]}]
-                      if conv["system_prompt"] else [])
-            prompt += [{"role": m["role"], "content": m["content"]} for m in path]
-            row.blocks = backend.prompt_blocks(prompt)
-        rows.append(row)
-    return rows
+    def collect(self, cids: list[int]) -> KvSnapshot:
+        backend = self.controller.backend()
+        if backend is None:
+            return KvSnapshot(False, "No model is loaded yet.")
+        if not getattr(backend, "supports_kv_stats", False):
+            return KvSnapshot(False, "KV-cache statistics are not available for a remote engine "
+                                     f"({html.escape(str(getattr(backend, 'model_name', '')))}).")
+        with self._lock:
+            if backend is not self._backend:
+                self._ids, self._backend = {}, backend
+        stats = backend.stats()
+        snap, seen = KvSnapshot(True, stats=stats), set()
+        for cid in cids:
+            try:
+                snap.rows += self._branch_rows(backend, stats, cid, seen)
+            except KeyError:
+                continue                      # deleted meanwhile
+        with self._lock:                      # forget branches no page shows any more
+            self._ids = {leaf: v for leaf, v in self._ids.items() if leaf in seen}
+        return snap
 
+    def _branch_rows(self, backend, stats: EngineStats, cid: int, seen: set[int]) -> list[BranchRow]:
+        conv, branches = self.controller.branches(cid)
+        turn = self.controller.turn(cid)
+        live = {} if turn is None or turn.done else {r.message_id: i for i, r in enumerate(turn.replies)}
+        tables = stats.block_tables.get(turn.request_id, []) if live else []
+        rows = []
+        for n, br in enumerate(branches[:MAX_BRANCHES]):
+            row = BranchRow(cid, conv.title, n + 1, len(branches), br.active, br.leaf_id in live)
+            if row.live and len(tables) == len(live):
+                row.blocks = list(tables[live[br.leaf_id]])
+            else:
+                seen.add(br.leaf_id)
+                row.blocks = backend.cached_blocks(self._token_ids(backend, conv, br))
+            rows.append(row)
+        return rows
 
-def _path(msgs: dict[int, dict], leaf: int) -> list[dict]:
-    path, cur = [], msgs.get(leaf)
-    while cur is not None:
-        path.append(cur)
-        cur = msgs.get(cur["parent_id"])
-    return path[::-1]
+    def _token_ids(self, backend, conv, branch: Branch) -> list[int]:
+        signature = (conv.system_prompt, tuple((m.id, m.content) for m in branch.path))
+        with self._lock:
+            hit = self._ids.get(branch.leaf_id)
+        if hit is not None and hit[0] == signature:
+            return hit[1]
+        ids = backend.prompt_ids(chat_prompt(conv.system_prompt, branch.path))
+        with self._lock:
+            self._ids[branch.leaf_id] = (signature, ids)
+        return ids
 
 
 # ---- drawing -------------------------------------------------------------------------------

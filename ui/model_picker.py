@@ -1,0 +1,69 @@
+"""The model picker: the header's model badge and the model panel (a Hub id or local path to
+load, with progress), wired to `models.ModelManager`; tab labels are refreshed after a swap."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import gradio as gr
+
+from . import render
+from .models import ModelManager
+from .queues import GEN, QUICK
+from .style import BRAND
+from .tabset import Page
+from .toasts import warn
+
+POLL_S = 0.5
+
+
+@dataclass
+class ModelPickerUI:
+    header: gr.HTML
+    name: gr.Textbox
+    load: gr.Button
+    status: gr.Markdown
+
+
+def build_header(models: ModelManager) -> gr.HTML:
+    return gr.HTML(header(models), elem_id="lp-header", js_on_load=None)
+
+
+def build_model_panel(models: ModelManager, header_html: gr.HTML) -> ModelPickerUI:
+    with gr.Accordion("Model", open=True, elem_id="model-acc"):
+        name = gr.Textbox(value=models.model_name or "", label="Hub id or local path",
+                          elem_id="model-name")
+        load = gr.Button("Load model", elem_id="model-load", size="sm")
+        status_md = gr.Markdown(status(models), elem_id="model-status")
+    return ModelPickerUI(header_html, name, load, status_md)
+
+
+def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> None:
+    def load(name: str) -> Iterator[tuple]:
+        """(status, header) while the model loads."""
+        try:
+            job = models.load(name or "")
+        except ValueError as exc:
+            yield str(exc), gr.skip()
+            return
+        while not job.done.wait(POLL_S):
+            yield status(models), gr.skip()
+        if job.error:
+            warn(f"Could not load {job.name}; the current model stays loaded.")
+        yield status(models), header(models)
+
+    loaded = ui.load.click(load, ui.name, [ui.status, ui.header], **GEN)
+    loaded.then(page.handler(page.tabs.titles), page.ui.slots, page.ui.outputs(), **QUICK)
+
+
+def status(models: ModelManager) -> str:
+    """The model panel's Markdown; model names and errors are user text, so escaped."""
+    return render.escape_markdown(models.status())
+
+
+def header(models: ModelManager) -> str:
+    name = html.escape(models.model_name or "no model")
+    return (f"<div class='lp-head'>{BRAND}<div class='lp-model'><span class='lp-badge'>model"
+            f"</span> <code>{name}</code></div></div>")
