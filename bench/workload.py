@@ -1,4 +1,4 @@
-"""The benchmark workload: 16 chat requests of mixed prompt lengths (DESIGN.md §4)."""
+"""The benchmark workload: 16 chat requests of mixed prompt lengths (docs/architecture.md §8)."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ chunks. `AttentionBackend` is the contract a backend meets: four kernels over th
 references in `localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under
 TRITON_INTERPRET=1); both modules export the four functions with the same signatures.
 `PagedAttention.forward` splits a flat batch between the decode and prefill kernels.
+See docs/architecture.md §4 step 4 (forward) and §7 (kernel tests).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ Invariants:
 - Eviction order is the free queue's order: uncached blocks first, then cached blocks least
   recently freed first (a request frees its blocks tail-first, so its last block goes first).
 - cached[h] is a block whose hash is h and whose stored tokens are the ones h describes.
+See docs/architecture.md §2 (concepts -> modules) and §3 (invariants I1-I4).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ out-of-memory path finish groups through the same update. The engine is single-t
 Names: `block_manager` is the KVCacheManager (block tables, in block ids); `kv_cache` holds the
 K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
 with `check_invariants()`.
+See docs/architecture.md §4 (the life of a request, from make_group to the output).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Invariants:
   the order they were decided, for the model runner to carry out before the next forward pass.
 `check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
 it after every step when `EngineConfig.debug_checks` is set.
+See docs/architecture.md §3 (invariants) and §4 step 2 (admission, allocation).
 """
 
 from __future__ import annotations

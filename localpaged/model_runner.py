@@ -5,6 +5,7 @@ Per step it builds, from the scheduler's output: token ids and positions of ever
 carries out the block moves the scheduler decided (swap out, copy-on-write, swap in) before the
 forward pass, in the order the KV cache manager decided them (a copy-on-write of a block that was
 just swapped in must follow the swap-in; a swap-out must follow the copies into its blocks).
+See docs/architecture.md §4 steps 3-4 (prepare: slot mapping, block tables; forward).
 """
 
 from __future__ import annotations

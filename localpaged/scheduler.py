@@ -14,6 +14,7 @@ Prefills and decodes share a step; the model runner receives one flat batch.
    cache, applies forks and frees (parallel samples, beam search) and frees every group that
    finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
    goes through it.
+See docs/architecture.md §4 (the life of a request, steps 2 and 6).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Property-based block accounting: random add / fork / append / free / abort / preempt / swap
-sequences keep the invariants of DESIGN.md §1, checked both here (independently) and by
-KVCacheManager.check()."""
+sequences keep the invariants of docs/architecture.md §3 (I1-I5), checked both here
+(independently) and by KVCacheManager.check()."""
 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule

@@ -1,4 +1,4 @@
-"""The result of a request does not depend on what else ran beside it (DESIGN.md §1).
+"""The result of a request does not depend on what ran beside it (docs/architecture.md §3, I12).
 
 Batching, prefix hits, block size, chunked prefill and preemption change speed and memory,
 never tokens: greedy, and seeded sampling.
