@@ -19,6 +19,7 @@ cache); the UI never needs to know about blocks.
 from __future__ import annotations
 
 import re
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Literal
@@ -80,21 +81,37 @@ class ContextWindow:
         self.limit = limit
         self._piece_counts: OrderedDict[str, int] = OrderedDict()   # LRU: text piece -> tokens
         self._cache_size = cache_size
-        self._splitter = self._special_splitter()
+        self._special: set[str] = set()
+        # One caller at a time: the LRU is not thread-safe, nor are HF fast tokenizers.
+        self._lock = threading.RLock()
+        self._splitter: re.Pattern | None | bool = False      # False: not decided yet
+
+    @property
+    def piecewise(self) -> bool:
+        """Whether counts are summed over cached pieces (else each count encodes the whole)."""
+        with self._lock:
+            if self._splitter is False:
+                self._splitter = self._special_splitter()
+            return self._splitter is not None
 
     # ---- exact counts -------------------------------------------------------------------------
+    def _template(self, messages: Messages, add_generation_prompt: bool,
+                  continue_final_message: bool, tokenize: bool):
+        """The chat template; continuing the final message means no new generation prompt."""
+        with self._lock:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message, tokenize=tokenize,
+                **({"return_dict": False} if tokenize else {}))
+
     def render(self, messages: Messages, add_generation_prompt: bool = True,
                continue_final_message: bool = False) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, tokenize=False)
+        return self._template(messages, add_generation_prompt, continue_final_message, False)
 
     def token_ids(self, messages: Messages, add_generation_prompt: bool = True,
                   continue_final_message: bool = False) -> list[int]:
         """Exactly what the engine is sent (the chat template, tokenized)."""
-        return list(self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message, tokenize=True, return_dict=False))
+        return list(self._template(messages, add_generation_prompt, continue_final_message, True))
 
     def count_tokens(self, messages: Messages, draft: str | None = None,
                      add_generation_prompt: bool = True,
@@ -103,10 +120,11 @@ class ContextWindow:
         it is not empty. Equals len(token_ids(...)) of the same messages."""
         if draft:
             messages = [*messages, {"role": "user", "content": draft}]
-        text = self.render(messages, add_generation_prompt, continue_final_message)
-        if self._splitter is None:
-            return len(self._encode(text))
-        return sum(self._count_piece(p) for p in self._splitter.split(text) if p)
+        with self._lock:
+            text = self.render(messages, add_generation_prompt, continue_final_message)
+            if not self.piecewise:
+                return len(self._encode(text))
+            return sum(self._count_piece(p) for p in self._splitter.split(text) if p)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)

