@@ -121,22 +121,40 @@ def test_prefill_progress(tiny_llama):
     assert [s for s in seen if s[2]] == [(64, 0, True), (128, 0, True), (192, 0, True)]
     assert seen[3:] == [(200, 1, False), (200, 2, False), (200, 3, False)]
 
-    async_engine = AsyncEngine(engine)
+    def streamed_progress(ids: list[int]) -> list[int]:
+        async_engine = AsyncEngine(engine)
+        try:
+            return [o.num_computed_prompt_tokens for o in
+                    async_engine.submit(ids, greedy(2)) if o.prefilling]
+        finally:
+            async_engine.shutdown()
+
+    # Again: 192 tokens (12 full blocks) come from the prefix cache, the rest in one chunk.
+    assert streamed_progress(prompt) == [] and llm.stats().prefix_cache_hits >= 192
+    assert streamed_progress([2] + prompt[1:]) == [64, 128, 192]
+
+
+def _stream_texts(client: httpx.Client, prompt: list[int]) -> list[str]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with client.stream("POST", "/completions", json=body) as resp:
+        return [json.loads(line[6:])["choices"][0]["text"] for line in resp.iter_lines()
+                if line.startswith("data: {")]
+
+
+def test_api_stream_unchanged_by_chunked_prefill(served, tiny_llama):
+    """Progress outputs add no chunk to an API stream: a server prefilling in chunks of 64
+    streams the same chunks as one prefilling the prompt at once."""
+    _, whole_client = served
+    chunked = AsyncEngine(LLM(tiny_llama, num_kv_blocks=64, max_num_batched_tokens=64).engine)
+    url, server = start_server(chunked)
     try:
-        progress = [o.num_computed_prompt_tokens for o in
-                    async_engine.submit(prompt, greedy(2)) if o.prefilling]
+        prompt = [1] + [3 + (7 * i) % 500 for i in range(199)]
+        texts = _stream_texts(httpx.Client(base_url=url + "/v1", timeout=60), prompt)
+        assert texts == _stream_texts(whole_client, prompt) and len(texts) >= 4
     finally:
-        async_engine.shutdown()
-    # The second run finds 192 tokens (12 full blocks) in the prefix cache: only the rest runs.
-    assert progress == [] and llm.stats().prefix_cache_hits >= 192
-    other = [2] + prompt[1:]
-    async_engine = AsyncEngine(engine)
-    try:
-        progress = [o.num_computed_prompt_tokens for o in
-                    async_engine.submit(other, greedy(2)) if o.prefilling]
-    finally:
-        async_engine.shutdown()
-    assert progress == [64, 128, 192]
+        stop_server(server)
+        chunked.shutdown()
 
 
 def test_max_model_len_flag(tiny_llama):
