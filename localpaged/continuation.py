@@ -25,11 +25,14 @@ class ContinueRequest:
 
 
 def continue_request(prompt_token_ids: list[int], reply_token_ids: list[int],
-                     params: SamplingParams) -> ContinueRequest:
+                     params: SamplingParams, context_limit: int | None = None) -> ContinueRequest:
     """The request that resumes a reply from its stored token ids.
 
     `params` are the reply's original settings; a max_tokens already reached by the reply is
-    an error (raise max_tokens to continue), as is an empty prompt or reply.
+    an error (raise max_tokens to continue), as is an empty prompt or reply. With
+    `context_limit` (LLMEngine.context_limit()), a prompt and reply that leave no room for one
+    more token are an error too: such a reply (e.g. one stopped by a full KV cache) can only
+    go on from a shorter prompt (ContextWindow.fit with continue_final_message=True).
     """
     if not prompt_token_ids:
         raise ValueError("prompt_token_ids must not be empty")
@@ -37,6 +40,10 @@ def continue_request(prompt_token_ids: list[int], reply_token_ids: list[int],
         raise ValueError("reply_token_ids must not be empty: there is nothing to continue "
                          "(send the prompt as a new request)")
     done = len(reply_token_ids)
+    if context_limit is not None and len(prompt_token_ids) + done >= context_limit:
+        raise ValueError(f"the prompt ({len(prompt_token_ids)} tokens) and the reply ({done}) "
+                         f"fill the context limit of {context_limit} tokens: leave out older "
+                         "messages to continue")
     max_tokens = params.max_tokens
     if max_tokens is not None:
         if max_tokens <= done:

@@ -71,6 +71,8 @@ def test_finish_details_tell_kv_cache_full_from_length(tiny_llama):
     assert len(prompt) + len(full.token_ids) == 64 + 1     # the last token needs no K/V slot
     assert full.token_ids == hf_greedy(tiny_llama, prompt, len(full.token_ids))
     assert stop_explanation(full) == "stopped: the KV cache was full"
+    with pytest.raises(ValueError, match="fill the context limit of 64 tokens"):
+        continue_request(prompt, full.token_ids, greedy(100), llm.engine.context_limit())
 
     limited = llm.generate([prompt], greedy(3))[0].outputs[0]
     assert (limited.finish_reason, limited.finish_detail) == ("length", "max_tokens")
