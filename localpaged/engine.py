@@ -296,7 +296,9 @@ class LLMEngine:
             seq.finish_reason, seq.finish_reason)      # beam hypotheses set only the reason
         return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
                                 seq.finish_reason, seq.stop_reason,
-                                seq.logprobs if p.logprobs is not None else None,
+                                # a copy: the engine thread appends to seq.logprobs while
+                                # a consumer reads this output (a stream re-sent tokens)
+                                list(seq.logprobs) if p.logprobs is not None else None,
                                 seq.cumulative_logprob, finish_detail=detail)
 
     # ---- introspection ------------------------------------------------------------------------

@@ -103,3 +103,15 @@ def test_continue_request_bad_input():
     with pytest.raises(ValueError, match="prompt_token_ids must not be empty"):
         continue_request([], [3], greedy(5))
     assert continue_request([1], [2], greedy(None)).params.max_tokens is None
+
+
+def test_streamed_outputs_are_snapshots(tiny_llama):
+    """An output handed out mid-reply keeps its logprobs when the engine goes on (they used to
+    alias the sequence's growing list, so an API stream re-sent tokens)."""
+    llm = LLM(tiny_llama, num_kv_blocks=64, block_size=BLOCK)
+    engine = llm.engine
+    engine.add_request(None, prompts(1, seed=15, lo=10, hi=11)[0], greedy(6, logprobs=1))
+    seen = []
+    while engine.has_unfinished_requests():
+        seen += [o.outputs[0] for o in engine.step()]
+    assert [len(o.logprobs) for o in seen] == [len(o.token_ids) for o in seen] == [1, 2, 3, 4, 5, 6]
