@@ -7,8 +7,9 @@ reply), which `LLMEngine.context_limit()` gives (the smaller of the model's cont
 cache); the UI never needs to know about blocks.
 
 - `count_tokens(messages, draft)`: tokens the next request will use (the gauge). Fast for long
-  chats: the rendered template is cut at the tokenizer's special tokens (a tokenizer never
-  merges across one) and each piece's count is cached, so typing re-encodes only the draft.
+  chats: the rendered template is cut at the tokenizer's special tokens (HF tokenizers split
+  them out before anything else, so no token spans one; checked on a probe at first use) and
+  each piece's count is cached, so typing re-encodes only the draft.
 - `fit(messages, reserve, policy)`: the prompt to send. Policy "drop_oldest" leaves out the
   oldest whole turns after the system prompt (a turn is a user message and every reply up to
   the next user message: they leave together, never half a message); policy "error" raises
@@ -141,8 +142,9 @@ class ContextWindow:
         return n
 
     def _special_splitter(self) -> re.Pattern | None:
-        """A regex cutting text at special tokens (kept as pieces), or None when counting piece by
-        piece is not provably equal to encoding the whole (stripping tokens, or a probe differs)."""
+        """A regex cutting text at special tokens (kept as pieces), or None where counting piece
+        by piece may differ from encoding the whole: special tokens that strip the spaces beside
+        them, or a probe text whose piecewise count differs. (`fit` re-encodes what it sends.)"""
         added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
         special = [t for t in added.values() if getattr(t, "special", False)]
         if not special or any(getattr(t, "lstrip", False) or getattr(t, "rstrip", False)
