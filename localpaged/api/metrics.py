@@ -11,6 +11,7 @@ default registry: several servers may run in one process, e.g. in tests). It hol
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -29,10 +30,12 @@ LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 
 
 class MetricsRecorder:
-    """Per-request metrics in a registry of their own; prometheus_client's metrics are
-    thread-safe, so request threads and scrapes need no lock here."""
+    """Per-request metrics in a registry of their own, thread-safe. Invariant: a scrape sees
+    every recorded request whole or not at all (one lock around recording and rendering;
+    prometheus_client locks each metric only on its own)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         reg = self.registry
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
@@ -58,6 +61,11 @@ class MetricsRecorder:
     def record_request(self, metrics: RequestMetrics, finish_reason: str | None = None,
                        num_prompt_tokens: int = 0) -> None:
         """Record one finished request (its RequestOutput.metrics)."""
+        with self._lock:
+            self._record(metrics, finish_reason, num_prompt_tokens)
+
+    def _record(self, metrics: RequestMetrics, finish_reason: str | None,
+                num_prompt_tokens: int) -> None:
         self.requests.labels(finish_reason=finish_reason or "unknown").inc()
         self.prompt_tokens.inc(num_prompt_tokens)
         self.generation_tokens.inc(metrics.num_generated_tokens)
@@ -74,7 +82,8 @@ class MetricsRecorder:
 
     def render(self, stats: EngineStats | None) -> str:
         """The whole exposition: engine metrics (when stats is given) and request metrics."""
-        return generate_latest(_Scrape(stats, self.registry)).decode("utf-8")
+        with self._lock:
+            return generate_latest(_Scrape(stats, self.registry)).decode("utf-8")
 
 
 class _Scrape:
