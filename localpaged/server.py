@@ -23,8 +23,8 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from localpaged.api import (ServedModel, check_bind_safety, create_api, install_error_handlers,
-                            resolve_api_key)
+from localpaged.api import (MetricsRecorder, ServedModel, check_bind_safety, create_api,
+                            install_error_handlers, resolve_api_key)
 from localpaged.api.guard import GuardPolicy, guard_app
 from localpaged.api.security import (OPEN_FLAG, login_secrets, require_login_for_bind,
                                      resolve_password)
@@ -40,8 +40,10 @@ def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
     `engine` served as `model_name`, or a ServedModel (no name then)."""
     app = FastAPI(title="localpaged", summary="OpenAI-compatible API over a PagedAttention engine")
     served = as_served(engine, model_name)
-    app.include_router(create_api(served, api_key=api_key))
+    metrics = MetricsRecorder()                 # this app's own registry behind /metrics
+    app.include_router(create_api(served, api_key=api_key, recorder=metrics))
     install_error_handlers(app)
+    app.state.metrics = metrics
     app.state.served = served
     app.state.api_key = api_key
     return app

