@@ -2,7 +2,10 @@
 
 Text is decoded over a sliding window of tokens (the few before the last emitted one give the
 tokenizer its context), so each step costs O(window), and an incomplete UTF-8 character
-(decoded as U+FFFD) is held back until the token that completes it arrives.
+(decoded as U+FFFD) is held back until the token that completes it arrives. When the sequence
+finishes (except at a stop string, which cuts the text itself), what was held back is flushed,
+so the final text is exactly the tokenizer's decode of the output (an unfinished character
+included, as U+FFFD).
 """
 
 from __future__ import annotations
@@ -14,13 +17,14 @@ def start_offsets(prompt_len: int) -> tuple[int, int]:
     return max(0, prompt_len - 5), prompt_len
 
 
-def detokenize(tokenizer, seq: Sequence) -> str:
-    """Extend seq.text with the text of its newest tokens; returns the new text."""
+def detokenize(tokenizer, seq: Sequence, final: bool = False) -> str:
+    """Extend seq.text with the text of its newest tokens; returns the new text. An incomplete
+    character at the end is held back unless `final` (the sequence has finished)."""
     prefix_offset, read_offset = seq.detok_state
     ids = seq.token_ids
     prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
     full = tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True)
-    if len(full) <= len(prefix) or full.endswith("\ufffd"):
+    if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
         return ""
     new_text = full[len(prefix):]
     seq.detok_state = (read_offset, len(ids))

@@ -164,6 +164,7 @@ class LLMEngine:
             return None
         for seq in group.unfinished_seqs():
             seq.finish_reason, seq.finish_detail = "abort", "abort"
+            detokenize(self.tokenizer, seq, final=True)
         self._update(SchedulerOutput(), StepResult(finished=[group]))
         return self._output(group)
 
@@ -278,6 +279,8 @@ class LLMEngine:
             seq.finish_reason, seq.finish_detail = "length", "max_tokens"
         elif len(seq.token_ids) >= group.max_model_len:
             seq.finish_reason, seq.finish_detail = "length", "max_model_len"
+        if seq.is_finished and seq.finish_detail != "stop_string":
+            detokenize(self.tokenizer, seq, final=True)     # flush a held-back partial character
         if not group.unfinished_seqs():
             result.finished.append(group)
 
