@@ -45,7 +45,7 @@ class App:
     def __init__(self, model: str, data_dir: Path, log: Path) -> None:
         self.port, self.log = _free_port(), log
         self.cmd = [sys.executable, str(REPO / "app.py"), "--model", model, "--data-dir",
-                    str(data_dir), "--port", str(self.port), "--num-kv-blocks", "512"]
+                    str(data_dir), "--port", str(self.port), "--num-kv-blocks", "2560"]
         self.url = f"http://127.0.0.1:{self.port}/"
         self.proc: subprocess.Popen | None = None
 
@@ -78,13 +78,13 @@ class App:
 
 
 def long_context_model(root: str) -> str:
-    """The tiny Llama with a 4096-token context, so a reply can stream long enough to be
-    stopped by hand (the stock one runs out of context in about 3 s)."""
+    """The tiny Llama with a 32768-token context, so a reply streams far longer than the Stop
+    click takes to land, however fast the engine (the stock one runs out of context in ~3 s)."""
     import tiny_models
     from transformers import LlamaConfig
     tiny_models.CONFIGS.setdefault("llama-long", lambda: LlamaConfig(
         num_attention_heads=4, num_key_value_heads=2,
-        **{**tiny_models.COMMON, "max_position_embeddings": 4096}))
+        **{**tiny_models.COMMON, "max_position_embeddings": 32768}))
     return tiny_models.build("llama-long", root)
 
 
@@ -178,7 +178,7 @@ def walk_through(app, page) -> None:
     shot(page, "01-open")
 
     # Send, watch it stream, stop it. The HTML and script in the message stay text.
-    configure(page, 0, temperature=0, max_tokens=3500)    # greedy: the same run every time
+    configure(page, 0, temperature=0, max_tokens=30000)    # greedy: the same run every time
     send(page, 0, EVIL)
     wait_text(page, "#chat0", "▌")
     first = len(text(page, "#chat0"))
