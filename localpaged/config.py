@@ -22,6 +22,7 @@ class EngineConfig:
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
     revision: str | None = None
+    quantization: str = "auto"           # "auto" (GGUF keeps its bit width) | "none" | "int8" | "int4"
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -34,5 +35,7 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise ValueError(f"quantization must be one of auto, none, int8, int4, got {self.quantization!r}")
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")

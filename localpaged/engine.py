@@ -44,7 +44,7 @@ class LLMEngine:
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if config.device == "auto" else config.device))
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
-        loaded = loader.load(config.model, self.device, self.dtype, config.revision)
+        loaded = loader.load(config.model, self.device, self.dtype, config.revision, config.quantization)
         self.model, self.tokenizer, self.model_config = loaded.model, loaded.tokenizer, loaded.config
         self.eos_token_ids = loaded.eos_token_ids
         self.model_source = loaded.source
