@@ -97,7 +97,7 @@ def _convert(t, kind: str, bits: int | None, exact: bool):
         return _q4_exact(np.asarray(t.data), kind)
     if bits == 8 and kind == "Q8_0" and exact:
         return _q8_exact(np.asarray(t.data))
-    w = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
+    w = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32))
     w = w.reshape([int(d) for d in reversed(t.shape)])
     if bits is None:
         return w

@@ -49,7 +49,7 @@ class PackedWeight:
 
     @property
     def per_channel(self) -> bool:
-        return self.group_size == self.shape[1]
+        return self.bits == 8 and self.group_size == self.shape[1]
 
     @property
     def format(self) -> str:
