@@ -131,7 +131,7 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
         if isinstance(pw, PackedWeight) and id(pw.qweight) not in seen:
             seen.add(id(pw.qweight))
             total += pw.nbytes
-            formats[pw.format] = formats.get(pw.format, 0) + pw.qweight.numel()
+            formats[pw.format] = formats.get(pw.format, 0) + pw.shape[0] * pw.shape[1]
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in seen:
             seen.add(id(t))
@@ -140,4 +140,5 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
         main = max(formats, key=formats.get)
     else:
         main = str(next(model.parameters()).dtype).removeprefix("torch.")
-    return total, f"{main} · {total / 1e6:.0f} MB"
+    mb = total / 1e6
+    return total, f"{main} · {mb:.0f} MB" if mb >= 10 else f"{main} · {mb:.2g} MB"
