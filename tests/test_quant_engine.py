@@ -3,7 +3,7 @@
 Batching, prefix hits and preemption change no greedy token with int8 or int4 weights. Greedy
 int8 equals fp32 up to the first step where fp32's own top-2 logit margin is below MARGIN: int8
 weights (per-channel, error <= scale/2) and bf16 activations move a tiny model's logits by a few
-hundredths (measured max |delta| is asserted below), so a closer race may legitimately flip.
+thousandths (measured max |delta| ~0.0025, asserted < MARGIN / 2), so a closer race may legitimately flip.
 """
 
 import pytest
@@ -14,13 +14,13 @@ from quant_helpers import sequence_logits
 from localpaged import LLM
 
 N_NEW = 16
-MARGIN = 0.1          # logits; the measured int8-vs-fp32 deviation must stay below MARGIN / 2
+MARGIN = 0.01         # logits (tiny-model logits are ~0.25 at most; measured int8 deviation ~0.0025)
 QUANTS = ["int8", "int4"]
 
 
 @pytest.fixture(scope="module")
 def batch():
-    return prompts(8, seed=11)
+    return prompts(12, seed=11)    # batched decode runs M > CPU_INT8_PACKED_MAX_M
 
 
 @pytest.fixture(scope="module", params=QUANTS)
@@ -55,6 +55,7 @@ def test_weights_are_smaller(tiny_llama):
 def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
     fp = LLM(tiny_llama, num_kv_blocks=64)
     i8 = LLM(tiny_llama, num_kv_blocks=64, quantization="int8")
+    compared = 0
     for p in batch:
         ref = fp.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
         got = i8.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
@@ -64,3 +65,9 @@ def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
         close = ((top2[:, 0] - top2[:, 1]) < MARGIN).nonzero()
         upto = int(close[0]) if len(close) else N_NEW
         assert got[:upto] == ref[:upto]
+        # teacher-forced, every position of prompt + reply: clear fp32 winners stay winners
+        top2 = lf.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
+        assert torch.equal(lf.argmax(-1)[clear], l8.argmax(-1)[clear])
+        compared += upto + int(clear.sum())
+    assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
