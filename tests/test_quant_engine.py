@@ -71,3 +71,19 @@ def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
         assert torch.equal(lf.argmax(-1)[clear], l8.argmax(-1)[clear])
         compared += upto + int(clear.sum())
     assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
+
+
+def test_bad_quantization_is_a_clear_error(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4, got 'int3'"):
+        LLM(tiny_llama, quantization="int3")
+    import tiny_models
+    from transformers import AutoModelForCausalLM, LlamaConfig
+    config = LlamaConfig(num_attention_heads=4, num_key_value_heads=2,
+                         **(tiny_models.COMMON | {"hidden_size": 48, "intermediate_size": 96}))
+    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "odd")
+    tiny_models._tokenizer().save_pretrained(tmp_path / "odd")
+    with pytest.raises(ValueError, match=r"quantization='int4' needs in_features divisible by the "
+                                         r"group size 32.*Use quantization='int8'"):
+        LLM(str(tmp_path / "odd"), quantization="int4", num_kv_blocks=8)
+    odd8 = LLM(str(tmp_path / "odd"), quantization="int8", num_kv_blocks=8)   # int8 has no groups
+    assert odd8.stats().weights_format.startswith("int8")
