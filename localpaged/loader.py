@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
 from localpaged.quant import QUANTIZATION_CHOICES
-from localpaged.quant.convert import fuse_packed, read_safetensors
+from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.gguf import read_gguf
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 
@@ -155,6 +155,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state = _safetensors_state_dict(source.path)
     if packed:
         install(model, {k: v.to(device) for k, v in fuse_packed(packed).items()}, dtype)
+        state = fuse_biases(state)
         logger.info("weights: %s", weights_summary(model)[1])
     _load_weights(model, state, device, dtype)
     return LoadedModel(model, config, tokenizer, _eos_ids(source, config, tokenizer), source)

@@ -87,3 +87,15 @@ def test_bad_quantization_is_a_clear_error(tiny_llama, tmp_path):
         LLM(str(tmp_path / "odd"), quantization="int4", num_kv_blocks=8)
     odd8 = LLM(str(tmp_path / "odd"), quantization="int8", num_kv_blocks=8)   # int8 has no groups
     assert odd8.stats().weights_format.startswith("int8")
+
+
+@pytest.mark.parametrize("kind", ["llama-mqa-tied", "qwen2-bias"])
+def test_tied_and_biased_models(tiny_root, kind):
+    import tiny_models
+    llm = LLM(tiny_models.build(kind, tiny_root), num_kv_blocks=64, quantization="int4")
+    model = llm.engine.model
+    if kind == "llama-mqa-tied":                 # one packed table for embeddings and lm_head
+        assert model.lm_head.packed is model.model.embed_tokens.packed
+    batch = prompts(6, seed=3)
+    alone = token_ids([llm.generate([p], greedy(8))[0] for p in batch])
+    assert token_ids(llm.generate(batch, greedy(8))) == alone

@@ -43,6 +43,18 @@ def read_safetensors(path: str, quantization: str) -> tuple[dict[str, torch.Tens
     return floats, packed
 
 
+def fuse_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Float q/k/v (or gate/up) biases of layers whose weights are packed: stacked the same way."""
+    out = dict(state)
+    prefixes = {k.rsplit(".", 3)[0] for k in state if k.startswith("model.layers.") and k.endswith(".bias")}
+    for prefix in prefixes:
+        for fused, parts in FUSED.items():
+            names = [f"{prefix}.{part}.bias" for part in parts]
+            if all(n in out for n in names):
+                out[f"{prefix}.{fused}.bias"] = torch.cat([out.pop(n) for n in names])
+    return out
+
+
 def fuse_packed(packed: dict[str, PackedWeight]) -> dict[str, PackedWeight]:
     """q/k/v -> qkv_proj and gate/up -> gate_up_proj, as models.llama.fuse_state_dict does."""
     out = dict(packed)
