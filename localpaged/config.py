@@ -22,7 +22,8 @@ class EngineConfig:
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
     revision: str | None = None
-    quantization: str = "auto"           # "auto" (GGUF keeps its bit width) | "none" | "int8" | "int4"
+    quantization: str = "auto"           # "auto" | "none" | "int8" | "int4"; auto: a GGUF keeps its
+                                         # bit width on GPU, is dequantized on CPU (loader.load)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -15,8 +15,11 @@ Kernel choice (see bench/quant_linear.py for the measurement behind it):
   the bf16 cast of the scales is exact: SmolLM2 perplexity int8 31.69 vs float32 31.67.
 - CPU int4 and grouped int8 (GGUF Q4_*/Q8_0 kept exact): dequantize (the float32 reference)
   then `F.linear` in x.dtype, for every M: the output equals the float32 model with the same
-  dequantized weights (what transformers computes from the GGUF). torch's packed int4 CPU op
-  needs bf16 activations and was no faster on SmolLM2's shapes here (K = 576, 1536).
+  dequantized weights (what transformers computes from the GGUF). This saves memory, not time:
+  one-conversation decode measured 0.13x float32 on SmolLM2 (loaded 2-core machine), so
+  "auto" does not choose it on CPU (loader.load). torch's packed int4 CPU op
+  (`_weight_int4pack_mm_for_cpu`, torch's own tiled nibble layout) measured 15-30x slower than
+  float32 `linear` at M=1 on SmolLM2's shapes (K = 576, 1536) here; TODO: a fast CPU int4 path.
 """
 
 from __future__ import annotations
