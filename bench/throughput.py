@@ -67,6 +67,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="GGUF path (default: the bundled SmolLM2)")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quantization", default="none", choices=["auto", "none", "int8", "int4"],
+                    help="our weights (default none: float32, as the peers; auto keeps the GGUF's int4)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -79,7 +81,8 @@ def main() -> None:
     skip = set(filter(None, args.skip.split(",")))
     gguf = args.model or loader.bundled_gguf_path()
     dtype = loader.resolve_dtype(args.dtype, torch.device(args.device))
-    llm = LLM(gguf, dtype=args.dtype, device=args.device, max_num_seqs=256, num_kv_blocks=4096)
+    llm = LLM(gguf, dtype=args.dtype, device=args.device, max_num_seqs=256, num_kv_blocks=4096,
+              quantization=args.quantization)
     prompts = [llm.apply_chat_template(c) for c in workload.chats(args.requests)]
     hf = peers.load_hf(gguf, dtype)
     llm.generate(prompts[:2], SamplingParams(max_tokens=4))          # warm-up, both systems

@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the model's own context length)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache (default auto: float32 on CPU)")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+                   help="weight-only quantization (default auto: a GGUF keeps its bit width on "
+                        "GPU and is dequantized on CPU; safetensors load as is)")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")
@@ -86,7 +89,8 @@ def build(args: argparse.Namespace):
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
     else:
-        factory = local_factory(args.num_kv_blocks, args.dtype, args.max_model_len)
+        factory = local_factory(args.num_kv_blocks, args.dtype, args.max_model_len,
+                                args.quantization)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

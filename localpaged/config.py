@@ -23,6 +23,8 @@ class EngineConfig:
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
+    quantization: str = "auto"           # "auto" | "none" | "int8" | "int4"; auto: a GGUF keeps its
+                                         # bit width on GPU, is dequantized on CPU (loader.load)
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -38,5 +40,7 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.quantization not in ("auto", "none", "int8", "int4"):
+            raise ValueError(f"quantization must be one of auto, none, int8, int4, got {self.quantization!r}")
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")

@@ -26,6 +26,7 @@ import torch
 from localpaged import beam_search, loader, prompt_logprobs
 from localpaged.attention import get_backend
 from localpaged.config import EngineConfig
+from localpaged.quant.linear import weights_summary
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import InvariantError, KVCacheManager
@@ -52,10 +53,11 @@ class LLMEngine:
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if config.device == "auto" else config.device))
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
-        loaded = loader.load(config.model, self.device, self.dtype, config.revision)
+        loaded = loader.load(config.model, self.device, self.dtype, config.revision, config.quantization)
         self.model, self.tokenizer, self.model_config = loaded.model, loaded.tokenizer, loaded.config
         self.eos_token_ids = loaded.eos_token_ids
         self.model_source = loaded.source
+        self.weights_bytes, self.weights_format = weights_summary(self.model)
         self.max_model_len = self._max_model_len()
         self.backend = get_backend(config.attention_backend, self.device)
         num_blocks, num_cpu_blocks = self._num_blocks()
@@ -340,7 +342,8 @@ class LLMEngine:
             num_cpu_blocks=cpu.num_blocks if cpu else 0,
             cpu_blocks_in_use=(cpu.num_blocks - cpu.num_free) if cpu else 0,
             num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped), block_tables=tables)
+            num_swapped=len(sched.swapped), block_tables=tables,
+            weights_bytes=self.weights_bytes, weights_format=self.weights_format)
 
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""

@@ -22,6 +22,10 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
+from localpaged.quant import QUANTIZATION_CHOICES
+from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
+from localpaged.quant.gguf import read_gguf
+from localpaged.quant.linear import QuantLinear, install, weights_summary
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +136,33 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return table[dtype]
 
 
-def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | None = None) -> LoadedModel:
+def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | None = None,
+         quantization: str = "auto") -> LoadedModel:
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}")
     source = resolve(name, revision)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     config = AutoConfig.from_pretrained(source.path, trust_remote_code=False, **kwargs)
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
     tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=False, **kwargs)
-    state = _gguf_state_dict(source) if source.gguf_file else _safetensors_state_dict(source.path)
+    if quantization == "auto" and device.type == "cpu" and source.gguf_file:
+        # Measured (bench/quant_decode.py): packed int4 on CPU decodes at 0.13x float32 (it
+        # dequantizes per call; no fast CPU int4 kernel yet), so auto keeps the old float path.
+        logger.info("quantization auto on CPU: GGUF weights dequantized to %s; pass "
+                    "quantization='int4' or 'int8' to keep them packed (less memory, slower)", dtype)
+        quantization = "none"
+    packed: dict = {}
+    if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
+        state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization)
+    elif quantization in ("int8", "int4"):
+        state, packed = read_safetensors(source.path, quantization)
+    else:
+        state = _safetensors_state_dict(source.path)
+    if packed:
+        install(model, {k: v.to(device) for k, v in fuse_packed(packed).items()}, dtype)
+        state = fuse_biases(state)
+        logger.info("weights: %s", weights_summary(model)[1])
     _load_weights(model, state, device, dtype)
     return LoadedModel(model, config, tokenizer, _eos_ids(source, config, tokenizer), source)
 
@@ -155,21 +178,13 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _gguf_state_dict(source: ModelSource) -> dict[str, torch.Tensor]:
-    """transformers dequantizes GGUF and undoes llama.cpp's q/k permutation for us."""
-    from transformers import AutoModelForCausalLM
-    logger.info("loading GGUF %s (dequantized by transformers)", source.description)
-    hf = AutoModelForCausalLM.from_pretrained(source.path, gguf_file=source.gguf_file,
-                                              dtype=torch.float32, trust_remote_code=False)
-    return hf.state_dict()
-
-
 def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
-    model.to_empty(device=device).to(dtype)
+    model.to_empty(device=device).to(dtype)    # quantized modules hold no parameters: untouched
     missing, unexpected = model.load_state_dict(fuse_state_dict(state), strict=False)
-    if model.config.tie_word_embeddings:
+    tied = model.config.tie_word_embeddings
+    if tied and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
-    missing = [k for k in missing if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
     unexpected = [k for k in unexpected if "rotary_emb" not in k]
     if missing or unexpected:
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")

@@ -97,6 +97,8 @@ class EngineStats:
     num_waiting: int
     num_swapped: int
     block_tables: dict[str, list[list[int]]] = field(default_factory=dict)  # request -> per seq
+    weights_bytes: int = 0             # resident model weights (packed tables counted once)
+    weights_format: str = ""           # e.g. "int4 g32 · 97 MB", "float32 · 540 MB"
 
     @property
     def kv_utilization(self) -> float:

@@ -125,7 +125,7 @@ class ModelManager:
 
 
 def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
-                  max_model_len: int | None = None) -> Factory:
+                  max_model_len: int | None = None, quantization: str = "auto") -> Factory:
     """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress."""
     def build(name: str, progress: Progress) -> ChatBackend:
         from localpaged import LLM
@@ -135,7 +135,8 @@ def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
         if _looks_like_hub_id(name):
             _download(name, progress)
         progress("loading", "weights into the engine")
-        kwargs = {"dtype": dtype} | ({"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
+        kwargs = {"dtype": dtype, "quantization": quantization}
+        kwargs |= {"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {}
         kwargs |= {"max_model_len": max_model_len} if max_model_len is not None else {}
         llm = LLM(name, **kwargs)
         if not getattr(llm.tokenizer, "chat_template", None):

@@ -1,0 +1,103 @@
+"""CPU quantized matmul paths (localpaged.quant.linear) against the dequantize-then-matmul torch reference.
+
+Tolerances: int4 and grouped int8 run the reference itself (dequantize, then float matmul), so
+they must match `F.linear(x, pw.dequantize())` to float rounding (1e-5 relative to the output's
+scale; bf16: 2e-2, one bf16 ulp is 2^-8). Per-channel int8 computes bf16(x) @ q^T * scales with a
+bf16 result (torch's packed op): the oracle is float32 math on bf16(x), tolerance 1e-2 relative to
+the output's max (bf16 rounding of the result).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from localpaged.quant.layout import PackedWeight, cat_rows, pack_int4, quantize_int4, quantize_int8
+from localpaged.quant.linear import CPU_INT8_PACKED_MAX_M, quant_linear
+
+SHAPES = [(48, 96), (80, 256), (16, 384)]     # ragged N, K a multiple of 32 (and of 128 for g128)
+
+
+def _close(y, ref, rtol):
+    scale = ref.abs().max().item()
+    assert (y.float() - ref).abs().max().item() <= rtol * scale, (y.float() - ref).abs().max()
+
+
+def test_int4_nibble_order_and_dequantize():
+    q = torch.tensor([[1, 2, 15, 0] + [7] * 28])            # K = 32, one group
+    packed = pack_int4(q.to(torch.uint8))
+    assert packed[0, 0].item() == 1 | (2 << 4) and packed[0, 1].item() == 15
+    pw = PackedWeight(4, 32, packed, torch.tensor([[0.5]]), torch.tensor([[-1.0]]), (1, 32))
+    assert pw.dequantize()[0, :4].tolist() == [-0.5, 0.0, 6.5, -1.0]
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("G", [32, 128])
+def test_quantize_int4_error_bound(N, K, G):
+    if K % G:
+        pytest.skip("K not a multiple of G")
+    w = torch.randn(N, K)
+    pw = quantize_int4(w, G, scale_dtype=torch.float32)
+    step = pw.scales.repeat_interleave(G, 1)
+    assert ((pw.dequantize() - w).abs() <= step / 2 + 1e-5).all()
+
+
+def test_quantize_int8_error_bound():
+    w = torch.randn(40, 72)
+    pw = quantize_int8(w)
+    assert ((pw.dequantize() - w).abs() <= pw.scales[:, None] / 2 + 1e-6).all()
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("G", [32, 128])
+@pytest.mark.parametrize("M", [1, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4_matches_reference(N, K, G, M, dtype):
+    if K % G:
+        pytest.skip("K not a multiple of G")
+    pw = quantize_int4(torch.randn(N, K), G)
+    x = torch.randn(M, K).to(dtype)
+    y = quant_linear(x, pw)
+    assert y.dtype == dtype and y.shape == (M, N)
+    _close(y, F.linear(x.float(), pw.dequantize()), 1e-5 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("M", [1, CPU_INT8_PACKED_MAX_M, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_matches_reference(N, K, M, dtype):
+    pw = quantize_int8(torch.randn(N, K))
+    x = torch.randn(M, K).to(dtype)
+    y = quant_linear(x, pw)
+    assert y.dtype == dtype and y.shape == (M, N)
+    ref = F.linear(x.to(torch.bfloat16).float(), pw.dequantize())
+    _close(y, ref, 1e-2)
+
+
+def test_int8_rows_do_not_depend_on_batch():
+    """The packed (small M) and dequantized (large M) int8 paths agree row by row."""
+    pw = quantize_int8(torch.randn(96, 160))
+    x = torch.randn(37, 160)
+    big = quant_linear(x, pw)
+    small = torch.cat([quant_linear(x[i:i + 1], pw) for i in range(37)])
+    _close(small, big, 1e-2)
+
+
+def test_grouped_int8_and_fusion():
+    q = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
+    d = torch.rand(24, 2).half()
+    pw = PackedWeight(8, 32, q, d, None, (24, 64))
+    ref = q.float() * d.float().repeat_interleave(32, 1)
+    assert torch.equal(pw.dequantize(), ref)
+    x = torch.randn(5, 64)
+    _close(quant_linear(x, pw), F.linear(x, ref), 1e-5)
+    a, b = quantize_int4(torch.randn(8, 64)), quantize_int4(torch.randn(16, 64))
+    assert torch.equal(cat_rows([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    with pytest.raises(ValueError, match="quantized differently"):
+        cat_rows([a, quantize_int8(torch.randn(4, 64))])
+
+
+def test_int4_group_must_divide_k():
+    with pytest.raises(ValueError, match="divisible by the group size 32"):
+        quantize_int4(torch.randn(8, 48), 32)
+    with pytest.raises(ValueError, match="group_size must be one of"):
+        quantize_int4(torch.randn(8, 64), 16)
