@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from localpaged.sampling_params import SamplingParams
+from localpaged.sampling_params import INTERACTIVE, SamplingParams
 
 if TYPE_CHECKING:
     from localpaged.beam_search import BeamState
@@ -106,6 +106,7 @@ class SequenceGroup:
     num_cached_tokens: int | None = None
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
+    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
 
     @property
     def width(self) -> int:
