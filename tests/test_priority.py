@@ -30,6 +30,7 @@ class Trace:
         self.tokens: list[dict[str, int]] = []
         self.preempted: list[str] = []
         self.violations: list[str] = []
+        self.interactive_preempted: list[str] = []
         self.prefill_steps_bg_tokens: list[int] = []   # bg tokens per seq in interactive prefill steps
         sched, schedule = eng.scheduler, eng.scheduler.schedule
 
@@ -45,6 +46,11 @@ class Trace:
             came_in = [g for g in sched.running if id(g) not in before and g.priority == BACKGROUND]
             if came_in and queued:
                 self.violations.append(f"{came_in[0].request_id} admitted before {queued[0].request_id}")
+            lost = [g.request_id for g in out.preempted if g.priority == INTERACTIVE]
+            still = [g.request_id for g in sched.running if g.priority == BACKGROUND]
+            if lost and still:
+                self.violations.append(f"{lost[0]} preempted while {still[0]} runs")
+            self.interactive_preempted += lost
             if any(it.num_tokens > 1 and it.group.priority == INTERACTIVE for it in out.scheduled):
                 self.prefill_steps_bg_tokens += [it.num_tokens for it in out.scheduled
                                                  if it.group.priority == BACKGROUND]
@@ -81,13 +87,14 @@ def ids(out) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def requests():
     bg_prompts = prompts(3, seed=7, lo=20, hi=30)
-    fg_prompts = prompts(2, seed=8, lo=60, hi=70)         # > one token budget: chunked prefill
+    fg_prompts = prompts(3, seed=8, lo=60, hi=70)         # > one token budget: chunked prefill
     sampled = SamplingParams(n=2, temperature=1.0, top_k=50, seed=3, max_tokens=30, ignore_eos=True)
     background = [("bg0", bg_prompts[0], greedy(40), BACKGROUND),
                   ("bg1", bg_prompts[1], sampled, BACKGROUND),
                   ("bg2", bg_prompts[2], greedy(36), BACKGROUND)]
     interactive = [("fg0", fg_prompts[0], greedy(20), INTERACTIVE),
-                   ("fg1", fg_prompts[1], greedy(12), INTERACTIVE)]
+                   ("fg1", fg_prompts[1], greedy(12), INTERACTIVE),
+                   ("fg2", fg_prompts[2], greedy(40), INTERACTIVE)]   # fg* overflow the cache
     return background, interactive
 
 
@@ -101,9 +108,12 @@ def alone(tiny_llama, requests):
     return outputs
 
 
+@pytest.mark.parametrize("num_interactive", [2, 3])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_background_never_delays_interactive(tiny_llama, requests, alone, mode):
-    background, interactive = requests
+def test_background_never_delays_interactive(tiny_llama, requests, alone, mode, num_interactive):
+    """With 3 interactive requests the cache is too small for them alone: interactive groups are
+    preempted too, but only once no background group runs, and come back first."""
+    background, interactive = requests[0], requests[1][:num_interactive]
     start = 4                          # background groups fill the batch and the cache by then
     _, first_off, off = drive(engine(tiny_llama, preemption_mode=mode, **TIGHT),
                               {start: interactive})
@@ -118,13 +128,15 @@ def test_background_never_delays_interactive(tiny_llama, requests, alone, mode):
     assert all(first_on[r] == first_off[r] for r in fg)
     # Background groups were there (batch and cache full) and paid for it, never interactive ones.
     assert sum(on.tokens[start - 1].values()) > 0 and eng.scheduler.num_preemptions > 0
-    assert on.preempted and set(on.preempted) <= {rid for rid, *_ in background}
+    assert set(on.preempted) & {rid for rid, *_ in background}
+    assert bool(on.interactive_preempted) == (num_interactive == 3)
     if mode == "swap":
         assert eng.scheduler.num_swapped_out > 0
     assert on.violations == []
-    assert on.prefill_steps_bg_tokens and set(on.prefill_steps_bg_tokens) == {1}
+    assert set(on.prefill_steps_bg_tokens) <= {1}      # one token per seq while interactive prefills
+    assert on.prefill_steps_bg_tokens or num_interactive == 3     # (3: no background left running)
     # Every output equals the request run alone (greedy and seeded sampling, n=2).
-    assert {rid: ids(out) for rid, out in done.items()} == alone
+    assert {rid: ids(out) for rid, out in done.items()} == {r: alone[r] for r in done}
     stats = eng.stats()
     assert stats.blocks_in_use == 0 and stats.cpu_blocks_in_use == 0
 
@@ -156,3 +168,20 @@ def test_priority_is_validated(tiny_llama):
     with pytest.raises(ValueError, match="priority must be one of"):
         eng.add_request(None, [1, 5, 6], greedy(2), priority="low")
     assert not eng.has_unfinished_requests()
+
+
+def test_a_finished_sequence_frees_its_blocks_at_once(tiny_llama):
+    """Outputs of one request that end at different steps: the first one's blocks are freed
+    when it ends, not when the whole request does (debug_checks checks every step)."""
+    eng = engine(tiny_llama, block_size=4, num_kv_blocks=64, debug_checks=True)
+    group = eng.make_group(prompts(1, seed=9, lo=10, hi=11)[0], column_params=[greedy(2), greedy(9)])
+    eng.add_group(group)
+    short, long_ = group.seqs[0], None
+    while eng.has_unfinished_requests():
+        eng.step()
+        if short.is_finished and eng.has_unfinished_requests():
+            long_ = group.seqs[1]
+            assert short.seq_id not in eng.block_manager.tables
+            assert long_.seq_id in eng.block_manager.tables
+    assert long_ is not None and [len(s.output_token_ids) for s in group.seqs] == [2, 9]
+    eng.block_manager.check(expect_empty=True)
