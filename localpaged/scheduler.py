@@ -17,7 +17,10 @@ Every step (an iteration of the model), in this order:
    that prefills interactive work, each background sequence gets at most one token.
 4. Only when nothing was preempted this step, no interactive group is waiting or swapped out and
    no interactive work is prefilled, swapped-out and then waiting background groups come in.
-Prefills and decodes share a step; the model runner receives one flat batch.
+Prefills and decodes share a step; the model runner receives one flat batch. With
+`background_shares_batch=False` (EngineConfig.background_batch "idle", the default on CPUs, where
+each batch row costs about as much as a lone request), 3 and 4 only happen in steps that schedule
+no interactive work: background work then runs on idle capacity only.
 
 So a background group never delays an interactive group by a step: interactive groups are
 scheduled as if no background work existed (its blocks and batch slots are taken back when
@@ -89,13 +92,15 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str = "recompute") -> None:
+                 preemption_mode: str = "recompute", background_shares_batch: bool = True) -> None:
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
+        # False: background work runs only in steps with no interactive work (3 and 4 skipped)
+        self.background_shares_batch = background_shares_batch
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []        # admission order: the last is preempted first
         self.swapped: deque[SequenceGroup] = deque()
@@ -116,13 +121,18 @@ class Scheduler:
         if not any(g.priority == INTERACTIVE for g in out.preempted):
             budget = self._schedule_swapped(out, budget, INTERACTIVE)
             budget = self._schedule_waiting(out, budget, INTERACTIVE)
+        if self.background_shares_batch or not out.scheduled:
+            self._schedule_background(out, budget)
+        out.block_ops = self.block_manager.take_block_ops()
+        return out
+
+    def _schedule_background(self, out: SchedulerOutput, budget: int) -> None:
+        """Steps 3 and 4: background work within what interactive work left of the step."""
         prefilling = any(item.num_tokens > 1 for item in out.scheduled)   # all interactive here
         budget = self._schedule_running(out, budget, BACKGROUND, max_per_seq=1 if prefilling else None)
         if not (out.preempted or prefilling or self._queued(INTERACTIVE)):
             budget = self._schedule_swapped(out, budget, BACKGROUND)
             self._schedule_waiting(out, budget, BACKGROUND)
-        out.block_ops = self.block_manager.take_block_ops()
-        return out
 
     def _queued(self, priority: str) -> bool:
         return any(g.priority == priority for q in (self.waiting, self.swapped) for g in q)
