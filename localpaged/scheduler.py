@@ -24,8 +24,9 @@ no interactive work: background work then runs on idle capacity only.
 
 So a background group never delays an interactive group by a step: interactive groups are
 scheduled as if no background work existed (its blocks and batch slots are taken back when
-needed), and background work only adds its share to a batch: the leftover budget, at most
-one token per sequence while interactive work prefills. A background request with the prompt of an
+needed; only what the prefix cache holds can differ), and background work only adds its share
+to a batch: the leftover budget, at most one token per sequence while interactive work prefills
+(tests/test_priority.py checks this step by step; bench/background.py measures the time). A background request with the prompt of an
 interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
 shares them through the prefix cache. Preempted background groups resume later with identical
 outputs (recompute or swap; each sequence keeps its own RNG).
