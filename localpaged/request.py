@@ -98,6 +98,7 @@ class SequenceGroup:
     eos_token_ids: set[int] = field(default_factory=set)    # the model's end-of-sequence ids
     max_model_len: int = 0
     beam: BeamParams | None = None
+    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
     status: GroupStatus = GroupStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -106,7 +107,6 @@ class SequenceGroup:
     num_cached_tokens: int | None = None
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
-    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
 
     @property
     def width(self) -> int:

@@ -1,7 +1,19 @@
 """Scheduler: continuous batching of sequence groups under one token budget per step, in two
 priority classes (interactive, background).
 
-Every step (an iteration of the model), in this order:
+A background group never delays an interactive group by a step: interactive groups are
+scheduled as if no background work existed (its blocks and batch slots are taken back when
+needed; only what the prefix cache holds can differ), and background work only adds its share
+to a batch: the leftover budget, at most one token per sequence while interactive work prefills
+(tests/test_priority.py checks this step by step; bench/background.py measures the time). With
+`background_shares_batch=False` (EngineConfig.background_batch "idle", the default on CPUs, where
+each batch row costs about as much as a lone request), background work only runs in steps that
+schedule no interactive work: on idle capacity. A background request with the prompt of an
+interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
+shares them through the prefix cache. Preempted background groups resume later with identical
+outputs (recompute or swap; each sequence keeps its own RNG).
+
+Every step (an iteration of the model):
 1. Running interactive groups, oldest first, get their next tokens: one per decoding sequence, or
    the next chunk of a prompt (chunked prefill). When blocks run out a running group is
    preempted whole: the most recently admitted background group, or, when none runs, the most
@@ -13,28 +25,17 @@ Every step (an iteration of the model), in this order:
    `max_num_seqs`), running background groups are preempted, most recently admitted first,
    until it does. A waiting group's prompt first looks up the prefix cache: cached blocks are
    not recomputed.
-3. Running background groups get the token budget left after all interactive work. In a step
-   that prefills interactive work, each background sequence gets at most one token.
-4. Only when nothing was preempted this step, no interactive group is waiting or swapped out and
-   no interactive work is prefilled, swapped-out and then waiting background groups come in.
-Prefills and decodes share a step; the model runner receives one flat batch. With
-`background_shares_batch=False` (EngineConfig.background_batch "idle", the default on CPUs, where
-each batch row costs about as much as a lone request), 3 and 4 only happen in steps that schedule
-no interactive work: background work then runs on idle capacity only.
-
-So a background group never delays an interactive group by a step: interactive groups are
-scheduled as if no background work existed (its blocks and batch slots are taken back when
-needed; only what the prefix cache holds can differ), and background work only adds its share
-to a batch: the leftover budget, at most one token per sequence while interactive work prefills
-(tests/test_priority.py checks this step by step; bench/background.py measures the time). A background request with the prompt of an
-interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
-shares them through the prefix cache. Preempted background groups resume later with identical
-outputs (recompute or swap; each sequence keeps its own RNG).
-
-After the forward pass and sampling, `update_from_output` is the one post-step update: it
-advances the computed tokens of what ran, registers blocks that became full in the prefix cache,
-applies forks and frees (parallel samples, beam search) and frees every group that finished.
-Every way a request ends (stop, length, abort, out of memory, beam search done) goes through it.
+   Then background work (every step, or with "idle" only steps without interactive work):
+   running background groups get the token budget left, at most one token per sequence in a
+   step that prefills interactive work; and only when nothing was preempted this step, no
+   interactive group is waiting or swapped out and no interactive work is prefilled,
+   swapped-out and then waiting background groups come in.
+Prefills and decodes share a step; the model runner receives one flat batch.
+3. After the forward pass and sampling, `update_from_output` is the one post-step update: it
+   advances the computed tokens of what ran, registers blocks that became full in the prefix
+   cache, applies forks and frees (parallel samples, beam search) and frees every group that
+   finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
+   goes through it.
 """
 
 from __future__ import annotations
