@@ -7,8 +7,8 @@ One chat, several turns, on the bundled SmolLM2 GGUF (CPU by default). Each turn
 interactive reply, and with siblings on, at the same moment k alternatives of it (one request,
 n = k, seeded sampling) at background priority, over the same prompt. Siblings either share the
 interactive steps ("share": the leftover budget) or run only in steps without interactive work
-("idle"); see EngineConfig.background_batch. Modes off / k=1,2 share / k=1,2 idle run turn by
-turn, interleaved, with the prefix cache cleared before each turn, so they see the same
+("idle"); see EngineConfig.background_batch. Modes off / k=1,2 share / k=1,2 idle / off again
+(an A/A control: its ratio to off is the noise of the run) run turn by turn, interleaved, with the prefix cache cleared before each turn, so they see the same
 machine load and the same cache; the figure per mode is the median over rounds, then the mean
 over turns. Measured for the interactive request only: time to first token (seconds and engine
 steps) and decode tokens/s (tokens after the first, over the time after the first token). After
@@ -97,7 +97,8 @@ def main() -> None:
     llm = LLM(args.model or loader.bundled_gguf_path(), device=args.device, dtype=args.dtype,
               num_kv_blocks=1024)
     modes = {"off": (0, True), "k=1 share": (1, True), "k=2 share": (2, True),
-             "k=1 idle": (1, False), "k=2 idle": (2, False)}
+             "k=1 idle": (1, False), "k=2 idle": (2, False),
+             "off again": (0, True)}        # A/A control, last in each round: the noise floor
     warm_up = llm.apply_chat_template([{"role": "user", "content": USER_TURNS[0]}])
     for mode in modes.values():              # first calls allocate and warm caches: not measured
         run_turn(llm, warm_up, mode, 4, seed=0)
