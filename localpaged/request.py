@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from localpaged.sampling_params import SamplingParams
+from localpaged.sampling_params import INTERACTIVE, SamplingParams
 
 if TYPE_CHECKING:
     from localpaged.beam_search import BeamState
@@ -99,6 +99,7 @@ class SequenceGroup:
     eos_token_ids: set[int] = field(default_factory=set)    # the model's end-of-sequence ids
     max_model_len: int = 0
     beam: BeamParams | None = None
+    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
     status: GroupStatus = GroupStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
