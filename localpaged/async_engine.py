@@ -85,12 +85,15 @@ class AsyncEngine:
     # ---- callers ------------------------------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
                request_id: str | None = None,
-               column_params: list[SamplingParams] | None = None) -> RequestStream:
+               column_params: list[SamplingParams] | None = None,
+               priority: str | None = None) -> RequestStream:
         """Validate and queue a request; raises ValueError on bad input.
 
         With column_params, one output per entry, decoded together over the shared prompt.
+        priority: "interactive" | "background" (default: params.priority); see scheduler.py.
         """
-        group = self.engine.make_group(prompt, params, request_id, column_params=column_params)
+        group = self.engine.make_group(prompt, params, request_id, column_params=column_params,
+                                       priority=priority)
         return self.submit_group(group)
 
     def submit_group(self, group: SequenceGroup) -> RequestStream:
@@ -112,6 +115,12 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of this prompt in the prefix cache now (a preview: the engine thread may evict
+        or add blocks before a request for it is admitted). Only dict lookups, so safe to call
+        from any thread."""
+        return self.engine.cached_prefix_tokens(token_ids)
 
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""

@@ -32,7 +32,7 @@ from localpaged.model_runner import ModelRunner
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from localpaged.request import BeamParams, Sequence, SequenceGroup
 from localpaged.sampler import record, sample
-from localpaged.sampling_params import SamplingParams
+from localpaged.sampling_params import SamplingParams, check_priority
 from localpaged.scheduler import Fork, Scheduler, SchedulerOutput, StepResult
 
 logger = logging.getLogger(__name__)
@@ -104,15 +104,21 @@ class LLMEngine:
     # ---- requests -----------------------------------------------------------------------------
     def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
                    request_id: str | None = None, beam: BeamParams | None = None,
-                   column_params: list[SamplingParams] | None = None) -> SequenceGroup:
+                   column_params: list[SamplingParams] | None = None,
+                   priority: str | None = None) -> SequenceGroup:
         """Tokenize and validate a request without touching engine state (thread-safe).
 
         `column_params` asks for one output per entry, each with its own settings, decoded
         together over the one shared prompt (side-by-side comparison); `params` is then ignored.
+        `priority` ("interactive" | "background"; default: `params.priority`) is the scheduling
+        class. Alternatives of a reply run as a background request with the same prompt tokens
+        (n > 1 for several): it is admitted once that prompt's blocks are computed and shares
+        them through the prefix cache.
         """
         if column_params is not None and not column_params:
             raise ValueError("column_params must not be empty")
         params = column_params[0] if column_params else (params or SamplingParams())
+        priority = check_priority(params.priority if priority is None else priority)
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
         else:
@@ -123,7 +129,8 @@ class LLMEngine:
         seq.detok_state = start_offsets(len(ids))
         group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
                               self.max_model_len, beam, column_params=column_params,
-                              beam_state=beam_search.BeamState() if beam else None)
+                              beam_state=beam_search.BeamState() if beam else None,
+                              priority=priority)
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
                              f"beam width); this engine runs at most "
@@ -152,8 +159,8 @@ class LLMEngine:
         self.scheduler.add(group)
 
     def add_request(self, request_id: str | None, prompt: str | list[int],
-                    params: SamplingParams | None = None) -> str:
-        group = self.make_group(prompt, params, request_id)
+                    params: SamplingParams | None = None, priority: str | None = None) -> str:
+        group = self.make_group(prompt, params, request_id, priority=priority)
         self.add_group(group)
         return group.request_id
 
@@ -274,6 +281,8 @@ class LLMEngine:
             seq.finish_reason = "length"
         if not group.unfinished_seqs():
             result.finished.append(group)
+        elif seq.is_finished:
+            result.frees.append(seq)     # its siblings go on; only unfinished seqs hold blocks
 
     def _output(self, group: SequenceGroup) -> RequestOutput:
         outputs = [self._completion(s, group.params_for(s)) for s in group.seqs]
@@ -319,3 +328,9 @@ class LLMEngine:
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""
         return self.block_manager.cached_prefix_block_ids(token_ids)
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Prompt tokens a request for token_ids would get from the prefix cache if admitted now
+        (its `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
+        always computes the last prompt token, so only blocks before it count."""
+        return len(self.cached_prefix_blocks(token_ids[:-1])) * self.block_manager.block_size

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from localpaged.sampling_params import SamplingParams
+from localpaged.sampling_params import INTERACTIVE, SamplingParams
 
 if TYPE_CHECKING:
     from localpaged.beam_search import BeamState
@@ -108,6 +108,7 @@ class SequenceGroup:
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
     # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
+    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
 
     @property
     def width(self) -> int:

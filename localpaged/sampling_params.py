@@ -11,6 +11,18 @@ from dataclasses import dataclass, field
 
 GREEDY_EPSILON = 1e-5
 
+INTERACTIVE = "interactive"
+BACKGROUND = "background"
+PRIORITIES = (INTERACTIVE, BACKGROUND)     # scheduling classes; see scheduler.py for what they mean
+_PRIORITY_RULE = f"must be one of {', '.join(map(repr, PRIORITIES))}"
+
+
+def check_priority(priority: object) -> str:
+    """Return priority if it is a supported scheduling class, else raise a ValueError naming them."""
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority {_PRIORITY_RULE}, got {priority!r}")
+    return priority  # type: ignore[return-value]
+
 
 @dataclass
 class SamplingParams:
@@ -30,6 +42,9 @@ class SamplingParams:
     logprobs: int | None = None         # top logprobs per token besides the chosen one
     prompt_logprobs: int | None = None  # same, for every prompt token (the first gets None)
     include_stop_str_in_output: bool = False
+    # "interactive": someone is waiting for it; "background": runs on capacity left over (see
+    # scheduler.py), preempted first.
+    priority: str = INTERACTIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,6 +81,7 @@ class SamplingParams:
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
         ]
+        checks.append(("priority", self.priority in PRIORITIES, _PRIORITY_RULE))
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(self, name)!r}")

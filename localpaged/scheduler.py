@@ -1,19 +1,36 @@
-"""Scheduler: continuous batching of sequence groups under one token budget per step.
+"""Scheduler: continuous batching of sequence groups under one token budget per step, in two
+priority classes (interactive, background).
 
-Every step (an iteration of the model):
-1. Running groups, oldest first, get their next tokens: one per decoding sequence, or the next
-   chunk of a prompt (chunked prefill). When blocks run out, the most recently admitted running
-   group is preempted whole: by recompute (its blocks are freed, it goes back to the front of the
-   waiting queue) or by swap (its blocks move to the CPU pool).
-2. If nothing was preempted, swapped-out groups come back first, then waiting groups are
-   admitted first-come-first-served while the token budget, `max_num_seqs` and blocks allow.
-   A waiting group's prompt first looks up the prefix cache: cached blocks are not recomputed.
+Every step (an iteration of the model), in this order:
+1. Running interactive groups, oldest first, get their next tokens: one per decoding sequence, or
+   the next chunk of a prompt (chunked prefill). When blocks run out a running group is
+   preempted whole: the most recently admitted background group, or, when none runs, the most
+   recently admitted interactive group; by recompute (its blocks are freed, it goes back to the
+   front of the waiting queue) or by swap (its blocks move to the CPU pool).
+2. Unless an interactive group was preempted in 1, swapped-out interactive groups come back,
+   then waiting interactive groups are admitted first-come-first-served while the token budget,
+   `max_num_seqs` and blocks allow. When an interactive group does not fit (blocks or
+   `max_num_seqs`), running background groups are preempted, most recently admitted first,
+   until it does. A waiting group's prompt first looks up the prefix cache: cached blocks are
+   not recomputed.
+3. Running background groups get the token budget left after all interactive work. In a step
+   that prefills interactive work, each background sequence gets at most one token.
+4. Only when nothing was preempted this step, no interactive group is waiting or swapped out and
+   no interactive work is prefilled, swapped-out and then waiting background groups come in.
 Prefills and decodes share a step; the model runner receives one flat batch.
-3. After the forward pass and sampling, `update_from_output` is the one post-step update: it
-   advances the computed tokens of what ran, registers blocks that became full in the prefix
-   cache, applies forks and frees (parallel samples, beam search) and frees every group that
-   finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
-   goes through it.
+
+So a background group never delays an interactive group by a step: interactive groups are
+scheduled as if no background work existed (its blocks and batch slots are taken back when
+needed), and background work only adds its share to a batch: the leftover budget, at most
+one token per sequence while interactive work prefills. A background request with the prompt of an
+interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
+shares them through the prefix cache. Preempted background groups resume later with identical
+outputs (recompute or swap; each sequence keeps its own RNG).
+
+After the forward pass and sampling, `update_from_output` is the one post-step update: it
+advances the computed tokens of what ran, registers blocks that became full in the prefix cache,
+applies forks and frees (parallel samples, beam search) and frees every group that finished.
+Every way a request ends (stop, length, abort, out of memory, beam search done) goes through it.
 """
 
 from __future__ import annotations
@@ -25,6 +42,7 @@ from dataclasses import dataclass, field
 from localpaged.block_pool import BlockOp
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.request import GroupStatus, Sequence, SequenceGroup
+from localpaged.sampling_params import BACKGROUND, INTERACTIVE
 
 logger = logging.getLogger(__name__)
 
@@ -92,37 +110,62 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out)
-        if not out.preempted:
-            budget = self._schedule_swapped(out, budget)
-            self._schedule_waiting(out, budget)
+        budget = self._schedule_running(out, self.max_num_batched_tokens, INTERACTIVE)
+        # After an interactive group was preempted nothing else fits; from here on, victims are
+        # background groups only.
+        if not any(g.priority == INTERACTIVE for g in out.preempted):
+            budget = self._schedule_swapped(out, budget, INTERACTIVE)
+            budget = self._schedule_waiting(out, budget, INTERACTIVE)
+        prefilling = any(item.num_tokens > 1 for item in out.scheduled)   # all interactive here
+        budget = self._schedule_running(out, budget, BACKGROUND, max_per_seq=1 if prefilling else None)
+        if not (out.preempted or prefilling or self._queued(INTERACTIVE)):
+            budget = self._schedule_swapped(out, budget, BACKGROUND)
+            self._schedule_waiting(out, budget, BACKGROUND)
         out.block_ops = self.block_manager.take_block_ops()
         return out
 
+    def _queued(self, priority: str) -> bool:
+        return any(g.priority == priority for q in (self.waiting, self.swapped) for g in q)
+
+    def _running_background(self) -> list[SequenceGroup]:
+        return [g for g in self.running if g.priority == BACKGROUND]
+
     # ---- running ------------------------------------------------------------------------------
-    def _schedule_running(self, out: SchedulerOutput) -> int:
-        budget = self.max_num_batched_tokens
-        i = 0
-        while i < len(self.running) and budget > 0:
-            group = self.running[i]
-            items = self._allocate_group(group, budget, out)
+    def _schedule_running(self, out: SchedulerOutput, budget: int, priority: str,
+                          max_per_seq: int | None = None) -> int:
+        """Schedule running groups of one priority, in admission order, within budget."""
+        for group in [g for g in self.running if g.priority == priority]:
+            if budget <= 0:
+                break
+            if group not in self.running:     # preempted as a victim meanwhile
+                continue
+            items = self._allocate_group(group, budget, out, max_per_seq)
             if items is None:                 # preempted itself
                 continue
             out.scheduled.extend(items)
             budget -= sum(it.num_tokens for it in items)
-            i += 1
         return budget
 
-    def _allocate_group(self, group: SequenceGroup, budget: int,
-                        out: SchedulerOutput) -> list[ScheduledSeq] | None:
-        """Blocks for every unfinished seq of group, preempting younger groups as needed."""
+    def _victim(self) -> SequenceGroup:
+        """The group to preempt next: the most recently admitted background group, if any."""
+        background = self._running_background()
+        return background[-1] if background else self.running[-1]
+
+    def _allocate_group(self, group: SequenceGroup, budget: int, out: SchedulerOutput,
+                        max_per_seq: int | None = None) -> list[ScheduledSeq] | None:
+        """Blocks for every unfinished seq of group, preempting younger groups as needed.
+
+        Victims come from `_victim`: a background group only ever preempts background groups
+        (itself last), since every background group is younger in priority than any interactive.
+        """
         items: list[ScheduledSeq] = []
         for seq in group.unfinished_seqs():
-            n = min(seq.num_uncomputed_tokens, budget - sum(it.num_tokens for it in items))
+            n = min(seq.num_uncomputed_tokens, budget - sum(it.num_tokens for it in items),
+                    max_per_seq or budget)
             if n <= 0:
                 continue
             while not self.block_manager.allocate_slots(seq, n):
-                victim = self.running[-1]
+                victim = self._victim()
                 if victim is group and len(self.running) == 1:   # alone, and still no room
                     self.running.remove(group)
                     out.scheduled = [s for s in out.scheduled if s.group is not group]
@@ -156,27 +199,44 @@ class Scheduler:
     def _num_running_seqs(self) -> int:
         return sum(_width(g) for g in self.running)
 
-    def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        while self.swapped and budget > 0:
-            group = self.swapped[0]
-            seqs = group.unfinished_seqs()
-            if (self._num_running_seqs() + _width(group) > self.max_num_seqs
-                    or not self.block_manager.can_swap_in(seqs)):
+    def _schedule_swapped(self, out: SchedulerOutput, budget: int, priority: str) -> int:
+        while budget > 0:
+            group = next((g for g in self.swapped if g.priority == priority), None)
+            if group is None:
                 break
-            self.swapped.popleft()
+            seqs = group.unfinished_seqs()
+            if not self._make_room(group, out, lambda: self._fits_seqs(group)
+                                   and self.block_manager.can_swap_in(seqs)):
+                break
+            self.swapped.remove(group)
             self.block_manager.swap_in(seqs)
             budget = self._start(group, budget, out)
         return budget
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0:
-            group = self.waiting[0]
-            if self._num_running_seqs() + _width(group) > self.max_num_seqs:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, priority: str) -> int:
+        while budget > 0:
+            group = next((g for g in self.waiting if g.priority == priority), None)
+            if group is None:
                 break
-            if not self._admit(group, budget):
+            if not self._make_room(group, out, lambda: self._fits_seqs(group)
+                                   and self._admit(group, budget)):
                 break
-            self.waiting.popleft()
+            self.waiting.remove(group)
             budget = self._start(group, budget, out, allocated=True)
+        return budget
+
+    def _fits_seqs(self, group: SequenceGroup) -> bool:
+        return self._num_running_seqs() + _width(group) <= self.max_num_seqs
+
+    def _make_room(self, group: SequenceGroup, out: SchedulerOutput, fits) -> bool:
+        """Whether `fits()` (which may allocate, all or nothing) succeeds; for an interactive
+        group, running background groups are preempted, most recently admitted first, until it does."""
+        while not fits():
+            background = self._running_background()
+            if group.priority == BACKGROUND or not background:
+                return False
+            self._preempt(background[-1], out)
+        return True
 
     def _admit(self, group: SequenceGroup, budget: int) -> bool:
         """Prefix-cache lookup and block allocation for a waiting group; all or nothing."""
