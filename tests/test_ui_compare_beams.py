@@ -10,6 +10,7 @@ import time
 import pytest
 
 from localpaged.ui import kvmap
+from localpaged.ui.compare import NEW_CONVERSATION, CompareEvents
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.store import Store
 
@@ -47,6 +48,18 @@ def test_beam_columns_equal_llm_beam_search(backend, tiny_root, tmp_path):
         [c.cumulative_logprob for c in ref.outputs], abs=1e-5)
     assert [m.parent_id for m in replies] == [user.id] * 3       # siblings: one prompt
     assert backend.requests[-1] == "beam"
+
+
+def test_compare_tab_shows_each_beam_score(backend, tmp_path):
+    with controller(backend, tmp_path) as ctl:
+        steps = list(CompareEvents(ctl).run(NEW_CONVERSATION, P1, 2, False, [()] * 4, beam=True))
+        cid = steps[-1].state["cid"]
+        beams = [ctl.store.get_message(m) for m in steps[-1].state["messages"]]
+        prompt = ctl.store.active_path(cid)[0]
+    assert [b.parent_id for b in beams] == [prompt.id] * 2
+    for line, b in zip(steps[-1].stats[:2], beams):
+        assert f"score {b.stats['beam_score']:.3f}" in line
+    assert beams[0].stats["beam_score"] >= beams[1].stats["beam_score"]      # best first
 
 
 def test_beam_mode_needs_the_local_engine(tmp_path):
