@@ -1,6 +1,6 @@
-"""In a real browser (the app as `python app.py`, tiny model, headless Chromium; launched as in
-test_ui_browser.py): a reply prepared in the background is shown by Regenerate at once and its
-footer says it was prepared; the Edit box previews what the new branch reuses and prefills, and
+"""In a real browser (the app as `python app.py`, tiny model, headless Chromium; test_ui_browser's
+`app` fixture, a fresh app for this module): a reply prepared in the background is shown by
+Regenerate at once and its footer says it was prepared; the Edit box previews what the new branch reuses and prefills, and
 the saved branch reports that same reuse; Compare in beam-search mode shows each beam's score.
 What the app saved is polled in its SQLite file (read-only), never waited for with a sleep.
 Screenshots in artifacts/ui-prepared/.
@@ -9,33 +9,22 @@ Screenshots in artifacts/ui-prepared/.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
-from test_ui_browser import (BROWSER_ARGS, CHROMIUM, REPO, App, long_context_model, open_app,
+from localpaged.ui.store import DB_FILENAME
+
+from test_ui_browser import (BROWSER_ARGS, CHROMIUM, REPO, app, open_app,  # noqa: F401 (app)
                              send, text, wait_idle, wait_text)
 
 pytestmark = pytest.mark.slow
 
 ARTIFACTS = REPO / "artifacts" / "ui-prepared"
 FIRST = "A long first question about paged attention and block tables, version one"
-
-
-@pytest.fixture(scope="module")
-def app(tiny_root, tmp_path_factory):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup.sh)")
-    pytest.importorskip("playwright.sync_api")
-    tmp = tmp_path_factory.mktemp("ui-prepared")
-    a = App(long_context_model(tiny_root), tmp / "data", tmp / "app.log")
-    a.db = tmp / "data" / "conversations.db"
-    a.start()
-    yield a
-    a.stop()
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +41,10 @@ def page(app):
 
 def saved(app, sql: str, check, timeout: float = 30.0):
     """Poll the app's store (read-only) until check(rows) holds; returns the rows."""
+    db = Path(app.cmd[app.cmd.index("--data-dir") + 1]) / DB_FILENAME
     deadline = time.monotonic() + timeout
     while True:
-        conn = sqlite3.connect(f"file:{app.db}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
         try:
             rows = conn.execute(sql).fetchall()
         finally:
