@@ -5,8 +5,10 @@
 
 One chat, several turns, on the bundled SmolLM2 GGUF (CPU by default). Each turn sends the
 interactive reply, and with siblings on, at the same moment k alternatives of it (one request,
-n = k, seeded sampling) at background priority, over the same prompt. Modes off / k=1 / k=2 run
-turn by turn, interleaved, with the prefix cache cleared before each turn, so they see the same
+n = k, seeded sampling) at background priority, over the same prompt. Siblings either share the
+interactive steps ("share": the leftover budget) or run only in steps without interactive work
+("idle"); see EngineConfig.background_batch. Modes off / k=1,2 share / k=1,2 idle / off again
+(an A/A control: its ratio to off is the noise of the run) run turn by turn, interleaved, with the prefix cache cleared before each turn, so they see the same
 machine load and the same cache; the figure per mode is the median over rounds, then the mean
 over turns. Measured for the interactive request only: time to first token (seconds and engine
 steps) and decode tokens/s (tokens after the first, over the time after the first token). After
@@ -38,9 +40,11 @@ USER_TURNS = ["Hi! Can you explain how a CPU cache works?",
               "Give me a short summary of what we discussed."]
 
 
-def run_turn(llm: LLM, prompt: list[int], k: int, max_tokens: int, seed: int) -> dict:
-    """One interactive reply, with k background siblings sent at the same moment (k = 0: off)."""
+def run_turn(llm: LLM, prompt: list[int], mode: tuple[int, bool], max_tokens: int, seed: int) -> dict:
+    """One interactive reply, with k background siblings sent at the same moment (k = 0: off);
+    mode = (k, whether background work shares steps with interactive work)."""
     engine = llm.engine
+    k, engine.scheduler.background_shares_batch = mode     # what EngineConfig.background_batch sets
     llm.reset_prefix_cache()
     params = SamplingParams(temperature=0.7, seed=seed, max_tokens=max_tokens, ignore_eos=True)
     group = engine.make_group(prompt, params)
@@ -92,10 +96,12 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     llm = LLM(args.model or loader.bundled_gguf_path(), device=args.device, dtype=args.dtype,
               num_kv_blocks=1024)
-    modes = {"off": 0, "k=1": 1, "k=2": 2}
+    modes = {"off": (0, True), "k=1 share": (1, True), "k=2 share": (2, True),
+             "k=1 idle": (1, False), "k=2 idle": (2, False),
+             "off again": (0, True)}        # A/A control, last in each round: the noise floor
     warm_up = llm.apply_chat_template([{"role": "user", "content": USER_TURNS[0]}])
-    for k in modes.values():                 # first calls allocate and warm caches: not measured
-        run_turn(llm, warm_up, k, 4, seed=0)
+    for mode in modes.values():              # first calls allocate and warm caches: not measured
+        run_turn(llm, warm_up, mode, 4, seed=0)
     per_turn: dict[str, list[dict]] = {m: [] for m in modes}
     messages = [{"role": "system", "content": "You are a helpful assistant."}]
     for turn in range(args.turns):
@@ -121,11 +127,11 @@ def main() -> None:
 
 
 def _interleaved(llm: LLM, prompt: list[int], modes: dict, args, turn: int) -> dict[str, list[dict]]:
-    """Rounds of off, k=1, k=2 in turn, so every mode sees the same load over time."""
+    """Rounds of every mode in turn, so every mode sees the same load over time."""
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for _ in range(args.rounds):
-        for m, k in modes.items():
-            runs[m].append(run_turn(llm, prompt, k, args.max_tokens, seed=turn))
+        for m, mode in modes.items():
+            runs[m].append(run_turn(llm, prompt, mode, args.max_tokens, seed=turn))
     return runs
 
 

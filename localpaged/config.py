@@ -23,6 +23,10 @@ class EngineConfig:
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
+    # Background requests in steps with interactive work: "share" (the leftover budget; cheap
+    # where batch rows are nearly free, GPUs), "idle" (only steps without interactive work; on
+    # CPUs a batch row costs about as much as a lone request), "auto": share on CUDA, else idle.
+    background_batch: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -35,5 +39,8 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
+        if self.background_batch not in ("auto", "share", "idle"):
+            raise ValueError(f"background_batch must be 'auto', 'share' or 'idle', "
+                             f"got {self.background_batch!r}")
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")

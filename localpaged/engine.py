@@ -64,8 +64,10 @@ class LLMEngine:
                                 self.device, num_cpu_blocks)
         self.block_manager = KVCacheManager(num_blocks, config.block_size,
                                             config.enable_prefix_caching, num_cpu_blocks)
+        shares = config.background_batch == "share" or (config.background_batch == "auto"
+                                                          and self.device.type == "cuda")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.preemption_mode)
+                                   config.max_num_batched_tokens, config.preemption_mode, shares)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend)
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"

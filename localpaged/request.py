@@ -98,6 +98,7 @@ class SequenceGroup:
     eos_token_ids: set[int] = field(default_factory=set)    # the model's end-of-sequence ids
     max_model_len: int = 0
     beam: BeamParams | None = None
+    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
     status: GroupStatus = GroupStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
@@ -108,7 +109,6 @@ class SequenceGroup:
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
     # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
-    priority: str = INTERACTIVE      # "interactive" | "background" (validated by the engine)
 
     @property
     def width(self) -> int:

@@ -1,7 +1,19 @@
 """Scheduler: continuous batching of sequence groups under one token budget per step, in two
 priority classes (interactive, background).
 
-Every step (an iteration of the model), in this order:
+A background group never delays an interactive group by a step: interactive groups are
+scheduled as if no background work existed (its blocks and batch slots are taken back when
+needed; only what the prefix cache holds can differ), and background work only adds its share
+to a batch: the leftover budget, at most one token per sequence while interactive work prefills
+(tests/test_priority.py checks this step by step; bench/background.py measures the time). With
+`background_shares_batch=False` (EngineConfig.background_batch "idle", the default on CPUs, where
+each batch row costs about as much as a lone request), background work only runs in steps that
+schedule no interactive work: on idle capacity. A background request with the prompt of an
+interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
+shares them through the prefix cache. Preempted background groups resume later with identical
+outputs (recompute or swap; each sequence keeps its own RNG).
+
+Every step (an iteration of the model):
 1. Running interactive groups, oldest first, get their next tokens: one per decoding sequence, or
    the next chunk of a prompt (chunked prefill). When blocks run out a running group is
    preempted whole: the most recently admitted background group, or, when none runs, the most
@@ -13,24 +25,17 @@ Every step (an iteration of the model), in this order:
    `max_num_seqs`), running background groups are preempted, most recently admitted first,
    until it does. A waiting group's prompt first looks up the prefix cache: cached blocks are
    not recomputed.
-3. Running background groups get the token budget left after all interactive work. In a step
-   that prefills interactive work, each background sequence gets at most one token.
-4. Only when nothing was preempted this step, no interactive group is waiting or swapped out and
-   no interactive work is prefilled, swapped-out and then waiting background groups come in.
+   Then background work (every step, or with "idle" only steps without interactive work):
+   running background groups get the token budget left, at most one token per sequence in a
+   step that prefills interactive work; and only when nothing was preempted this step, no
+   interactive group is waiting or swapped out and no interactive work is prefilled,
+   swapped-out and then waiting background groups come in.
 Prefills and decodes share a step; the model runner receives one flat batch.
-
-So a background group never delays an interactive group by a step: interactive groups are
-scheduled as if no background work existed (its blocks and batch slots are taken back when
-needed), and background work only adds its share to a batch: the leftover budget, at most
-one token per sequence while interactive work prefills. A background request with the prompt of an
-interactive one (an alternative reply) is admitted after that prompt's blocks are computed, so it
-shares them through the prefix cache. Preempted background groups resume later with identical
-outputs (recompute or swap; each sequence keeps its own RNG).
-
-After the forward pass and sampling, `update_from_output` is the one post-step update: it
-advances the computed tokens of what ran, registers blocks that became full in the prefix cache,
-applies forks and frees (parallel samples, beam search) and frees every group that finished.
-Every way a request ends (stop, length, abort, out of memory, beam search done) goes through it.
+3. After the forward pass and sampling, `update_from_output` is the one post-step update: it
+   advances the computed tokens of what ran, registers blocks that became full in the prefix
+   cache, applies forks and frees (parallel samples, beam search) and frees every group that
+   finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
+   goes through it.
 """
 
 from __future__ import annotations
@@ -89,13 +94,15 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, block_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 preemption_mode: str = "recompute") -> None:
+                 preemption_mode: str = "recompute", background_shares_batch: bool = True) -> None:
         if preemption_mode not in ("recompute", "swap"):
             raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.preemption_mode = preemption_mode
+        # False: background work runs only in steps with no interactive work (3 and 4 skipped)
+        self.background_shares_batch = background_shares_batch
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []        # admission order: the last is preempted first
         self.swapped: deque[SequenceGroup] = deque()
@@ -116,13 +123,18 @@ class Scheduler:
         if not any(g.priority == INTERACTIVE for g in out.preempted):
             budget = self._schedule_swapped(out, budget, INTERACTIVE)
             budget = self._schedule_waiting(out, budget, INTERACTIVE)
+        if self.background_shares_batch or not out.scheduled:
+            self._schedule_background(out, budget)
+        out.block_ops = self.block_manager.take_block_ops()
+        return out
+
+    def _schedule_background(self, out: SchedulerOutput, budget: int) -> None:
+        """Steps 3 and 4: background work within what interactive work left of the step."""
         prefilling = any(item.num_tokens > 1 for item in out.scheduled)   # all interactive here
         budget = self._schedule_running(out, budget, BACKGROUND, max_per_seq=1 if prefilling else None)
         if not (out.preempted or prefilling or self._queued(INTERACTIVE)):
             budget = self._schedule_swapped(out, budget, BACKGROUND)
             self._schedule_waiting(out, budget, BACKGROUND)
-        out.block_ops = self.block_manager.take_block_ops()
-        return out
 
     def _queued(self, priority: str) -> bool:
         return any(g.priority == priority for q in (self.waiting, self.swapped) for g in q)

@@ -32,6 +32,7 @@ class Trace:
         self.violations: list[str] = []
         self.interactive_preempted: list[str] = []
         self.prefill_steps_bg_tokens: list[int] = []   # bg tokens per seq in interactive prefill steps
+        self.mixed_steps = 0                           # steps with interactive and background work
         sched, schedule = eng.scheduler, eng.scheduler.schedule
 
         def spy():
@@ -51,6 +52,7 @@ class Trace:
             if lost and still:
                 self.violations.append(f"{lost[0]} preempted while {still[0]} runs")
             self.interactive_preempted += lost
+            self.mixed_steps += len({it.group.priority for it in out.scheduled}) == 2
             if any(it.num_tokens > 1 and it.group.priority == INTERACTIVE for it in out.scheduled):
                 self.prefill_steps_bg_tokens += [it.num_tokens for it in out.scheduled
                                                  if it.group.priority == BACKGROUND]
@@ -108,16 +110,18 @@ def alone(tiny_llama, requests):
     return outputs
 
 
+@pytest.mark.parametrize("batch", ["share", "idle"])
 @pytest.mark.parametrize("num_interactive", [2, 3])
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_background_never_delays_interactive(tiny_llama, requests, alone, mode, num_interactive):
+def test_background_never_delays_interactive(tiny_llama, requests, alone, mode, num_interactive, batch):
     """With 3 interactive requests the cache is too small for them alone: interactive groups are
-    preempted too, but only once no background group runs, and come back first."""
+    preempted too, but only once no background group runs, and come back first. With "idle",
+    background work never shares a step with interactive work."""
     background, interactive = requests[0], requests[1][:num_interactive]
     start = 4                          # background groups fill the batch and the cache by then
-    _, first_off, off = drive(engine(tiny_llama, preemption_mode=mode, **TIGHT),
-                              {start: interactive})
-    eng = engine(tiny_llama, preemption_mode=mode, **TIGHT)
+    _, first_off, off = drive(engine(tiny_llama, preemption_mode=mode, background_batch=batch,
+                                     **TIGHT), {start: interactive})
+    eng = engine(tiny_llama, preemption_mode=mode, background_batch=batch, **TIGHT)
     done, first_on, on = drive(eng, {0: background, start: interactive})
 
     # The interactive requests get the same tokens, step for step, as with no background work.
@@ -134,19 +138,23 @@ def test_background_never_delays_interactive(tiny_llama, requests, alone, mode, 
         assert eng.scheduler.num_swapped_out > 0
     assert on.violations == []
     assert set(on.prefill_steps_bg_tokens) <= {1}      # one token per seq while interactive prefills
-    assert on.prefill_steps_bg_tokens or num_interactive == 3     # (3: no background left running)
+    if batch == "idle":
+        assert on.mixed_steps == 0
+    else:                                 # (with 3, interactive work leaves no background running)
+        assert on.mixed_steps > 0 and (on.prefill_steps_bg_tokens or num_interactive == 3)
     # Every output equals the request run alone (greedy and seeded sampling, n=2).
     assert {rid: ids(out) for rid, out in done.items()} == {r: alone[r] for r in done}
     stats = eng.stats()
     assert stats.blocks_in_use == 0 and stats.cpu_blocks_in_use == 0
 
 
-def test_background_siblings_share_the_prompt(tiny_llama, requests, alone):
+@pytest.mark.parametrize("batch", ["share", "idle"])
+def test_background_siblings_share_the_prompt(tiny_llama, requests, alone, batch):
     """Alternatives submitted with the interactive reply reuse its prompt blocks, and the cache
     preview equals the hit the engine then reports."""
     _, interactive = requests
     rid, prompt, params, _ = interactive[0]
-    eng = engine(tiny_llama, block_size=8, num_kv_blocks=128, debug_checks=True)
+    eng = engine(tiny_llama, block_size=8, num_kv_blocks=128, debug_checks=True, background_batch=batch)
     assert eng.cached_prefix_tokens(prompt) == 0
     siblings = SamplingParams(n=2, temperature=1.0, seed=11, max_tokens=10, ignore_eos=True,
                               priority=BACKGROUND)
@@ -168,6 +176,9 @@ def test_priority_is_validated(tiny_llama):
     with pytest.raises(ValueError, match="priority must be one of"):
         eng.add_request(None, [1, 5, 6], greedy(2), priority="low")
     assert not eng.has_unfinished_requests()
+    with pytest.raises(ValueError, match="background_batch must be 'auto', 'share' or 'idle'"):
+        EngineConfig(model=tiny_llama, background_batch="always")
+    assert eng.scheduler.background_shares_batch is (eng.device.type == "cuda")    # auto
 
 
 def test_a_finished_sequence_frees_its_blocks_at_once(tiny_llama):
