@@ -1,7 +1,7 @@
 """In a real browser (the app as `python app.py`, tiny model, headless Chromium; test_ui_browser's
 `app` fixture, a fresh app for this module): a reply prepared in the background is shown by
-Regenerate at once and its footer says it was prepared; the Edit box previews what the new branch reuses and prefills, and
-the saved branch reports that same reuse; Compare in beam-search mode shows each beam's score.
+Regenerate at once and its footer says it was prepared; the Edit box previews what the new
+branch reuses and prefills, and the saved branch reports that same reuse; Compare in beam-search mode shows each beam's score.
 What the app saved is polled in its SQLite file (read-only), never waited for with a sleep.
 Screenshots in artifacts/ui-prepared/.
 """

@@ -78,7 +78,8 @@ def build_compare() -> CompareUI:
         own = gr.Checkbox(label="Own settings per column", value=False, scale=2, elem_id="cmp-own",
                           info="Off: samples of the chat's settings")
         beam = gr.Checkbox(label="Beam search (width = columns)", value=False, scale=2,
-                           elem_id="cmp-beam", info="The final beams, each with its score")
+                           elem_id="cmp-beam",
+                           info="The final beams, each with its score (local engine only)")
     with gr.Row(equal_height=True, elem_classes="lp-composer"):
         prompt = gr.Textbox(placeholder="One prompt, answered side by side…", show_label=False,
                             lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)
