@@ -142,3 +142,8 @@ def test_migration_to_schema_3(tmp_path):
         assert s.get_message(2).prepared == "seen"
         with pytest.raises(ValueError, match="prepared"):
             s.update_message(2, prepared="maybe")
+        cut = s.add_message(1, 1, "assistant", "half", status="streaming", prepared="unseen",
+                            activate=False)
+        assert s.mark_interrupted() == 0                 # a crash left it being prepared: gone
+        assert [m.id for m in s.children(1)] == [2] and cut.id != 2
+        assert s.active_path(1)[-1].id == 2

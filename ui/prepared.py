@@ -19,6 +19,8 @@ Invariants:
 - An unseen prepared reply that is still streaming is not counted among siblings.
 - Finished unseen replies stay (marked) unless the conversation's `keep_unopened` is off: then
   they are dropped when the user moves on (a new message, an edit, closing the tab).
+- A crash mid-preparation leaves nothing half-made: `Store.mark_interrupted` at start-up deletes
+  unseen replies still marked streaming.
 """
 
 from __future__ import annotations

@@ -164,8 +164,12 @@ class MessageTree(StoreBase):
     @guarded
     def mark_interrupted(self) -> int:
         """At start-up: replies left 'streaming' by a crashed writer become 'interrupted'
-        (text kept). Returns how many. Do not call while this file has a live writer."""
+        (text kept); replies being prepared in the background that nobody opened are deleted
+        (leaves, never active). Returns how many were marked. Do not call while this file has a
+        live writer."""
         with self._write():
+            self.db.execute("DELETE FROM messages WHERE status = 'streaming'"
+                            " AND prepared = 'unseen'")
             n = self.db.execute("UPDATE messages SET status = 'interrupted'"
                                 " WHERE status = 'streaming'").rowcount
         if n:
