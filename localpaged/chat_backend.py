@@ -3,6 +3,8 @@
 The UI speaks only this interface: chat messages in, a stream of RequestOutput out (one output
 per column), plus engine stats when the engine is local. `LocalChatBackend` wraps the in-process
 AsyncEngine; `localpaged.remote.RemoteChatBackend` talks to any OpenAI-compatible server.
+What needs the engine itself (request priorities, beam search, a prefix-cache preview) is only
+on `LocalChatBackend`: the UI checks `is_local(backend)` before it offers it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Protocol
 from localpaged.async_engine import AsyncEngine
 from localpaged.llm import apply_chat_template
 from localpaged.outputs import EngineStats, RequestOutput
+from localpaged.request import BeamParams
 from localpaged.sampling_params import SamplingParams
 
 
@@ -44,11 +47,30 @@ class LocalChatBackend:
         return apply_chat_template(self.engine.tokenizer, messages)
 
     def chat(self, messages: list[dict], params: list[SamplingParams],
-             request_id: str | None = None) -> Iterator[RequestOutput]:
+             request_id: str | None = None,
+             priority: str | None = None) -> Iterator[RequestOutput]:
+        """priority: "interactive" (default) or "background" (see localpaged/scheduler.py)."""
         ids = self.prompt_ids(messages)
         if len(params) == 1:
-            return iter(self.engine.submit(ids, params[0], request_id))
-        return iter(self.engine.submit(ids, None, request_id, column_params=params))
+            return iter(self.engine.submit(ids, params[0], request_id, priority=priority))
+        return iter(self.engine.submit(ids, None, request_id, column_params=params,
+                                       priority=priority))
+
+    def beam_search(self, messages: list[dict], beam_width: int, max_tokens: int,
+                    request_id: str | None = None) -> Iterator[RequestOutput]:
+        """Stream a beam search over the chat prompt, as `LLM.beam_search` runs it (length
+        penalty 1, transformers' heuristic stopping): the running beams while it runs, then the
+        `beam_width` hypotheses, best first, each score in `cumulative_logprob`."""
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        group = self.engine.engine.make_group(self.prompt_ids(messages), params, request_id,
+                                              beam=BeamParams(beam_width, 1.0, False))
+        return iter(self.engine.submit_group(group))
+
+    def cached_prefix_tokens(self, messages: list[dict]) -> tuple[int, int]:
+        """(prompt tokens a request for this conversation would reuse from the prefix cache
+        now, prompt tokens in all); a preview: the cache may change before it is admitted."""
+        ids = self.prompt_ids(messages)
+        return self.engine.cached_prefix_tokens(ids), len(ids)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -62,3 +84,8 @@ class LocalChatBackend:
     def cached_blocks(self, token_ids: list[int]) -> list[int]:
         """Cached KV block ids holding a prefix of these prompt token ids."""
         return self.engine.engine.cached_prefix_blocks(token_ids)
+
+
+def is_local(backend: ChatBackend | None) -> bool:
+    """Whether the backend is the in-process engine (priorities, beams, prefix-cache preview)."""
+    return isinstance(backend, LocalChatBackend)

@@ -9,6 +9,8 @@ its own part. One module per feature, each owning its components, handlers and w
   compare.py       the side-by-side compare tab (CompareValues)
   engine_panel.py  the KV-cache panel and its timer (drawing in kvmap.py)
   model_picker.py  the header badge and the model panel
+  prepared.py      alternatives prepared in the background (its options: prepared_fields.py)
+  edit_preview.py  the cost preview under the Edit box (reused vs prefilled tokens)
 Shared by them: `values.py` (the only place handler results become Gradio outputs), `queues.py`
 (concurrency groups), `toasts.py` (user messages), `sampling_fields.py` (settings fields), and,
 below the UI, `controller.py` (every handler reads and writes through it).

@@ -16,7 +16,9 @@ import gradio as gr
 
 from .chat_tab import ChatTabUI, TabValues, tab_values
 from .controller import ChatController
+from .edit_preview import wire_edit_cost
 from .export import wire_export
+from .prepared_fields import wire_prepare_fields
 from .queues import GEN, QUICK
 from .sampling import from_fields
 from .tabset import N_SLOTS, Page, PageValues, TabSet
@@ -197,6 +199,8 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
                   page.ui.outputs(), **QUICK)
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
+    wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
+    wire_prepare_fields(ui.prepare, events.ctl, slots, i)
     for f in ui.sampling:
         f.input(lambda c, *v: events.save_settings(c, i, *v), [slots, *settings], None, **QUICK)
     ui.system.blur(lambda c, *v: events.save_settings(c, i, *v), [slots, *settings], None,

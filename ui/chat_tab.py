@@ -20,7 +20,9 @@ import gradio as gr
 
 from . import render
 from .controller import ChatController
+from .edit_preview import build_edit_cost
 from .export import ExportUI, build_export
+from .prepared_fields import build_prepare_fields, prepare_values
 from .sampling import SAMPLING_KEYS
 from .sampling_fields import sampling_fields
 from .values import KEEP, flatten, outputs
@@ -38,6 +40,7 @@ class TabValues:
     edit_box: Any = KEEP              # the text being edited
     system: Any = KEEP                # the conversation's system prompt
     sampling: Any = KEEP              # its sampling settings, in SAMPLING_KEYS order
+    prepare: Any = KEEP               # its prepared-alternatives options (prepared_fields.py)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class ChatTabUI:
     system: gr.Textbox
     sampling: list = field(default_factory=list)       # one field per SAMPLING_KEYS
     export: ExportUI | None = None
+    prepare: list = field(default_factory=list)        # prepared_fields.build_prepare_fields
+    edit_cost: Any = None                              # edit_preview.build_edit_cost
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -87,6 +92,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
+        values.prepare = prepare_values(ctl, cid)
     return values
 
 
@@ -111,6 +117,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
         with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
             edit_box = gr.Textbox(label="Edit your message: the old version stays as a branch",
                                   lines=2, max_lines=12, elem_id=f"editbox{i}")
+            edit_cost = build_edit_cost(i)
             with gr.Row(elem_classes="lp-tight"):
                 edit_save = gr.Button("Save as a new branch", size="sm", variant="primary",
                                       elem_id=f"editsave{i}")
@@ -124,7 +131,8 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
         with gr.Accordion("Conversation settings", open=False, elem_id=f"settings{i}"):
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
             sampling = sampling_fields(f"s{i}-")
+            prepare = build_prepare_fields(i)
             export = build_export(i)
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
-                     sampling, export)
+                     sampling, export, prepare, edit_cost)

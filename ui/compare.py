@@ -1,5 +1,6 @@
 """The side-by-side compare tab: one prompt, 2 to 4 columns decoded in one engine batch over
-the shared prompt, each column k samples of the conversation's settings or its own settings;
+the shared prompt, each column k samples of the conversation's settings or its own settings,
+or the k final beams of one beam search (width k, each with its score; local engine only);
 "Continue with this" makes a column the active branch (the others stay as siblings).
 
 Its components (`CompareUI`), the values its run handler streams (`CompareValues`, mapped to
@@ -54,6 +55,7 @@ class CompareUI:
     prompt: gr.Textbox
     k: gr.Radio
     own: gr.Checkbox
+    beam: gr.Checkbox
     run: gr.Button
     stop: gr.Button
     state: gr.State
@@ -75,12 +77,15 @@ def build_compare() -> CompareUI:
         k = gr.Radio([2, 3, 4], value=3, label="Columns", scale=2, min_width=200, elem_id="cmp-k")
         own = gr.Checkbox(label="Own settings per column", value=False, scale=2, elem_id="cmp-own",
                           info="Off: samples of the chat's settings")
+        beam = gr.Checkbox(label="Beam search (width = columns)", value=False, scale=2,
+                           elem_id="cmp-beam",
+                           info="The final beams, each with its score (local engine only)")
     with gr.Row(equal_height=True, elem_classes="lp-composer"):
         prompt = gr.Textbox(placeholder="One prompt, answered side by side…", show_label=False,
                             lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)
         run = gr.Button("Compare", variant="primary", scale=1, min_width=90, elem_id="cmp-run")
         stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="cmp-stop")
-    ui = CompareUI(target, prompt, k, own, run, stop, gr.State(None))
+    ui = CompareUI(target, prompt, k, own, beam, run, stop, gr.State(None))
     with gr.Row(equal_height=False, elem_classes="lp-columns"):
         for j in range(MAX_COLUMNS):
             with gr.Column(visible=j < 3, min_width=220, elem_classes="lp-column") as box:
@@ -113,13 +118,17 @@ class CompareEvents:
                                        for _ in range(MAX_COLUMNS)])
 
     def run(self, target: int | None, prompt: str, k: int, own: bool,
-            per_column: list[tuple]) -> Iterator[CompareValues]:
-        """`per_column`: each column's settings field values, in SAMPLING_KEYS order."""
+            per_column: list[tuple], beam: bool = False) -> Iterator[CompareValues]:
+        """`per_column`: each column's settings field values, in SAMPLING_KEYS order; `beam`:
+        the columns are the k beams of one beam search (own settings do not apply)."""
         k = int(k)
         try:
             cid = target if target not in (None, NEW_CONVERSATION) else self.ctl.new_conversation().id
-            columns = [from_fields(per_column[j]) for j in range(k)]
-            turn = self.ctl.compare(cid, prompt or "", columns if own else k)
+            if beam:
+                turn = self.ctl.compare_beams(cid, prompt or "", k)
+            else:
+                columns = [from_fields(per_column[j]) for j in range(k)]
+                turn = self.ctl.compare(cid, prompt or "", columns if own else k)
         except USER_ERRORS as exc:
             warn(why(exc))
             yield CompareValues()
@@ -141,6 +150,8 @@ class CompareEvents:
             r = turn.replies[j]
             texts.append(render.escape_markdown(r.text) + (" ▌" if r.status == "streaming" else ""))
             note = render.fmt_stats(r.stats)
+            if turn.beam and r.stats.get("beam_score") is not None and turn.done:
+                note = f"score {float(r.stats['beam_score']):.3f} · {note}"
             status = "" if r.status in ("complete", "streaming") else f"{r.status} · "
             stats.append(f"<sub>{status}{note}</sub>" if note or status else "")
             picks.append(gr.Button(interactive=turn.done and r.status != "deleted"))
@@ -167,9 +178,9 @@ def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> 
     slots, current = page.ui.slots, page.ui.current
     n_fields = len(SAMPLING_KEYS)
 
-    def run(target, prompt, k, own, *settings) -> Iterator[list]:
+    def run(target, prompt, k, own, beam, *settings) -> Iterator[list]:
         per_column = [settings[j * n_fields:(j + 1) * n_fields] for j in range(MAX_COLUMNS)]
-        for v in ev.run(target, prompt, k, own, per_column):
+        for v in ev.run(target, prompt, k, own, per_column, beam):
             yield flatten(cmp, v)
 
     def pick(j: int):
@@ -181,7 +192,7 @@ def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> 
     for trigger in (cmp.k.change, cmp.own.change):
         trigger(lambda k, own: flatten(cmp, ev.layout(k, own)), [cmp.k, cmp.own],
                 outputs(cmp, ColumnsValues))
-    ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own,
+    ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own, cmp.beam,
                               *[f for col in cmp.fields for f in col]],
                         outputs(cmp, CompareValues), **GEN)
     page.refresh_after(ran)

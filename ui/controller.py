@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localpaged.chat_backend import ChatBackend
+from localpaged.chat_backend import ChatBackend, is_local
 
 from .generation import LiveReply, Turn
 from .open_tabs import OpenTabsFile
+from .prepared import PreparedReplies
 from .sampling import clean_sampling, sampling_record, to_params
 from .store import Conversation, Message, Store
 
@@ -67,6 +68,7 @@ class ChatController:
         self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
         self._starting: set[int] = set()           # conversations whose turn is being set up
         self._lock = threading.Lock()
+        self.prepared = PreparedReplies(self)      # alternatives made in the background
 
     def backend(self) -> ChatBackend | None:
         return self._backend()
@@ -83,6 +85,7 @@ class ChatController:
 
     def delete(self, cid: int) -> bool:
         self.stop(cid)
+        self.prepared.cancel(cid, moving_on=False)
         return self.store.delete_conversation(cid)
 
     def search(self, query: str = "") -> list[Conversation]:
@@ -113,7 +116,7 @@ class ChatController:
         path = self.store.active_path(cid)
         sib = []
         for m in path:
-            ids, index = self.store.siblings(m.id)
+            ids, index = self.prepared.visible_siblings(m.id)
             sib.append((index + 1, len(ids)))
         turn = self.turn(cid)
         live = {r.message_id: r for r in turn.replies} if turn and not turn.done else {}
@@ -146,9 +149,11 @@ class ChatController:
         return self.store.get_conversation(cid), out
 
     def switch(self, message_id: int, step: int) -> list[Message]:
-        """Show the sibling `step` places after (or before) this message, wrapping round."""
-        ids, index = self.store.siblings(message_id)
-        return self.store.set_active(ids[(index + step) % len(ids)])
+        """Show the sibling `step` places after (or before) this message, wrapping round (a
+        prepared reply among them is now seen)."""
+        ids, index = self.prepared.visible_siblings(message_id)
+        self.prepared.opened(ids[(index + step) % len(ids)])
+        return self.store.active_path(self.store.get_message(message_id).conversation_id)
 
     def pick(self, message_id: int) -> list[Message]:
         """Continue with this reply (a compare column): it becomes the active branch."""
@@ -187,12 +192,20 @@ class ChatController:
 
     def regenerate(self, message_id: int) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
-        a new reply to it."""
+        a new reply to it. A reply prepared in the background is shown instead, at once, when
+        there is one (no new request)."""
         m = self.store.get_message(message_id)
         parent = m.id if m.role == "user" else m.parent_id
         if parent is None:
             raise ChatError("this reply has no user message to answer")
-        return self._generate(m.conversation_id, parent, 1)
+        self._check_idle(m.conversation_id)
+        ready = self.prepared.reveal(parent)
+        if ready is None:
+            return self._generate(m.conversation_id, parent, 1)
+        if not ready.done:                     # still streaming: the tab follows it
+            with self._lock:
+                self._turns[m.conversation_id] = ready
+        return ready
 
     def edit(self, message_id: int, text: str) -> Turn:
         """A new version of an earlier user message, answered: a new branch beside the old."""
@@ -220,12 +233,43 @@ class ChatController:
             params = [to_params(clean_sampling(c, base)) for c in columns]
         if not text.strip():
             raise ChatError("type a prompt to compare")
+        user = self._add_prompt(cid, text)
+        return self._generate(cid, user.id, k, params)
+
+    def _add_prompt(self, cid: int, text: str) -> Message:
+        """A compare prompt: a user message at the end of the shown path."""
         self._check_idle(cid)
         path = self.store.active_path(cid)
         if self.store.get_conversation(cid).title == NEW_TITLE:
             self.store.rename_conversation(cid, _title_from(text))
-        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
-        return self._generate(cid, user.id, k, params)
+        return self.store.add_message(cid, path[-1].id if path else None, "user", text)
+
+    def compare_beams(self, cid: int, text: str, width: int) -> Turn:
+        """Compare's beam-search mode: the `width` final beams of one beam search over the
+        prompt, as columns (siblings, the best shown first), each with its score. Needs the
+        local engine."""
+        if not is_local(self.backend()):
+            raise ChatError("beam search needs the local engine: the remote backend "
+                            "(--backend) has none; compare samples or settings instead")
+        if not 2 <= width <= MAX_COLUMNS:
+            raise ChatError(f"compare takes 2 to {MAX_COLUMNS} beams, not {width}")
+        params = self._params(cid, width)
+        if not text.strip():
+            raise ChatError("type a prompt to compare")
+        user = self._add_prompt(cid, text)
+        return self._generate(cid, user.id, width, params, beam=width)
+
+    def edit_cost(self, message_id: int, text: str) -> tuple[int, int] | None:
+        """Before saving an edit: (prompt tokens the new branch reuses from the prefix cache,
+        tokens it must prefill), as the engine would admit it now; None over a remote backend."""
+        m = self.store.get_message(message_id)
+        backend = self.backend()
+        if m.role != "user" or not is_local(backend):
+            return None
+        path = self.store.path_to(m.parent_id) if m.parent_id is not None else []
+        edited = chat_prompt(self.store.get_conversation(m.conversation_id).system_prompt, path)
+        reused, total = backend.cached_prefix_tokens(edited + [{"role": "user", "content": text}])
+        return reused, total - reused
 
     def stop(self, cid: int) -> bool:
         turn = self.turn(cid)
@@ -242,6 +286,7 @@ class ChatController:
             turn.stop()
         for turn in turns:
             turn.wait(wait)
+        self.prepared.cancel_all(wait)
 
     def _params(self, cid: int, k: int) -> list:
         _, sampling = self.settings(cid)
@@ -251,7 +296,10 @@ class ChatController:
         if self.busy(cid):
             raise ChatError("this conversation is still generating: stop it or wait")
 
-    def _generate(self, cid: int, parent_id: int, k: int, params: list | None = None) -> Turn:
+    def _generate(self, cid: int, parent_id: int, k: int, params: list | None = None,
+                  beam: int = 0) -> Turn:
+        """Start a turn of k replies to parent_id (a beam search of width `beam` if set); the
+        conversation's background alternatives are cancelled first (see prepared.py)."""
         backend = self.backend()
         if backend is None:
             raise ChatError("no model is loaded yet: wait for the model to finish loading")
@@ -262,7 +310,8 @@ class ChatController:
                 raise ChatError("this conversation is still generating: stop it or wait")
             self._starting.add(cid)
         try:
-            turn = self._start(backend, cid, parent_id, params)
+            self.prepared.cancel(cid)
+            turn = self._start(backend, cid, parent_id, params, beam)
             with self._lock:
                 self._turns[cid] = turn
         finally:
@@ -270,10 +319,14 @@ class ChatController:
                 self._starting.discard(cid)
         return turn.start()
 
-    def _start(self, backend: ChatBackend, cid: int, parent_id: int, params: list) -> Turn:
+    def _start(self, backend: ChatBackend, cid: int, parent_id: int, params: list,
+               beam: int = 0) -> Turn:
         prompt = self.prompt_messages(cid, parent_id)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
-        stream = backend.chat(prompt, params, request_id=request_id)   # ValueError: bad input
+        if beam:                                        # ValueError: bad input
+            stream = backend.beam_search(prompt, beam, params[0].max_tokens, request_id)
+        else:
+            stream = backend.chat(prompt, params, request_id=request_id)
         try:
             replies = [LiveReply(self.store.add_message(
                 cid, parent_id, "assistant", "", sampling_record(p), status="streaming").id)
@@ -282,7 +335,9 @@ class ChatController:
         except BaseException:
             backend.abort(request_id)
             raise
-        return Turn(cid, request_id, replies, stream, backend.abort, self.store)
+        after = self.prepared.after if len(params) == 1 and not beam else None
+        return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
+                    beam=bool(beam))
 
     def prompt_messages(self, cid: int, last_id: int | None) -> list[dict[str, str]]:
         """The engine's chat messages: the system prompt, then the path down to last_id."""

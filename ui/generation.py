@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,13 +34,17 @@ class LiveReply:
     text: str = ""
     status: str = "streaming"
     stats: dict[str, Any] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)    # as the engine sent them (not stored)
 
 
 class Turn:
-    """One request in one conversation; `replies[i]` is column i."""
+    """One request in one conversation; `replies[i]` is column i. `on_done(turn)` runs on the
+    turn's thread once it is done (saved); `beam` turns keep each beam's score in its stats."""
 
     def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
-                 stream: Iterator[RequestOutput], abort, store: Store) -> None:
+                 stream: Iterator[RequestOutput], abort, store: Store,
+                 on_done: Callable[["Turn"], None] | None = None, beam: bool = False) -> None:
+        self.on_done, self.beam = on_done, beam
         self.conversation_id = conversation_id
         self.request_id = request_id
         self.replies = replies
@@ -57,6 +61,14 @@ class Turn:
     def start(self) -> "Turn":
         self._thread.start()
         return self
+
+    @classmethod
+    def finished(cls, conversation_id: int, reply: LiveReply, store: Store) -> "Turn":
+        """A turn that is already done: a reply that needs no request (one prepared before)."""
+        turn = cls(conversation_id, f"ready-{reply.message_id}", [reply], iter(()),
+                   lambda _rid: None, store)
+        turn.done = True
+        return turn
 
     def stop(self) -> None:
         """Ask the engine to abort; the replies keep their text and become 'stopped'."""
@@ -111,6 +123,7 @@ class Turn:
                 if comp.text and i not in self._first_token:
                     self._first_token[i] = now
                 reply.text = comp.text
+                reply.token_ids = list(comp.token_ids or [])
                 reply.stats = self._stats(out, i, now)
             self.version += 1
             self._cond.notify_all()
@@ -125,10 +138,13 @@ class Turn:
         end = m.finished_time if m and m.finished_time is not None and out.finished else now
         start = m.first_token_time if m and m.first_token_time is not None else first
         tps = (n - 1) / (end - start) if start is not None and n > 1 and end > start else None
-        return {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
-                "ttft_s": ttft, "tokens_per_s": tps,
-                "prefix_tokens_reused": m.num_cached_tokens if m else None,
-                "finish_reason": comp.finish_reason}
+        stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
+                 "ttft_s": ttft, "tokens_per_s": tps,
+                 "prefix_tokens_reused": m.num_cached_tokens if m else None,
+                 "finish_reason": comp.finish_reason}
+        if self.beam:
+            stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
+        return stats
 
     def _write_partial(self) -> None:
         for reply in self.replies:
@@ -145,6 +161,11 @@ class Turn:
             if self.error:
                 reply.stats["error"] = self.error
             self._save_final(reply)
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # noqa: BLE001 - the turn itself is saved; say what failed
+                log.exception("after turn %s", self.request_id)
         with self._cond:
             self.done = True
             self.version += 1

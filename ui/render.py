@@ -33,6 +33,7 @@ _REF_DEF = re.compile(r"^( {0,3})\[(?=[^\]]+\]:\s*)")    # "[label]: destination
 _HTTP = re.compile(r"<?https?://", re.I)
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
+PREPARED_NOTE = "⚡ prepared in the background"
 
 
 def escape_markdown(text: str) -> str:
@@ -112,6 +113,8 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
+        if msg.prepared:
+            bits.append(PREPARED_NOTE)
         if status != "complete":
             bits.append(STATUS_NOTES.get(status, status))
         if stats.get("error"):

@@ -27,7 +27,7 @@ from .store_schema import (ROLES, STATS_KEYS, STATUSES, Conversation, Message, S
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
            "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]
 
-_CONVERSATION_FIELDS = ("title", "system_prompt", "model", "sampling")
+_CONVERSATION_FIELDS = ("title", "system_prompt", "model", "sampling", "options")
 
 
 def default_data_dir() -> Path:
@@ -91,13 +91,15 @@ class Store(ExportImport):
 
     @guarded
     def update_conversation(self, conversation_id: int, **fields: Any) -> Conversation:
-        """Fields: title, system_prompt, model, sampling (dict, replaces the old one)."""
+        """Fields: title, system_prompt, model, sampling, options (dicts, replacing the old)."""
         unknown = set(fields) - set(_CONVERSATION_FIELDS)
         if unknown:
             raise TypeError(f"update_conversation: unknown fields {sorted(unknown)}")
         self.get_conversation(conversation_id)
         if "sampling" in fields:
             fields["sampling"] = json.dumps(fields["sampling"] or {})
+        if "options" in fields:
+            fields["options"] = json.dumps(fields["options"] or {})
         with self._write():
             self.db.table("conversations").update(conversation_id,
                                                   {**fields, "updated": time.time()})

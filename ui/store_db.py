@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from sqlite_utils import Database
 
-from .store_schema import ROLES, STATUSES, StoreError, migrate
+from .store_schema import PREPARED, ROLES, STATUSES, StoreError, migrate
 
 DB_FILENAME = "conversations.db"
 
@@ -127,7 +127,10 @@ class StoreBase:
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
                         [time.time(), conversation_id])
 
-    def _check(self, role: str | None = None, status: str | None = None) -> None:
+    def _check(self, role: str | None = None, status: str | None = None,
+               prepared: str | None = None) -> None:
+        if prepared not in PREPARED:
+            raise ValueError(f"prepared must be one of {PREPARED}, not {prepared!r}")
         if role is not None and role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
         if status is not None and status not in STATUSES:

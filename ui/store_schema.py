@@ -4,9 +4,12 @@ migrations that bring an older file up to it, the row dataclasses, and the tree 
 The version lives in `PRAGMA user_version`:
   0  a new, empty file: the current schema is created directly.
   1  first release: `messages` had no `status` and no `stats` column.
-  2  current: `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
+  2  `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
      `messages.stats` (JSON: prompt_tokens, generated_tokens, ttft_s, tokens_per_s,
      prefix_tokens_reused, finish_reason).
+  3  current: `messages.prepared` (NULL: an ordinary message; 'unseen': a reply prepared in the
+     background that the user has not opened; 'seen': one they opened, see `ui/prepared.py`) and
+     `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`).
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +30,10 @@ from sqlite_utils import Database
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
+PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason")
@@ -41,6 +45,7 @@ class StoreError(Exception):
 
 
 _STATUS_CHECK = "CHECK (status IN ('complete', 'streaming', 'stopped', 'interrupted'))"
+_PREPARED_CHECK = "CHECK (prepared IS NULL OR prepared IN ('unseen', 'seen'))"
 
 # Times are Unix seconds (REAL); sampling, stats are JSON text.
 CREATE_CURRENT = [
@@ -52,7 +57,8 @@ CREATE_CURRENT = [
         system_prompt TEXT NOT NULL DEFAULT '',
         model TEXT,
         sampling TEXT NOT NULL DEFAULT '{}',
-        active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
+        active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+        options TEXT NOT NULL DEFAULT '{}'
     )""",
     f"""CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
@@ -64,7 +70,8 @@ CREATE_CURRENT = [
         sampling TEXT,
         active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
         status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
-        stats TEXT NOT NULL DEFAULT '{{}}'
+        stats TEXT NOT NULL DEFAULT '{{}}',
+        prepared TEXT {_PREPARED_CHECK}
     )""",
     "CREATE INDEX messages_conversation ON messages(conversation_id)",
     "CREATE INDEX messages_parent ON messages(parent_id)",
@@ -98,6 +105,10 @@ MIGRATIONS: dict[int, list[str]] = {
         f"ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK}",
         "ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'",
         "CREATE INDEX messages_status ON messages(status)",
+    ],
+    2: [
+        f"ALTER TABLE messages ADD COLUMN prepared TEXT {_PREPARED_CHECK}",
+        "ALTER TABLE conversations ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
     ],
 }
 
@@ -148,6 +159,7 @@ class Conversation:
     model: str | None
     sampling: dict[str, Any]  # default sampling settings for new replies
     active_root_id: int | None
+    options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
 
 
 @dataclass
@@ -162,10 +174,12 @@ class Message:
     active_child_id: int | None  # None: a leaf
     status: str  # one of STATUSES
     stats: dict[str, Any]  # see STATS_KEYS
+    prepared: str | None = None  # one of PREPARED: a reply made in the background, opened or not
 
 
 def conversation_from_row(row: dict) -> Conversation:
-    return Conversation(**{**row, "sampling": json.loads(row["sampling"] or "{}")})
+    return Conversation(**{**row, "sampling": json.loads(row["sampling"] or "{}"),
+                           "options": json.loads(row.get("options") or "{}")})
 
 
 def message_from_row(row: dict) -> Message:

@@ -36,26 +36,31 @@ class MessageTree(StoreBase):
     @guarded
     def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str,
                     sampling: dict[str, Any] | None = None, status: str = "complete",
-                    stats: dict[str, Any] | None = None) -> Message:
-        """Add a child of `parent_id` (None: a new root) and make it the active child."""
-        self._check(role=role, status=status)
+                    stats: dict[str, Any] | None = None, prepared: str | None = None,
+                    activate: bool = True) -> Message:
+        """Add a child of `parent_id` (None: a new root) and make it the active child (unless
+        `activate` is off: a reply prepared in the background stays off the shown path)."""
+        self._check(role=role, status=status, prepared=prepared)
         self.get_conversation(conversation_id)
         # Invariant: a message's parent is in the same conversation.
         if parent_id is not None and self.get_message(parent_id).conversation_id != conversation_id:
             raise ValueError(f"message {parent_id} is not in conversation {conversation_id}")
         with self._write():
             mid = self._insert(conversation_id, parent_id, role, content, sampling, status,
-                               stats or {}, time.time())
+                               stats or {}, time.time(), prepared, activate)
             self._touch(conversation_id)
         return self.get_message(mid)
 
     def _insert(self, cid: int, parent_id: int | None, role: str, content: str,
-                sampling: dict | None, status: str, stats: dict, created: float) -> int:
+                sampling: dict | None, status: str, stats: dict, created: float,
+                prepared: str | None = None, activate: bool = True) -> int:
         mid = self.db.table("messages").insert({
             "conversation_id": cid, "parent_id": parent_id, "role": role, "content": content,
             "created": created, "status": status, "stats": json.dumps(stats),
-            "sampling": None if sampling is None else json.dumps(sampling)}).last_pk
-        self._activate(cid, parent_id, mid)
+            "sampling": None if sampling is None else json.dumps(sampling),
+            "prepared": prepared}).last_pk
+        if activate:
+            self._activate(cid, parent_id, mid)
         return mid
 
     def _activate(self, cid: int, parent_id: int | None, mid: int) -> None:
@@ -68,12 +73,13 @@ class MessageTree(StoreBase):
     @guarded
     def update_message(self, message_id: int, *, content: str | None = None,
                        status: str | None = None,
-                       stats: dict[str, Any] | None = None) -> Message:
+                       stats: dict[str, Any] | None = None,
+                       prepared: str | None = None) -> Message:
         """Rewrite a message (a streaming reply as it grows); `stats` is merged into the old
         stats. Committed before returning."""
-        self._check(status=status)
+        self._check(status=status, prepared=prepared)
         old = self.get_message(message_id)
-        new = {"content": content, "status": status,
+        new = {"content": content, "status": status, "prepared": prepared,
                "stats": None if stats is None else json.dumps({**old.stats, **stats})}
         new = {k: v for k, v in new.items() if v is not None}
         with self._write():
@@ -158,8 +164,12 @@ class MessageTree(StoreBase):
     @guarded
     def mark_interrupted(self) -> int:
         """At start-up: replies left 'streaming' by a crashed writer become 'interrupted'
-        (text kept). Returns how many. Do not call while this file has a live writer."""
+        (text kept); replies being prepared in the background that nobody opened are deleted
+        (leaves, never active). Returns how many were marked. Do not call while this file has a
+        live writer."""
         with self._write():
+            self.db.execute("DELETE FROM messages WHERE status = 'streaming'"
+                            " AND prepared = 'unseen'")
             n = self.db.execute("UPDATE messages SET status = 'interrupted'"
                                 " WHERE status = 'streaming'").rowcount
         if n:

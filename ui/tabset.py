@@ -90,6 +90,7 @@ class TabSet:
         slots = list(slots)
         if slots[i] is not None:
             self.ctl.stop(slots[i])
+            self.ctl.prepared.cancel(slots[i])      # alternatives still being prepared go
         slots[i] = None
         if not any(slots):
             slots[i] = self.ctl.new_conversation().id        # never an empty page

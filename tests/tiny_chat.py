@@ -1,0 +1,81 @@
+"""A chat controller over a tiny random model in an in-process engine, for the UI feature tests
+(background alternatives, beams in Compare, the edit cost preview). Greedy settings, so every
+reply is deterministic; `poll` waits for a condition with a deadline (never a fixed sleep)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+from localpaged import LLM
+from localpaged.async_engine import AsyncEngine
+from localpaged.chat_backend import LocalChatBackend
+from localpaged.ui.controller import ChatController
+from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
+from localpaged.ui.store import Store
+
+from tiny_models import build
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+          "max_tokens": 24}
+# The tiny tokenizer knows characters U+0100..U+02FC (ASCII maps to one unknown id).
+P1, P2 = "ĀāĂăĄąĆćĈĉĊċČčĎďĐđĒēĔĕĖėĘęĚěĜĝĞğ" * 2, "ƀƁƂƃƄƅƆƇƈƉƊƋƌƍƎƏ" * 3
+
+
+class CountingBackend(LocalChatBackend):
+    """The local backend, counting the requests the UI sends it."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.requests: list[str] = []
+
+    def chat(self, messages, params, request_id=None, priority=None):
+        self.requests.append(priority or "interactive")
+        return super().chat(messages, params, request_id, priority)
+
+    def beam_search(self, messages, beam_width, max_tokens, request_id=None):
+        self.requests.append("beam")
+        return super().beam_search(messages, beam_width, max_tokens, request_id)
+
+
+def tiny_llm(root: str) -> LLM:
+    llm = LLM(build("llama-gqa", root), num_kv_blocks=256)
+    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    return llm
+
+
+@contextmanager
+def engine_backend(root: str):
+    engine = AsyncEngine(tiny_llm(root).engine)
+    try:
+        yield CountingBackend(engine)
+    finally:
+        engine.shutdown()
+
+
+@contextmanager
+def controller(backend, tmp_path, sampling=None):
+    store = Store(tmp_path / "conversations.db")
+    ctl = ChatController(store, lambda: backend, sampling or GREEDY, tmp_path / "ui_state.json")
+    try:
+        yield ctl
+    finally:
+        ctl.stop_all(wait=10)
+        store.close()
+
+
+def run(turn, timeout=60):
+    assert turn.wait(timeout), "generation did not finish"
+    assert turn.error is None, turn.error
+    return turn
+
+
+def poll(condition, timeout=60.0, what="condition"):
+    """The condition's first truthy value, checked until the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.002)
+    raise AssertionError(f"timed out waiting for {what}")
