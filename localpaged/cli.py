@@ -45,8 +45,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache (default auto: float32 on CPU)")
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
-                   help="weight-only quantization (default auto: a GGUF keeps its bit width on "
-                        "GPU and is dequantized on CPU; safetensors load as is)")
+                   help="weight-only quantization (default auto: a GGUF keeps its bit width, "
+                        "Q4 as int4 and Q8 as int8; safetensors load as is)")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")

@@ -24,7 +24,7 @@ class EngineConfig:
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
     quantization: str = "auto"           # "auto" | "none" | "int8" | "int4"; auto: a GGUF keeps its
-                                         # bit width on GPU, is dequantized on CPU (loader.load)
+                                         # bit width, safetensors load as is (loader.load)
     # Background requests in steps with interactive work: "share" (the leftover budget; cheap
     # where batch rows are nearly free, GPUs), "idle" (only steps without interactive work; on
     # CPUs a batch row costs about as much as a lone request), "auto": share on CUDA, else idle.

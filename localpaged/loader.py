@@ -146,12 +146,6 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
     tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=False, **kwargs)
-    if quantization == "auto" and device.type == "cpu" and source.gguf_file:
-        # Measured (bench/quant_decode.py): packed int4 on CPU decodes at 0.13x float32 (it
-        # dequantizes per call; no fast CPU int4 kernel yet), so auto keeps the old float path.
-        logger.info("quantization auto on CPU: GGUF weights dequantized to %s; pass "
-                    "quantization='int4' or 'int8' to keep them packed (less memory, slower)", dtype)
-        quantization = "none"
     packed: dict = {}
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
         state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization)

@@ -1,10 +1,11 @@
 """CPU quantized matmul paths (localpaged.quant.linear) against the dequantize-then-matmul torch reference.
 
-Tolerances: int4 and grouped int8 run the reference itself (dequantize, then float matmul), so
-they must match `F.linear(x, pw.dequantize())` to float rounding (1e-5 relative to the output's
-scale; bf16: 2e-2, one bf16 ulp is 2^-8). Per-channel int8 computes bf16(x) @ q^T * scales with a
-bf16 result (torch's packed op): the oracle is float32 math on bf16(x), tolerance 1e-2 relative to
-the output's max (bf16 rounding of the result).
+Tolerances: a canonical int4 / grouped int8 PackedWeight that reaches quant_linear on CPU runs the
+fallback (dequantize, then float matmul), so it must match `F.linear(x, pw.dequantize())` to float
+rounding (1e-5 relative to the output's scale; bf16: 2e-2, one bf16 ulp is 2^-8). The CPU forms
+(quant/cpu.py: torch's packed int4 and int8 ops) compute on bf16(x) with bf16 scales and a bf16
+result: the oracle is float32 math on bf16(x) and the canonical weights, tolerance 1e-2 relative to
+the output's max (bf16 rounding of the result, scales and zeros).
 """
 
 import pytest
@@ -12,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from localpaged.quant.layout import PackedWeight, cat_rows, pack_int4, quantize_int4, quantize_int8
-from localpaged.quant.linear import CPU_INT8_PACKED_MAX_M, quant_linear
+from localpaged.quant.cpu import CpuInt4Weight, for_cpu
+from localpaged.quant.linear import quant_linear
 
 SHAPES = [(48, 96), (80, 256), (16, 384)]     # ragged N, K a multiple of 32 (and of 128 for g128)
 
@@ -62,7 +64,7 @@ def test_int4_matches_reference(N, K, G, M, dtype):
 
 
 @pytest.mark.parametrize("N,K", SHAPES)
-@pytest.mark.parametrize("M", [1, CPU_INT8_PACKED_MAX_M, 37])
+@pytest.mark.parametrize("M", [1, 8, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_matches_reference(N, K, M, dtype):
     pw = quantize_int8(torch.randn(N, K))
@@ -73,13 +75,44 @@ def test_int8_matches_reference(N, K, M, dtype):
     _close(y, ref, 1e-2)
 
 
-def test_int8_rows_do_not_depend_on_batch():
-    """The packed (small M) and dequantized (large M) int8 paths agree row by row."""
-    pw = quantize_int8(torch.randn(96, 160))
+@pytest.mark.parametrize("make", [lambda w: for_cpu(quantize_int8(w)),
+                                  lambda w: for_cpu(quantize_int4(w, 32))], ids=["int8", "int4"])
+def test_cpu_forms_rows_do_not_depend_on_batch(make):
+    """One kernel per weight for every M: a row's value is the same alone or in a batch of 37
+    (what keeps batching from changing greedy output)."""
+    pw = make(torch.randn(96, 160))
     x = torch.randn(37, 160)
     big = quant_linear(x, pw)
     small = torch.cat([quant_linear(x[i:i + 1], pw) for i in range(37)])
-    _close(small, big, 1e-2)
+    assert torch.equal(small, big)
+
+
+@pytest.mark.parametrize("N,K", SHAPES)
+@pytest.mark.parametrize("G", [32, 128])
+@pytest.mark.parametrize("M", [1, 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_int4_form_matches_reference(N, K, G, M, dtype):
+    if K % G:
+        pytest.skip("K not a multiple of G")
+    pw = quantize_int4(torch.randn(N, K), G)
+    cpu = for_cpu(pw)
+    assert isinstance(cpu, CpuInt4Weight) and cpu.nbytes < pw.nbytes * 1.15
+    x = torch.randn(M, K).to(dtype)
+    y = quant_linear(x, cpu)
+    assert y.dtype == dtype and y.shape == (M, N)
+    _close(y, F.linear(x.to(torch.bfloat16).float(), pw.dequantize()), 1e-2)
+    _close(cpu.dequantize(), pw.dequantize(), 1e-2)
+
+
+def test_cpu_forms_of_odd_shapes_and_grouped_int8():
+    odd = quantize_int4(torch.randn(40, 64), 32)            # N % 16 != 0: the fallback path
+    assert for_cpu(odd) is odd
+    q = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+    grouped = PackedWeight(8, 32, q, torch.rand(32, 2).half(), None, (32, 64))
+    per_channel = for_cpu(grouped)
+    assert per_channel.per_channel and per_channel.scales.dtype == torch.bfloat16
+    x = torch.randn(5, 64)
+    _close(quant_linear(x, per_channel), F.linear(x.to(torch.bfloat16).float(), grouped.dequantize()), 1e-2)
 
 
 def test_grouped_int8_and_fusion():

@@ -3,23 +3,15 @@
 The modules hold a `PackedWeight` as a plain attribute (not a parameter or buffer), so the
 loader's `to_empty()` / `.to(dtype)` on the rest of the model never touch or copy it.
 
-Kernel choice (see bench/quant_linear.py for the measurement behind it):
-- CUDA: `localpaged.kernels.triton_quant_matmul.quant_matmul(x, pw)` when that module exists,
-  else dequantize-then-matmul.
-- CPU int8: rows are computed as `bf16(x) @ q^T * scales`, rounded to bf16, then cast to x.dtype.
-  M <= CPU_INT8_PACKED_MAX_M runs torch's `aten._weight_int8pack_mm`; larger M runs the same
-  formula as one float32 matmul on the int8 values (the packed op is slow for large M). Both
-  paths give each row the same value up to float32 summation order, so batching does not change a
-  row beyond what fp32 `linear` already allows (a float32 result on the large-M path broke that
-  invariance in tests/test_quant_engine.py). Scales are kept bf16-representable (layout.py), so
-  the bf16 cast of the scales is exact: SmolLM2 perplexity int8 31.69 vs float32 31.67.
-- CPU int4 and grouped int8 (GGUF Q4_*/Q8_0 kept exact): dequantize (the float32 reference)
-  then `F.linear` in x.dtype, for every M: the output equals the float32 model with the same
-  dequantized weights (what transformers computes from the GGUF). This saves memory, not time:
-  one-conversation decode measured 0.13x float32 on SmolLM2 (loaded 2-core machine), so
-  "auto" does not choose it on CPU (loader.load). torch's packed int4 CPU op
-  (`_weight_int4pack_mm_for_cpu`, torch's own tiled nibble layout) measured 15-30x slower than
-  float32 `linear` at M=1 on SmolLM2's shapes (K = 576, 1536) here; TODO: a fast CPU int4 path.
+Kernel choice:
+- CUDA: `localpaged.kernels.triton_quant_matmul.quant_matmul` (int4, per-channel int8), else
+  dequantize-then-matmul.
+- CPU: the weights are first put in the form torch's packed CPU ops read (quant/cpu.py, with the
+  measurements behind it): int4 runs `aten._weight_int4pack_mm_for_cpu`, int8
+  `aten._weight_int8pack_mm`, both with bf16 activations, for every batch size (one kernel per
+  weight, so a row's value does not depend on the batch). What those ops cannot take (int4 with N
+  not divisible by 16) dequantizes, then `F.linear`.
+- Embeddings gather rows of the canonical PackedWeight and dequantize only those.
 """
 
 from __future__ import annotations
@@ -31,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from localpaged.quant.cpu import CpuInt4Weight, for_cpu
 from localpaged.quant.layout import PackedWeight
 
 logger = logging.getLogger(__name__)
 
-CPU_INT8_PACKED_MAX_M = 8
 _TRITON_MODULE = "localpaged.kernels.triton_quant_matmul"
 _triton_quant_matmul = None   # resolved once, lazily: the module may not exist yet
 
@@ -51,26 +43,24 @@ def _cuda_kernel():
     return _triton_quant_matmul or None
 
 
-def quant_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
+def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight) -> torch.Tensor:
     """x [M, K] -> [M, N] in x.dtype."""
+    if isinstance(pw, CpuInt4Weight):
+        return pw.matmul(x)
     if x.is_cuda:
         kernel = _cuda_kernel()
         if kernel is not None and (pw.bits == 4 or pw.per_channel):
             return kernel(x, pw)
         return F.linear(x, pw.dequantize(x.dtype))
-    if pw.bits == 8 and pw.per_channel:
-        xb = x.to(torch.bfloat16)
-        scales = pw.scales.to(torch.bfloat16)
-        if x.shape[0] <= CPU_INT8_PACKED_MAX_M:
-            y = torch.ops.aten._weight_int8pack_mm(xb, pw.qweight, scales)
-        else:
-            y = (F.linear(xb.float(), pw.qweight.float()) * scales.float()).to(torch.bfloat16)
+    if pw.per_channel:
+        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), pw.qweight,
+                                                pw.scales.to(torch.bfloat16))
         return y.to(x.dtype)
     return F.linear(x, pw.dequantize(x.dtype))
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, packed: PackedWeight, bias: nn.Parameter | None) -> None:
+    def __init__(self, packed: PackedWeight | CpuInt4Weight, bias: nn.Parameter | None) -> None:
         super().__init__()
         self.packed = packed                      # plain attribute: never re-materialized
         self.in_features, self.out_features = packed.shape[1], packed.shape[0]
@@ -115,16 +105,27 @@ def install(model: nn.Module, packed: dict[str, PackedWeight], dtype: torch.dtyp
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, attr)
         if isinstance(old, nn.Embedding):
-            new = QuantEmbedding(pw, dtype)
+            new = QuantEmbedding(_embedding_form(pw), dtype)
         else:
             if (old.out_features, old.in_features) != pw.shape:
                 raise ValueError(f"{name}: packed shape {pw.shape} does not match the model's "
                                  f"{(old.out_features, old.in_features)}")
-            new = QuantLinear(pw, old.bias)
+            new = QuantLinear(_linear_form(pw), old.bias)
         setattr(parent, attr, new)
     embed = model.model.embed_tokens
     if model.config.tie_word_embeddings and isinstance(embed, QuantEmbedding):
-        model.lm_head = QuantLinear(embed.packed, None)     # tied: one packed table, read twice
+        # tied: one packed table read twice, unless the matmul needs its own form (CPU int4)
+        model.lm_head = QuantLinear(_linear_form(embed.packed), None)
+
+
+def _linear_form(pw: PackedWeight) -> PackedWeight | CpuInt4Weight:
+    return for_cpu(pw) if pw.qweight.device.type == "cpu" else pw
+
+
+def _embedding_form(pw: PackedWeight) -> PackedWeight:
+    """Row gathers need the canonical layout: only int8 takes its CPU form (shared with a tied
+    lm_head)."""
+    return for_cpu(pw) if pw.bits == 8 and pw.qweight.device.type == "cpu" else pw
 
 
 def weights_summary(model: nn.Module) -> tuple[int, str]:
@@ -133,8 +134,8 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
     total, formats = 0, {}
     for module in model.modules():
         pw = getattr(module, "packed", None)
-        if isinstance(pw, PackedWeight) and id(pw.qweight) not in seen:
-            seen.add(id(pw.qweight))
+        if isinstance(pw, (PackedWeight, CpuInt4Weight)) and id(pw) not in seen:
+            seen.add(id(pw))
             total += pw.nbytes
             formats[pw.format] = formats.get(pw.format, 0) + pw.shape[0] * pw.shape[1]
     for t in list(model.parameters()) + list(model.buffers()):

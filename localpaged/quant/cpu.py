@@ -1,0 +1,78 @@
+"""Packed weights in the form torch's CPU weight-only kernels read, and the choice of that form.
+
+Measured on this project's 2-core AVX-512 CPU (torch 2.13, one thread, SmolLM2 shapes, M = 1):
+`aten._weight_int4pack_mm_for_cpu` with bf16 activations is 1.7-1.9x faster than float32
+`linear` on the layers (960x576 16.6 vs 31.0 us, 3072x576 50 vs 190 us, 576x1536 25 vs 45 us)
+and 11x on the 49152x576 lm_head (0.84 vs 9.3 ms); `aten._weight_int8pack_mm` (bf16 activations)
+is 2-4x faster. Both stay faster than float32 up to M = 256 (prefill chunks), so one kernel
+serves every batch size: a row's value does not depend on what else is in the batch. With
+float32 activations both ops are 10-100x slower: activations are cast to bf16 first (llama.cpp
+likewise quantizes activations to 8 bits for its dot products).
+
+The forms:
+- int4 (N divisible by 16): `CpuInt4Weight`, torch's own tiled nibble layout plus bf16
+  (scale, zero) pairs with w = (q - 8) * scale + zero, i.e. zero = min + 8 * scale for our
+  w = q * scale + min. The canonical PackedWeight is dropped: one copy in memory.
+- int8 grouped (GGUF Q8_0, group 32): requantized per output channel (the packed int8 op takes
+  one scale per row); SmolLM2's Q8_0 embedding/lm_head lose < 0.1% perplexity by it.
+- int8 per channel: as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from localpaged.quant.layout import PackedWeight, quantize_int8
+
+INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
+
+
+@dataclass
+class CpuInt4Weight:
+    group_size: int
+    packed: torch.Tensor          # uint8 [N, K // 2] in torch's CPU layout (opaque)
+    scales_zeros: torch.Tensor    # bf16 [K // G, N, 2]: w = (q - 8) * scale + zero
+    shape: tuple[int, int]        # logical (N, K)
+    bits: ClassVar[int] = 4
+    per_channel: ClassVar[bool] = False
+
+    @classmethod
+    def from_packed(cls, pw: PackedWeight) -> CpuInt4Weight:
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(pw.int_values().to(torch.int32), 1)
+        scales = pw.scales.float()
+        zeros = pw.mins.float() + 8 * scales
+        pairs = torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+        return cls(pw.group_size, packed, pairs.to(torch.bfloat16), pw.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scales_zeros))
+
+    @property
+    def format(self) -> str:
+        return f"int4 g{self.group_size}"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> [M, N] in x.dtype (bf16 activations and result inside)."""
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros)
+        return y.to(x.dtype)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """w [N, K] as the kernel sees it (bf16 values), read back through the kernel itself."""
+        w = self.matmul(torch.eye(self.shape[1], dtype=torch.bfloat16)).t()
+        return (w if rows is None else w.index_select(0, rows)).to(dtype)
+
+
+def for_cpu(pw: PackedWeight) -> PackedWeight | CpuInt4Weight:
+    """The form of `pw` the CPU kernels read fastest (see the module docstring)."""
+    if pw.bits == 4 and pw.shape[0] % INT4_N_MULTIPLE == 0:
+        return CpuInt4Weight.from_packed(pw)
+    if pw.bits == 8 and not (pw.per_channel and pw.scales.dtype == torch.bfloat16):  # idempotent
+        pw = pw if pw.per_channel else quantize_int8(pw.dequantize(torch.float32))
+        # bf16-representable by construction (quantize_int8): the op's bf16 scales, cast once
+        return PackedWeight(8, pw.group_size, pw.qweight, pw.scales.to(torch.bfloat16), None, pw.shape)
+    return pw
