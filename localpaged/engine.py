@@ -21,7 +21,7 @@ from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import KVCacheManager
-from localpaged.model_runner import ModelRunner
+from localpaged.model_runner import ModelRunner, StepTimings, phase_of
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from localpaged.request import BeamParams, Sequence, SequenceGroup
 from localpaged.sampler import record, sample
@@ -154,14 +154,18 @@ class LLMEngine:
         return bool(self.groups)
 
     # ---- the step -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
-        logits, rows = self.runner.execute(out)
+    def step(self, timings: StepTimings | None = None) -> list[RequestOutput]:
+        """One engine step; `timings`, when given, accumulates seconds per phase."""
+        phase = phase_of(timings)
+        with phase("schedule"):
+            out = self.scheduler.schedule()
+        logits, rows = self.runner.execute(out, timings)
         self.num_tokens_computed += out.num_tokens
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_tokens
             self.kv.cache_full_blocks(item.seq)
-        touched = self._sample(out, logits, rows)
+        with phase("sample+finish"):
+            touched = self._sample(out, logits, rows)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -169,7 +173,11 @@ class LLMEngine:
             self.groups.pop(group.request_id, None)
             self._finish(group)
             touched.append(group)
-        return [self._output(g) for g in dict.fromkeys(touched)]
+        with phase("outputs"):
+            outputs = [self._output(g) for g in dict.fromkeys(touched)]
+        if timings is not None:
+            timings.steps += 1
+        return outputs
 
     def _sample(self, out, logits: torch.Tensor | None, row_of: dict[int, int]) -> list[SequenceGroup]:
         rows, seqs, params, groups = [], [], [], []

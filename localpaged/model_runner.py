@@ -9,6 +9,10 @@ just swapped in must follow the swap-in; a swap-out must follow the copies into 
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
 import torch
 
 from localpaged.attention import AttentionBackend, AttentionMetadata
@@ -16,6 +20,45 @@ from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
 from localpaged.scheduler import ScheduledSeq, SchedulerOutput
+
+
+@dataclass
+class StepTimings:
+    """Seconds spent per phase of engine steps (scheduler, prepare, forward, sample, finish).
+
+    Optional and passed explicitly to `LLMEngine.step`; on CUDA each phase synchronizes first so
+    a phase's kernels are charged to it (only when timings are asked for).
+    """
+    seconds: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    sync_cuda: bool = False
+
+    @contextmanager
+    def phase(self, name: str):
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def _sync(self) -> None:
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+
+    def per_step_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / max(1, self.steps) for k, v in self.seconds.items()}
+
+
+@contextmanager
+def _no_phase(name: str):
+    yield
+
+
+def phase_of(timings: StepTimings | None):
+    """timings.phase, or a no-op context manager when no timings are asked for."""
+    return timings.phase if timings is not None else _no_phase
 
 
 class ModelRunner:
@@ -28,8 +71,10 @@ class ModelRunner:
         self.device = kv_cache.device
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int]]:
+    def execute(self, out: SchedulerOutput, timings: StepTimings | None = None
+                ) -> tuple[torch.Tensor | None, dict[int, int]]:
         """Run one step; returns float32 CPU logits [S, V] and, per sampling seq_id, its row."""
+        phase = phase_of(timings)
         for kind, pairs in out.block_ops:
             if kind == "copy":
                 self.kv_cache.copy(pairs, self.backend)
@@ -38,13 +83,20 @@ class ModelRunner:
         items = order_batch(out.scheduled)
         if not items:
             return None, {}
-        input_ids, positions, meta = self.prepare(items)
-        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend)
-        ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
+        with phase("prepare"):
+            input_ids, positions, meta = self.prepare(items)
+        with phase("forward"):
+            max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
+            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend,
+                                max_position)
         sampling = [it for it in items if it.samples]
         if not sampling:
             return None, {}
-        logits = self.model.compute_logits(hidden.index_select(0, ends)).float().cpu()
+        with phase("logits"):
+            if len(sampling) != hidden.shape[0]:
+                ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
+                hidden = hidden.index_select(0, ends)
+            logits = self.model.compute_logits(hidden).float().cpu()
         return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}
 
     def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
