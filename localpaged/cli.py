@@ -36,6 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="KV-cache blocks (default: sized from free memory)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache (default auto: float32 on CPU)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="paged-attention kernels (default auto: triton on CUDA, checked at "
+                        "start-up with a fallback to torch; torch on CPU)")
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs for decode steps (they are on by default on CUDA)")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")
@@ -64,7 +69,9 @@ def build(args: argparse.Namespace):
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
     else:
-        factory = local_factory(args.num_kv_blocks, args.dtype)
+        factory = local_factory(args.num_kv_blocks, args.dtype,
+                                attention_backend=args.attention_backend,
+                                enforce_eager=args.eager)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

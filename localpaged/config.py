@@ -21,6 +21,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"   # or "swap"
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
+    enforce_eager: bool = False          # True: no CUDA graphs for decode (they are CUDA-only)
     revision: str | None = None
 
     def __post_init__(self) -> None:

@@ -15,8 +15,7 @@ import time
 
 import torch
 
-from localpaged import beam_search, loader
-from localpaged.attention import get_backend
+from localpaged import beam_search, loader, startup_check
 from localpaged.config import EngineConfig
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
@@ -49,7 +48,8 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.model_source = loaded.source
         self.max_model_len = self._max_model_len()
-        self.backend = get_backend(config.attention_backend, self.device)
+        self.backend, graphs_ok = startup_check.select_backend(
+            config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim)
         num_blocks, num_cpu_blocks = self._num_blocks()
         mc = self.model_config
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
@@ -59,7 +59,10 @@ class LLMEngine:
                                  num_cpu_blocks)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.preemption_mode)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.kv, self.backend)
+        graphs = None if config.enforce_eager or not graphs_ok else startup_check.build_decode_graphs(
+            self.model, self.kv_cache.layers, self.backend, config.max_num_seqs,
+            self.max_model_len, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.kv, self.backend, graphs)
         self.groups: dict[str, SequenceGroup] = {}
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
         self._ids = itertools.count()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.cuda_graphs import DecodeGraphRunner
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
@@ -63,8 +64,9 @@ def phase_of(timings: StepTimings | None):
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, kv: KVCacheManager,
-                 backend: AttentionBackend) -> None:
+                 backend: AttentionBackend, graphs: DecodeGraphRunner | None = None) -> None:
         self.model = model
+        self.graphs = graphs          # decode-only batches replay a CUDA graph when set
         self.kv_cache = kv_cache
         self.kv = kv
         self.backend = backend
@@ -86,9 +88,12 @@ class ModelRunner:
         with phase("prepare"):
             input_ids, positions, meta = self.prepare(items)
         with phase("forward"):
-            max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
-            hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend,
-                                max_position)
+            if self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
+                hidden = self.graphs.run(input_ids, positions, meta)
+            else:
+                max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
+                hidden = self.model(input_ids, positions, self.kv_cache.layers, meta,
+                                    self.backend, max_position)
         sampling = [it for it in items if it.samples]
         if not sampling:
             return None, {}

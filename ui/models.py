@@ -124,8 +124,10 @@ class ModelManager:
         return "No model loaded."
 
 
-def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto") -> Factory:
-    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress."""
+def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
+                  **engine_options) -> Factory:
+    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress.
+    `engine_options`: further EngineConfig fields (attention_backend, enforce_eager)."""
     def build(name: str, progress: Progress) -> ChatBackend:
         from localpaged import LLM
         from localpaged.async_engine import AsyncEngine
@@ -134,7 +136,8 @@ def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto") -> Fact
         if _looks_like_hub_id(name):
             _download(name, progress)
         progress("loading", "weights into the engine")
-        kwargs = {"dtype": dtype} | ({"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
+        kwargs = {"dtype": dtype, **engine_options} | (
+            {"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
         llm = LLM(name, **kwargs)
         if not getattr(llm.tokenizer, "chat_template", None):
             log.warning("%s has no chat template: using ChatML", name)
