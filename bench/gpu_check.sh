@@ -6,6 +6,8 @@
 #   3. the engine-vs-transformers equality tests with the Triton backend, where present
 #   4. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
 #   5. bench/throughput.py --device cuda --quick, where present
+#   6. bench/latency.py --cuda-graphs: batch-1 decode tok/s with and without CUDA graphs, equal
+#      tokens, fraction of HBM bandwidth (cuda_graphs.json)
 # Each step has its own timeout and a share of one overall deadline; a failing step does not stop
 # the others. Results go to $OUT if set, else bench/results/: gpu_check.json (per step: exit
 # status, seconds), gpu_check.log (all output), gpu_kernels.json (the kernel benchmark).
@@ -80,6 +82,7 @@ step kernel_tests 170 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kern
 step engine_tests 140 engine_tests
 step bench_kernels 90 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step throughput 70 throughput
+step cuda_graphs 60 "$PY" bench/latency.py --cuda-graphs --out "$DEST/cuda_graphs.json"
 
 printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"
 echo "wrote $DEST/gpu_check.json, $DEST/gpu_check.log, $DEST/gpu_kernels.json"

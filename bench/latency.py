@@ -182,15 +182,9 @@ def hf_row(gguf: str, prompts: dict[str, list[int]], args) -> dict:
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
         total = time.perf_counter() - start
-        new = out.shape[1] - len(prompt)
-        return {"ttft_ms": round(1000 * ttft, 1),
-                "decode_tok_s": round((new - 1) / max(1e-9, total - ttft), 2), "tokens": new}
+        return _timing(ttft, total, out.shape[1] - len(prompt))
 
-    run(prompts["short"], 4)
-    row = {"engine": "transformers fp32", "short": run(prompts["short"], args.short_tokens),
-           "long": run(prompts["long"], args.long_tokens)}
-    print(json.dumps(row), flush=True)
-    return row
+    return _peer_row("transformers fp32", run, prompts, args)
 
 
 def llama_cpp_row(gguf: str, prompts: dict[str, list[int]], args) -> dict | None:
@@ -210,15 +204,50 @@ def llama_cpp_row(gguf: str, prompts: dict[str, list[int]], args) -> dict | None
                 first = time.perf_counter() - start
             if i + 1 >= n:
                 break
-        total = time.perf_counter() - start
-        return {"ttft_ms": round(1000 * first, 1),
-                "decode_tok_s": round((n - 1) / max(1e-9, total - first), 2), "tokens": n}
+        return _timing(first, time.perf_counter() - start, n)
 
-    run(prompts["short"], 4)
-    row = {"engine": "llama.cpp Q4_1", "short": run(prompts["short"], args.short_tokens),
+    return _peer_row("llama.cpp Q4_1", run, prompts, args)
+
+
+def _timing(ttft: float, total: float, tokens: int) -> dict:
+    return {"ttft_ms": round(1000 * ttft, 1),
+            "decode_tok_s": round((tokens - 1) / max(1e-9, total - ttft), 2), "tokens": tokens}
+
+
+def _peer_row(name: str, run, prompts: dict[str, list[int]], args) -> dict:
+    run(prompts["short"], 4)                  # warm-up
+    row = {"engine": name, "short": run(prompts["short"], args.short_tokens),
            "long": run(prompts["long"], args.long_tokens)}
     print(json.dumps(row), flush=True)
     return row
+
+
+# ---- GPU: batch-1 decode with and without CUDA graphs --------------------------------------------
+def cuda_graphs_check(gguf: str, args) -> dict:
+    """Batch-1 greedy decode on CUDA, eager vs graphs: tok/s, equal tokens, HBM fraction."""
+    prompt = list(range(1, 33))
+    params = SamplingParams(max_tokens=args.short_tokens * 2, temperature=0.0, ignore_eos=True)
+    result: dict = {"dtype": args.gpu_dtype}
+    tokens = {}
+    for name, eager in (("eager", True), ("graphs", False)):
+        llm = LLM(gguf, device="cuda", dtype=args.gpu_dtype, enforce_eager=eager,
+                  max_num_seqs=16, num_kv_blocks=256)
+        result[f"{name}_graphs_captured"] = llm.engine.runner.graphs is not None
+        llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))     # warm-up
+        torch.cuda.synchronize()
+        run = lp_run(llm, prompt, params.max_tokens)
+        tokens[name] = llm.generate(prompt, params)[0].outputs[0].token_ids
+        result[f"{name}_decode_tok_s"] = run["decode_tok_s"]
+        weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+        result["weight_bytes"] = weight_bytes
+        result[f"{name}_hbm_fraction"] = round(weight_bytes * run["decode_tok_s"]
+                                               / (args.hbm_gbps * 1e9), 4)
+        del llm
+        torch.cuda.empty_cache()
+    result["tokens_equal"] = tokens["eager"] == tokens["graphs"]
+    result["speedup"] = round(result["graphs_decode_tok_s"] / result["eager_decode_tok_s"], 2)
+    print(json.dumps(result), flush=True)
+    return result
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -250,10 +279,18 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-peers", action="store_true", help="skip transformers and llama.cpp")
     p.add_argument("--no-api", action="store_true", help="skip the API stream measurement")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/latency-*.json)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="only: batch-1 decode on CUDA with and without graphs (gpu_check.sh)")
+    p.add_argument("--gpu-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--hbm-gbps", type=float, default=4800.0, help="peak HBM GB/s (H200: 4800)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     gguf = args.gguf or bundled_gguf_path()
+    if args.cuda_graphs:
+        result = {"cuda_graphs": cuda_graphs_check(gguf, args)}
+        _write(result, args.out, "cuda-graphs")
+        return result
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.basename(gguf))
     messages = short_chat()
@@ -272,12 +309,16 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"gguf": os.path.basename(gguf), "args": vars(args), "rows": rows,
               "prompt_tokens": {k: len(v) for k, v in prompts.items()},
               "torch_threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S")}
-    out = Path(args.out) if args.out else (Path(__file__).parent / "results" /
-                                           f"latency-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    _write(result, args.out, "latency")
+    return result
+
+
+def _write(result: dict, path: str | None, stem: str) -> None:
+    out = Path(path) if path else (Path(__file__).parent / "results" /
+                                   f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
-    return result
 
 
 if __name__ == "__main__":

@@ -155,3 +155,17 @@ def test_select_backend_falls_back_when_triton_fails(monkeypatch, caplog):
         "using the torch attention backend and eager decode"]
     # without force_check on CPU, no check runs: the requested backend is kept
     assert startup_check.select_backend("torch", cpu, torch.float32, 16, 16)[0].name == "torch"
+
+
+def test_step_timings_cover_every_phase(tiny_llama):
+    from localpaged.model_runner import StepTimings
+    llm = LLM(tiny_llama, num_kv_blocks=32)
+    eng, timings = llm.engine, StepTimings()
+    eng.add_request("r", prompts(1, seed=2)[0], greedy(5))
+    outputs = []
+    while eng.has_unfinished_requests():
+        outputs += eng.step(timings)
+    assert timings.steps == 5 and outputs[-1].finished
+    assert set(timings.seconds) == {"schedule", "prepare", "forward", "logits", "sample+finish",
+                                    "outputs"}
+    assert all(v >= 0 for v in timings.per_step_ms().values())
