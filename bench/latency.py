@@ -86,17 +86,22 @@ def lp_breakdown(llm: LLM, prompt: list[int], steps: int) -> dict:
     from torch.profiler import profile
     eng.add_request(None, prompt, params)
     eng.step()
-    n, start = 0, time.perf_counter()
+    n = 0
     with profile() as prof:
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         while eng.has_unfinished_requests():
             eng.step()
             n += 1
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.thread_time() - cpu_start
     matmul_us = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in MATMUL_OPS)
+    # ops dispatched from Python (top-level events), matmuls excepted: a load-independent count
+    top = [e for e in prof.events() if e.cpu_parent is None and e.name.startswith("aten::")]
     result["profiled_step_ms"] = round(1000 * wall / n, 2)
+    result["thread_cpu_ms_per_step"] = round(1000 * cpu / n, 2)
     result["matmul_ms_per_step"] = round(matmul_us / 1000 / n, 2)
     result["outside_matmul_ms_per_step"] = round(1000 * wall / n - matmul_us / 1000 / n, 2)
+    result["ops_outside_matmul_per_step"] = round(
+        sum(1 for e in top if e.name not in MATMUL_OPS) / n, 1)
     return result
 
 
