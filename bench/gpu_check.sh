@@ -8,6 +8,8 @@
 #   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
 #   6. bench/gpu_quant.py: int8/int4 weight-only matmul vs fp16, batch-1 weight bandwidth
 #   7. bench/throughput.py --device cuda --quick, where present
+#   8. bench/latency.py --cuda-graphs: batch-1 decode tok/s with and without CUDA graphs, equal
+#      tokens, fraction of HBM bandwidth (cuda_graphs.json)
 # Each step has its own timeout and a share of one overall deadline; a failing step does not stop
 # the others. Results go to $OUT if set, else bench/results/: gpu_check.json (per step: exit
 # status, seconds), gpu_check.log (all output), gpu_kernels.json and gpu_quant.json (the kernel
@@ -21,7 +23,7 @@ LOG="$DEST/gpu_check.log"
 : >"$LOG"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 unset TRITON_INTERPRET
-DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 570; kills add <= 10 s each
+DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 540; kills add <= 10 s each
 STEPS=""
 
 # step NAME LIMIT_S CMD...: run CMD (a command or an exported function) under
@@ -78,13 +80,14 @@ throughput() {
 
 export PY
 export -f install_project engine_tests throughput
-step install 70 install_project
-step kernel_tests 140 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
-step quant_tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
-step engine_tests 110 engine_tests
-step bench_kernels 65 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
-step bench_quant 75 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
-step throughput 50 throughput
+step install 60 install_project
+step kernel_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
+step quant_tests 50 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
+step engine_tests 100 engine_tests
+step bench_kernels 55 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
+step bench_quant 60 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
+step throughput 40 throughput
+step cuda_graphs 55 "$PY" bench/latency.py --cuda-graphs --out "$DEST/cuda_graphs.json"
 
 printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"
 echo "wrote gpu_check.json, gpu_check.log, gpu_kernels.json, gpu_quant.json in $DEST"

@@ -41,8 +41,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            scale: float) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens.
 
-    Sequences are gathered in chunks of similar length, each padded to its own longest.
+    One sequence (a single conversation) reads its K/V in place, without a gather; several are
+    gathered in chunks of similar length, each padded to its own longest.
     """
+    if q.shape[0] == 1:
+        return _decode_in_place(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
     if q.shape[0] <= DECODE_CHUNK:
         return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale)
     out = torch.empty_like(q)
@@ -50,6 +53,48 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out[chunk] = _decode_padded(q[chunk], k_cache, v_cache, block_tables[chunk],
                                     seq_lens[chunk], scale)
     return out
+
+
+def contiguous_runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """(first block, number of blocks) of each maximal run of consecutive block ids, in order."""
+    runs: list[tuple[int, int]] = []
+    for b in block_ids:
+        if runs and runs[-1][0] + runs[-1][1] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return runs
+
+
+def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """q [1, H, D] over one sequence's seq_len tokens, reading each run of consecutive blocks
+    as a view of the cache (no copy of K/V). One run: one SDPA call. Several: the scores of
+    every run side by side, one softmax, then the runs' values weighted and summed."""
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_heads // num_kv_heads
+    qg = q.view(num_kv_heads, group, head_dim)
+    runs = contiguous_runs(table[:-(-seq_len // block_size)].tolist())
+    views, left = [], seq_len
+    for first, count in runs:
+        length = min(count * block_size, left)
+        left -= length
+        # [count, B, Hkv, D] -> [Hkv, length, D]: a strided view, never a copy
+        views.append((k_cache[first:first + count].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype),
+                      v_cache[first:first + count].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)))
+    if len(views) == 1:
+        keys, values = views[0]
+        out = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
+        return out.reshape(1, num_heads, head_dim)
+    scores = torch.cat([qg @ k.transpose(1, 2) for k, _ in views], dim=-1)   # [Hkv, g, L]
+    probs = (scores.float() * scale).softmax(dim=-1).to(q.dtype)
+    out, start = None, 0
+    for _, v in views:
+        part = probs[..., start:start + v.shape[1]] @ v
+        out = part if out is None else out + part
+        start += v.shape[1]
+    return out.reshape(1, num_heads, head_dim)
 
 
 def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -47,6 +47,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                    help="weight-only quantization (default auto: a GGUF keeps its bit width, "
                         "Q4 as int4 and Q8 as int8; safetensors load as is)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+                   help="paged-attention kernels (default auto: triton on CUDA, checked at "
+                        "start-up with a fallback to torch; torch on CPU)")
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs for decode steps (they are on by default on CUDA)")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")
@@ -89,8 +94,9 @@ def build(args: argparse.Namespace):
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
     else:
-        factory = local_factory(args.num_kv_blocks, args.dtype, args.max_model_len,
-                                args.quantization)
+        factory = local_factory(args.num_kv_blocks, args.dtype, max_model_len=args.max_model_len,
+                                quantization=args.quantization,
+                                attention_backend=args.attention_backend, enforce_eager=args.eager)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

@@ -23,14 +23,13 @@ import time
 
 import torch
 
-from localpaged import beam_search, loader, prompt_logprobs
-from localpaged.attention import get_backend
+from localpaged import beam_search, loader, prompt_logprobs, startup_check
 from localpaged.config import EngineConfig
 from localpaged.quant.linear import weights_summary
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import InvariantError, KVCacheManager
-from localpaged.model_runner import ModelRunner
+from localpaged.model_runner import ModelRunner, StepTimings, phase_of
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from localpaged.request import BeamParams, Sequence, SequenceGroup
 from localpaged.sampler import record, sample
@@ -59,7 +58,8 @@ class LLMEngine:
         self.model_source = loaded.source
         self.weights_bytes, self.weights_format = weights_summary(self.model)
         self.max_model_len = self._max_model_len()
-        self.backend = get_backend(config.attention_backend, self.device)
+        self.backend, graphs_ok = startup_check.select_backend(
+            config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim)
         num_blocks, num_cpu_blocks = self._num_blocks()
         mc = self.model_config
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
@@ -71,7 +71,10 @@ class LLMEngine:
                                                           and self.device.type == "cuda")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.preemption_mode, shares)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend)
+        graphs = None if config.enforce_eager or not graphs_ok else startup_check.build_decode_graphs(
+            self.model, self.kv_cache.layers, self.backend, config.max_num_seqs,
+            self.max_model_len, config.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend, graphs)
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -183,13 +186,17 @@ class LLMEngine:
         return bool(self.groups)
 
     # ---- the step -----------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        out = self.scheduler.schedule()
-        logits, rows, prompt_lps = self.runner.execute(out)
+    def step(self, timings: StepTimings | None = None) -> list[RequestOutput]:
+        """One engine step; `timings`, when given, accumulates seconds per phase."""
+        phase = phase_of(timings)
+        with phase("schedule"):
+            out = self.scheduler.schedule()
+        logits, rows, prompt_lps = self.runner.execute(out, timings)
         prompt_logprobs.record(out.scheduled, prompt_lps)
         self.num_tokens_computed += out.num_tokens
         result = StepResult()
-        touched = self._sample(out, logits, rows, result)
+        with phase("sample+finish"):
+            touched = self._sample(out, logits, rows, result)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -200,7 +207,11 @@ class LLMEngine:
         # A prompt chunk that sampled nothing still reports its prefill progress.
         touched += [it.group for it in out.scheduled
                     if it.group.in_prompt_stage and not it.group.is_finished]
-        return [self._output(g) for g in dict.fromkeys(touched)]
+        with phase("outputs"):
+            outputs = [self._output(g) for g in dict.fromkeys(touched)]
+        if timings is not None:
+            timings.steps += 1
+        return outputs
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> None:
         """The one way a step's decisions, and every finish, reach the scheduler and blocks."""

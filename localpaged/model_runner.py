@@ -10,51 +10,108 @@ See docs/architecture.md §4 steps 3-4 (prepare: slot mapping, block tables; for
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
 import torch
 
 from localpaged import prompt_logprobs
 from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.cuda_graphs import DecodeGraphRunner
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
 from localpaged.scheduler import ScheduledSeq, SchedulerOutput
 
 
+@dataclass
+class StepTimings:
+    """Seconds spent per phase of engine steps (scheduler, prepare, forward, sample, finish).
+
+    Optional and passed explicitly to `LLMEngine.step`; on CUDA each phase synchronizes first so
+    a phase's kernels are charged to it (only when timings are asked for).
+    """
+    seconds: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    sync_cuda: bool = False
+
+    @contextmanager
+    def phase(self, name: str):
+        self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def _sync(self) -> None:
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+
+    def per_step_ms(self) -> dict[str, float]:
+        return {k: 1000 * v / max(1, self.steps) for k, v in self.seconds.items()}
+
+
+@contextmanager
+def _no_phase(name: str):
+    yield
+
+
+def phase_of(timings: StepTimings | None):
+    """timings.phase, or a no-op context manager when no timings are asked for."""
+    return timings.phase if timings is not None else _no_phase
+
+
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, kv: KVCacheManager,
-                 backend: AttentionBackend) -> None:
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: KVCacheManager,
+                 backend: AttentionBackend, graphs: DecodeGraphRunner | None = None) -> None:
         self.model = model
+        self.graphs = graphs          # decode-only batches replay a CUDA graph when set
         self.kv_cache = kv_cache
-        self.kv = kv
+        self.block_manager = block_manager
         self.backend = backend
         self.device = kv_cache.device
 
     @torch.inference_mode()
-    def execute(self, out: SchedulerOutput) -> tuple[torch.Tensor | None, dict[int, int], dict]:
+    def execute(self, out: SchedulerOutput, timings: StepTimings | None = None
+                ) -> tuple[torch.Tensor | None, dict[int, int], dict]:
         """Run one step; returns float32 CPU logits [S, V], per sampling seq_id its row, and
         the prompt logprobs computed this step per seq_id (prompt_logprobs.compute)."""
+        phase = phase_of(timings)
         for op in out.block_ops:
             self.kv_cache.apply(op, self.backend)
         items = order_batch(out.scheduled)
         if not items:
             return None, {}, {}
-        input_ids, positions, meta = self.prepare(items)
-        hidden = self.model(input_ids, positions, self.kv_cache.layers, meta, self.backend)
+        with phase("prepare"):
+            input_ids, positions, meta = self.prepare(items)
+        with phase("forward"):
+            if self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
+                hidden = self.graphs.run(input_ids, positions, meta)
+            else:
+                max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
+                hidden = self.model(input_ids, positions, self.kv_cache.layers, meta,
+                                    self.backend, max_position)
         prompt_lps = prompt_logprobs.compute(self.model, hidden, items)
-        ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
         sampling = [it for it in items if it.samples]
         if not sampling:
             return None, {}, prompt_lps
-        logits = self.model.compute_logits(hidden.index_select(0, ends)).float().cpu()
+        with phase("logits"):
+            if len(sampling) != hidden.shape[0]:
+                ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
+                hidden = hidden.index_select(0, ends)
+            logits = self.model.compute_logits(hidden).float().cpu()
         return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}, prompt_lps
 
     def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        B = self.kv.block_size
+        B = self.block_manager.block_size
         tokens, positions, slots = [], [], []
         for it in items:
             start = it.seq.num_computed_tokens
             span = range(start, start + it.num_tokens)
-            table = self.kv.block_ids(it.seq)
+            table = self.block_manager.block_ids(it.seq)
             tokens.extend(it.seq.token_ids[start:start + it.num_tokens])
             positions.extend(span)
             slots.extend(table[p // B] * B + p % B for p in span)
@@ -75,7 +132,7 @@ class ModelRunner:
                 torch.tensor(positions, dtype=torch.long, device=dev), meta)
 
     def _block_tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
-        tables = [self.kv.block_ids(it.seq) for it in items]
+        tables = [self.block_manager.block_ids(it.seq) for it in items]
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
         return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(items), width)

@@ -84,7 +84,8 @@ class Turn:
 
     def updates(self, interval: float = 0.1, timeout: float = 0.5) -> Iterator["Turn"]:
         """Yield self whenever it changed (at most every `interval` s, and at least every
-        `timeout` s), and a last time once done."""
+        `timeout` s), and a last time once done. Until the first text arrives there is no
+        throttle: the first token shows as soon as the engine step that sampled it ends."""
         seen = -1
         while True:
             with self._cond:
@@ -93,7 +94,8 @@ class Turn:
             yield self
             if done:
                 return
-            time.sleep(interval)
+            if self._first_token:
+                time.sleep(interval)
 
     # ---- the turn's thread ----------------------------------------------------------------
     def _run(self) -> None:

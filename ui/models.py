@@ -125,8 +125,10 @@ class ModelManager:
 
 
 def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
-                  max_model_len: int | None = None, quantization: str = "auto") -> Factory:
-    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress."""
+                  **engine_options) -> Factory:
+    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress.
+    `engine_options`: further EngineConfig fields (max_model_len, quantization,
+    attention_backend, enforce_eager); None leaves a field at its default."""
     def build(name: str, progress: Progress) -> ChatBackend:
         from localpaged import LLM
         from localpaged.async_engine import AsyncEngine
@@ -135,9 +137,8 @@ def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
         if _looks_like_hub_id(name):
             _download(name, progress)
         progress("loading", "weights into the engine")
-        kwargs = {"dtype": dtype, "quantization": quantization}
-        kwargs |= {"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {}
-        kwargs |= {"max_model_len": max_model_len} if max_model_len is not None else {}
+        kwargs = {"dtype": dtype, "num_kv_blocks": num_kv_blocks or None, **engine_options}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
         llm = LLM(name, **kwargs)
         if not getattr(llm.tokenizer, "chat_template", None):
             log.warning("%s has no chat template: using ChatML", name)

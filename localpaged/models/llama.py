@@ -34,6 +34,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            # torch's fused kernel: one op instead of six, bitwise equal to the formula below in
+            # float32 (checked by tests/test_latency_paths.py); in half precision it is not.
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -41,7 +45,13 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """cos/sin for arbitrary positions, computed exactly as transformers computes them."""
+    """cos/sin for arbitrary positions, computed exactly as transformers computes them.
+
+    The values are kept in a table indexed by position (grown by doubling when a larger
+    position shows up), so a step costs one index instead of recomputing cos/sin. A table row
+    is [cos | signed sin]: the sin half for the first D/2 dims is negated so that rotate-half
+    becomes a roll (see apply_rotary); (-a)*b == a*(-b) exactly, so outputs stay bitwise equal.
+    """
 
     def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
         super().__init__()
@@ -54,18 +64,46 @@ class Rotary(nn.Module):
         else:
             inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._tables: dict[tuple, torch.Tensor] = {}     # (dtype, device) -> [n, 2, D]
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def table(self, max_position: int, dtype: torch.dtype) -> torch.Tensor:
+        """[n, 2, D] with n > max_position: row p holds (cos, signed sin) of position p."""
+        key = (dtype, self.inv_freq.device)
+        table = self._tables.get(key)
+        if table is None or table.shape[0] <= max_position:
+            n = max(256, 1 << max_position.bit_length())
+            positions = torch.arange(n, device=self.inv_freq.device)
+            cos, sin = self.compute(positions, dtype)
+            half = sin.shape[-1] // 2
+            sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+            table = self._tables[key] = torch.stack((cos, sin), dim=1)
+        return table
+
+    def compute(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[:, None].float() * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
 
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                max_position: int | None = None) -> torch.Tensor:
+        """[T, 2, D] (cos, signed sin) rows of the given positions.
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+        `max_position` (an upper bound of positions, known to the caller) avoids reading the
+        positions back from the device; a graph capture passes the table's bound.
+        """
+        if max_position is None:
+            max_position = int(positions.max()) if positions.numel() else 0
+        return self.table(max_position, dtype).index_select(0, positions)
+
+
+def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D]; rope [T, 2, D] from Rotary.forward.
+
+    Equals transformers' x*cos + rotate_half(x)*sin: roll(x) = cat(x2, x1) and the sin row is
+    (-s1, s2), so each element is the same product and the same sum.
+    """
+    rope = rope[:, None]
+    return x * rope[..., 0, :] + x.roll(x.shape[-1] // 2, dims=-1) * rope[..., 1, :]
 
 
 class Attention(nn.Module):
@@ -86,15 +124,19 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x, cos, sin, kv_cache, meta: AttentionMetadata, backend: PagedAttention):
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+    def forward(self, x, rope, kv_cache, meta: AttentionMetadata, backend: PagedAttention):
+        T, H = x.shape[0], self.num_heads
+        qkv = self.qkv_proj(x)
+        v = qkv[:, self.sizes[0] + self.sizes[1]:].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k, _ = qkv.split(self.sizes, dim=-1)
+            q = self.q_norm(q.view(T, H, self.head_dim))
+            k = self.k_norm(k.view(T, self.num_kv_heads, self.head_dim))
+            qk = torch.cat((q, k), dim=1)
+        else:
+            qk = qkv[:, :self.sizes[0] + self.sizes[1]].view(T, H + self.num_kv_heads, self.head_dim)
+        qk = apply_rotary(qk, rope)         # q and k heads rotated together: one set of ops
+        q, k = qk[:, :H], qk[:, H:]
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
@@ -119,8 +161,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, kv_cache, meta, backend):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta, backend)
+    def forward(self, x, rope, kv_cache, meta, backend):
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -146,11 +188,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
-                backend: PagedAttention) -> torch.Tensor:
+                backend: PagedAttention, max_position: int | None = None) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, x.dtype)
+        rope = self.rotary(positions, x.dtype, max_position)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, cos, sin, kv_cache, meta, backend)
+            x = layer(x, rope, kv_cache, meta, backend)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,120 @@
+"""Start-up self-check of the GPU path, with fallback: the app keeps working if a kernel fails.
+
+Until a GPU has run a given build, its Triton kernels and captured graphs are untested there. At
+start-up on CUDA the engine runs each Triton kernel once on a small input against the torch
+reference (`check_kernels`) and, when decode graphs are on, one captured replay against the same
+step run eagerly (`build_decode_graphs`). On an error or a mismatch it logs one line naming what
+failed and falls back: the torch attention backend (and eager decode), or eager decode alone.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+import torch
+
+from localpaged.attention import AttentionBackend, AttentionMetadata, get_backend
+from localpaged.cuda_graphs import DecodeGraphRunner, capture_sizes
+
+logger = logging.getLogger(__name__)
+
+KERNELS = ("write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")
+
+
+def _tolerance(dtype: torch.dtype) -> float:
+    return 1e-3 if dtype == torch.float32 else 3e-2
+
+
+def check_kernels(ops: ModuleType, reference: ModuleType, device: torch.device, dtype: torch.dtype,
+                  block_size: int = 16, head_dim: int = 64) -> str | None:
+    """Run each kernel of `ops` once against `reference`; None, or what failed and how."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    num_blocks, kv_heads, heads = 8, 2, 4
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    k_cache, v_cache = (rand(num_blocks, block_size, kv_heads, head_dim) for _ in range(2))
+    caches = [(k_cache, v_cache), (k_cache.clone(), v_cache.clone())]   # ops', reference's
+    tables = torch.tensor([[3, 1, 6], [5, 0, 2]], dtype=torch.int32, device=device)
+    lens = torch.tensor([2 * block_size + 3, block_size + 1], dtype=torch.int32, device=device)
+    scale = head_dim ** -0.5
+    tol = _tolerance(dtype)
+    cases = {
+        "write_kv": lambda m, c: (m.write_kv(k_new, v_new, c[0], c[1], slots), torch.cat(c))[1],
+        "paged_decode_attention": lambda m, c: m.paged_decode_attention(
+            q_dec, c[0], c[1], tables, lens, scale),
+        "paged_prefill_attention": lambda m, c: m.paged_prefill_attention(
+            q_pre, c[0], c[1], tables, starts, lens, scale),
+        "copy_blocks": lambda m, c: (m.copy_blocks(c[0], c[0], pairs), c[0])[1],
+    }
+    k_new, v_new = rand(3, kv_heads, head_dim), rand(3, kv_heads, head_dim)
+    slots = torch.tensor([3 * block_size, -1, 5 * block_size + 2], dtype=torch.long, device=device)
+    q_dec, q_pre = rand(2, heads, head_dim), rand(5, heads, head_dim)
+    starts = torch.tensor([0, 3, 5], dtype=torch.int32, device=device)
+    pairs = torch.tensor([[1, 4], [6, 7]], dtype=torch.long, device=device)
+    for name in KERNELS:
+        try:
+            got = cases[name](ops, caches[0]).float()
+            want = cases[name](reference, caches[1]).float()
+            err = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
+        except Exception as exc:  # noqa: BLE001 - any failure means "do not use this kernel"
+            return f"{name} raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        if not err <= tol:                    # also catches NaN
+            return f"{name} differs from the torch reference by {err:.3g} (tolerance {tol})"
+    return None
+
+
+def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_size: int,
+                   head_dim: int, force_check: bool = False) -> tuple[AttentionBackend, bool]:
+    """The attention backend to use and whether decode graphs may be captured with it.
+
+    The Triton backend is checked on CUDA (or when force_check); on failure: torch backend, no
+    graphs. Graphs need the Triton kernels (the torch reference reads lengths on the host).
+    """
+    backend = get_backend(name, device)
+    if backend.name != "triton" or not (device.type == "cuda" or force_check):
+        return backend, False
+    from localpaged.kernels import reference
+    failure = check_kernels(backend.ops, reference, device, dtype, block_size, head_dim)
+    if failure is not None:
+        logger.warning("start-up self-check: Triton kernel %s; using the torch attention backend "
+                       "and eager decode", failure)
+        return get_backend("torch", device), False
+    return backend, device.type == "cuda"
+
+
+def build_decode_graphs(model, kv_layers: list, backend: AttentionBackend, max_num_seqs: int,
+                        max_model_len: int, block_size: int, device: torch.device,
+                        dtype: torch.dtype, capture: bool = True) -> DecodeGraphRunner | None:
+    """Capture the decode graphs and check one replay against eager; None (eager) on failure."""
+    try:
+        runner = DecodeGraphRunner(model, kv_layers, backend, capture_sizes(max_num_seqs),
+                                   max_model_len, block_size, device, dtype, capture)
+        failure = graph_mismatch(runner, dtype)
+    except Exception as exc:  # noqa: BLE001 - eager decode still works
+        failure = f"capture raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    if failure is not None:
+        logger.warning("start-up self-check: CUDA graph %s; decoding eagerly", failure)
+        return None
+    return runner
+
+
+@torch.inference_mode()
+def graph_mismatch(runner: DecodeGraphRunner, dtype: torch.dtype) -> str | None:
+    """Replay size 1 on a dummy step (writes no KV) and compare with the eager model."""
+    device = runner.buffers.input_ids.device
+    ids = torch.tensor([1], dtype=torch.long, device=device)
+    positions = torch.zeros(1, dtype=torch.long, device=device)
+    ints = dict(dtype=torch.int32, device=device)
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((1,), -1, dtype=torch.long, device=device), num_decode_tokens=1,
+        decode_block_tables=torch.zeros(1, 1, **ints), decode_seq_lens=torch.ones(1, **ints),
+        prefill_block_tables=torch.zeros(0, 1, **ints),
+        prefill_query_start_loc=torch.zeros(1, **ints), prefill_seq_lens=torch.zeros(0, **ints))
+    got = runner.run(ids, positions, meta).float().clone()
+    want = runner.model(ids, positions, runner.kv_layers, meta, runner.backend).float()
+    err = (got - want).abs().max().item()
+    tol = _tolerance(dtype) * max(1.0, want.abs().max().item())
+    return None if err <= tol else f"replay differs from eager by {err:.3g} (tolerance {tol:.3g})"

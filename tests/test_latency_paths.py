@@ -1,0 +1,171 @@
+"""The fast paths of one-conversation decode, each against an independent oracle: fused RMSNorm
+and table rotary vs transformers' formulas (bitwise), the in-place batch-1 decode attention vs a
+plain softmax attention, the CUDA-graph runner's static-buffer path (without capture, on CPU) vs
+eager decode, and the start-up self-check falling back when a kernel is broken on purpose."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+import torch
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from engine_helpers import greedy, prompts, token_ids
+from localpaged import LLM, startup_check
+from localpaged.cuda_graphs import StaticDecodeBuffers, capture_sizes, padded_size
+from localpaged.kernels import reference
+from localpaged.models.llama import RMSNorm, Rotary, apply_rotary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_bitwise_equals_transformers(dtype):
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1, 576), (9, 64), (3, 4, 32)]:
+        ours, theirs = RMSNorm(shape[-1], 1e-5), LlamaRMSNorm(shape[-1], eps=1e-5)
+        w = torch.randn(shape[-1], generator=g)
+        ours.weight.data.copy_(w)
+        theirs.weight.data.copy_(w)
+        ours, theirs = ours.to(dtype), theirs.to(dtype)
+        x = (torch.randn(shape, generator=g) * 4).to(dtype)
+        assert torch.equal(ours(x), theirs(x))
+
+
+def test_rotary_table_bitwise_equals_transformers():
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=4096)
+    positions = torch.tensor([0, 1, 17, 300, 1999])
+    x = torch.randn(5, 6, 16)
+    hf = LlamaRotaryEmbedding(config)
+    cos, sin = hf(x, positions[None])
+    want, _ = apply_rotary_pos_emb(x.transpose(0, 1)[None], x.transpose(0, 1)[None], cos, sin)
+    rotary = Rotary(config, 16)
+    got = apply_rotary(x, rotary(positions, x.dtype))
+    assert torch.equal(got, want[0].transpose(0, 1))
+    assert rotary.table(3000, x.dtype).shape[0] > 3000          # grows past a larger position
+
+
+def test_contiguous_runs():
+    assert reference.contiguous_runs([4, 5, 6, 2, 3, 9]) == [(4, 3), (2, 2), (9, 1)]
+    assert reference.contiguous_runs([]) == []
+
+
+@pytest.mark.parametrize("table", [[0, 1, 2, 3], [7, 3, 4, 1], [5, 6, 2, 3]])
+@pytest.mark.parametrize("seq_len", [1, 16, 37, 64])
+def test_batch1_decode_in_place_equals_softmax_attention(table, seq_len):
+    g = torch.Generator().manual_seed(seq_len)
+    block, kv_heads, heads, dim = 16, 2, 6, 8
+    k_cache = torch.randn(8, block, kv_heads, dim, generator=g)
+    v_cache = torch.randn(8, block, kv_heads, dim, generator=g)
+    q = torch.randn(1, heads, dim, generator=g)
+    tables = torch.tensor([table + [0, 0]], dtype=torch.int32)
+    got = reference.paged_decode_attention(q, k_cache, v_cache, tables,
+                                           torch.tensor([seq_len], dtype=torch.int32), 0.3)
+    keys = k_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(heads // kv_heads, 1)
+    values = v_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(heads // kv_heads, 1)
+    probs = (torch.einsum("hd,lhd->hl", q[0], keys) * 0.3).softmax(-1)
+    want = torch.einsum("hl,lhd->hd", probs, values)
+    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_capture_sizes_and_padding():
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    sizes = capture_sizes(20)
+    assert sizes == [1, 2, 4, 8, 16, 20]
+    assert [padded_size(b, sizes) for b in (1, 3, 5, 8, 9, 17, 20, 21)] == [1, 4, 8, 8, 16, 20, 20, None]
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        capture_sizes(0)
+
+
+def test_static_buffers_pad_rows():
+    buf = StaticDecodeBuffers.allocate(4, 5, torch.device("cpu"))
+    meta = types.SimpleNamespace(slot_mapping=torch.tensor([7, 40]),
+                                 decode_seq_lens=torch.tensor([8, 41], dtype=torch.int32),
+                                 decode_block_tables=torch.tensor([[0, 0, 0], [1, 2, 3]], dtype=torch.int32))
+    buf.block_tables.fill_(9)                                    # stale rows from an earlier step
+    buf.fill(torch.tensor([11, 12]), torch.tensor([7, 40]), meta, 4)
+    m = buf.meta(4)
+    assert m.slot_mapping.tolist() == [7, 40, -1, -1]
+    assert m.decode_seq_lens.tolist() == [8, 41, 1, 1]
+    assert m.decode_block_tables.tolist() == [[0, 0, 0, 0, 0], [1, 2, 3, 0, 0], [0] * 5, [0] * 5]
+    assert buf.input_ids.tolist() == [11, 12, 0, 0]
+
+
+def test_graph_runner_static_path_equals_eager(tiny_llama):
+    """The graph runner without capture (CPU): same tokens as eager decode, padded sizes used."""
+    ps, params = prompts(3, seed=4), [greedy(12), greedy(5), greedy(8)]   # batches 3, 2, 1
+    eager = LLM(tiny_llama, num_kv_blocks=64, max_num_seqs=6)
+    want = token_ids(eager.generate(ps, params))
+    llm = LLM(tiny_llama, num_kv_blocks=64, max_num_seqs=6)
+    eng = llm.engine
+    runner = startup_check.build_decode_graphs(eng.model, eng.kv_cache.layers, eng.backend, 6,
+                                               eng.max_model_len, 16, eng.device, eng.dtype,
+                                               capture=False)
+    assert runner is not None and runner.sizes == [1, 2, 4, 6]
+    eng.runner.graphs = runner
+    sizes_run = []
+    run = runner.run
+    runner.run = lambda ids, pos, meta: sizes_run.append(ids.shape[0]) or run(ids, pos, meta)
+    assert token_ids(llm.generate(ps, params)) == want
+    assert {3, 2, 1} <= set(sizes_run)                           # 3 padded to 4, 2, 1
+
+
+def _broken(**overrides) -> types.SimpleNamespace:
+    ops = {name: getattr(reference, name) for name in startup_check.KERNELS}
+    return types.SimpleNamespace(**(ops | overrides))
+
+
+def test_kernel_check_names_the_broken_kernel():
+    cpu = torch.device("cpu")
+    assert startup_check.check_kernels(reference, reference, cpu, torch.float32) is None
+
+    def wrong(q, *args):
+        return reference.paged_decode_attention(q, *args) + 0.1
+
+    def raising(*args):
+        raise RuntimeError("no kernel image is available")
+
+    msg = startup_check.check_kernels(_broken(paged_decode_attention=wrong), reference, cpu,
+                                      torch.float32)
+    assert msg.startswith("paged_decode_attention differs")
+    msg = startup_check.check_kernels(_broken(copy_blocks=raising), reference, cpu, torch.float32)
+    assert msg == "copy_blocks raised RuntimeError: no kernel image is available"
+
+
+def test_select_backend_falls_back_when_triton_fails(monkeypatch, caplog):
+    from localpaged.kernels import triton_ops
+    cpu = torch.device("cpu")
+    backend, graphs_ok = startup_check.select_backend("triton", cpu, torch.float32, 16, 16,
+                                                      force_check=True)
+    assert backend.name == "triton" and not graphs_ok           # interpreted kernels pass
+
+    def raising(*args):
+        raise RuntimeError("injected failure")
+    monkeypatch.setattr(triton_ops, "write_kv", raising)
+    with caplog.at_level(logging.WARNING, logger="localpaged.startup_check"):
+        backend, graphs_ok = startup_check.select_backend("triton", cpu, torch.float32, 16, 16,
+                                                          force_check=True)
+    assert backend.name == "torch" and not graphs_ok
+    assert [r.getMessage() for r in caplog.records] == [
+        "start-up self-check: Triton kernel write_kv raised RuntimeError: injected failure; "
+        "using the torch attention backend and eager decode"]
+    # without force_check on CPU, no check runs: the requested backend is kept
+    assert startup_check.select_backend("torch", cpu, torch.float32, 16, 16)[0].name == "torch"
+
+
+def test_step_timings_cover_every_phase(tiny_llama):
+    from localpaged.model_runner import StepTimings
+    llm = LLM(tiny_llama, num_kv_blocks=32)
+    eng, timings = llm.engine, StepTimings()
+    eng.add_request("r", prompts(1, seed=2)[0], greedy(5))
+    outputs = []
+    while eng.has_unfinished_requests():
+        outputs += eng.step(timings)
+    assert timings.steps == 5 and outputs[-1].finished
+    assert set(timings.seconds) == {"schedule", "prepare", "forward", "logits", "sample+finish",
+                                    "outputs"}
+    assert all(v >= 0 for v in timings.per_step_ms().values())
