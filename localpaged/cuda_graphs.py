@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.attention import AttentionMetadata, PagedAttention
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class DecodeGraphRunner:
     """Replays a captured decode graph per padded batch size; `capture=False` runs the same
     static-buffer path eagerly (CPU tests)."""
 
-    def __init__(self, model, kv_layers: list, backend: AttentionBackend, sizes: list[int],
+    def __init__(self, model, kv_layers: list, backend: PagedAttention, sizes: list[int],
                  max_model_len: int, block_size: int, device: torch.device, dtype: torch.dtype,
                  capture: bool = True) -> None:
         self.model, self.kv_layers, self.backend = model, kv_layers, backend

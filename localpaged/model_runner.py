@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from localpaged import prompt_logprobs
-from localpaged.attention import AttentionBackend, AttentionMetadata
+from localpaged.attention import AttentionMetadata, PagedAttention
 from localpaged.cuda_graphs import DecodeGraphRunner
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
@@ -66,7 +66,7 @@ def phase_of(timings: StepTimings | None):
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: KVCacheManager,
-                 backend: AttentionBackend, graphs: DecodeGraphRunner | None = None) -> None:
+                 backend: PagedAttention, graphs: DecodeGraphRunner | None = None) -> None:
         self.model = model
         self.graphs = graphs          # decode-only batches replay a CUDA graph when set
         self.kv_cache = kv_cache

@@ -10,11 +10,10 @@ failed and falls back: the torch attention backend (and eager decode), or eager 
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 
 import torch
 
-from localpaged.attention import AttentionBackend, AttentionMetadata, get_backend
+from localpaged.attention import AttentionBackend, AttentionMetadata, PagedAttention, get_backend
 from localpaged.cuda_graphs import DecodeGraphRunner, capture_sizes
 
 logger = logging.getLogger(__name__)
@@ -26,8 +25,8 @@ def _tolerance(dtype: torch.dtype) -> float:
     return 1e-3 if dtype == torch.float32 else 3e-2
 
 
-def check_kernels(ops: ModuleType, reference: ModuleType, device: torch.device, dtype: torch.dtype,
-                  block_size: int = 16, head_dim: int = 64) -> str | None:
+def check_kernels(ops: AttentionBackend, reference: AttentionBackend, device: torch.device,
+                  dtype: torch.dtype, block_size: int = 16, head_dim: int = 64) -> str | None:
     """Run each kernel of `ops` once against `reference`; None, or what failed and how."""
     g = torch.Generator(device="cpu").manual_seed(0)
     num_blocks, kv_heads, heads = 8, 2, 4
@@ -67,7 +66,7 @@ def check_kernels(ops: ModuleType, reference: ModuleType, device: torch.device, 
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                   head_dim: int, force_check: bool = False) -> tuple[AttentionBackend, bool]:
+                   head_dim: int, force_check: bool = False) -> tuple[PagedAttention, bool]:
     """The attention backend to use and whether decode graphs may be captured with it.
 
     The Triton backend is checked on CUDA (or when force_check); on failure: torch backend, no
@@ -76,8 +75,8 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_si
     backend = get_backend(name, device)
     if backend.name != "triton" or not (device.type == "cuda" or force_check):
         return backend, False
-    from localpaged.kernels import reference
-    failure = check_kernels(backend.ops, reference, device, dtype, block_size, head_dim)
+    failure = check_kernels(backend, get_backend("torch", device), device, dtype, block_size,
+                            head_dim)
     if failure is not None:
         logger.warning("start-up self-check: Triton kernel %s; using the torch attention backend "
                        "and eager decode", failure)
@@ -85,7 +84,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_si
     return backend, device.type == "cuda"
 
 
-def build_decode_graphs(model, kv_layers: list, backend: AttentionBackend, max_num_seqs: int,
+def build_decode_graphs(model, kv_layers: list, backend: PagedAttention, max_num_seqs: int,
                         max_model_len: int, block_size: int, device: torch.device,
                         dtype: torch.dtype, capture: bool = True) -> DecodeGraphRunner | None:
     """Capture the decode graphs and check one replay against eager; None (eager) on failure."""
