@@ -1,7 +1,7 @@
 """GGUF weights read tensor by tensor, kept compressed where our packed layout holds them exactly.
 
-Per tensor (never the whole model in float32); what "auto" keeps (on GPU: loader.load makes
-CPU "auto" dequantize, see quant/linear.py for why):
+Per tensor (never the whole model in float32); what "auto" keeps (then quant/linear.py's
+install() puts each weight in the form its device's kernels read, quant/cpu.py on CPU):
 - Q4_0 / Q4_1 -> int4 g32, bit-exact (Q4_1 is w = q * d + m; Q4_0 is mins = -8 * d);
 - Q8_0 -> int8 g32 (float16 scales), bit-exact; an explicit "int8" makes it per channel;
 - Q5_*, Q6_K, Q8_K -> int8 and Q2_K..Q4_K -> int4 g32 (gguf's numpy dequantizer, then
