@@ -1,7 +1,9 @@
 """AsyncEngine: drives one LLMEngine from a background thread for many concurrent callers.
 
 Callers (UI tabs, API clients) submit requests from any thread or event loop and iterate over
-their own RequestStream, synchronously or with `async for`. Only the engine thread touches the
+their own RequestStream, synchronously or with `async for`. While a long prompt is prefilled in
+chunks, its stream gets outputs with no new text whose `num_computed_prompt_tokens` grows (the
+prefill progress); the first token follows. Only the engine thread touches the
 engine: submissions and aborts travel through a command queue and take effect between steps, so
 every running request shares one batch. Validation (tokenizing, length checks) happens in the
 caller's thread, so a bad request raises at once and disturbs nothing.
@@ -81,6 +83,11 @@ class AsyncEngine:
     @property
     def tokenizer(self):
         return self.engine.tokenizer
+
+    def context_limit(self) -> int:
+        """The most tokens one request may hold, prompt plus reply (LLMEngine.context_limit);
+        fixed for the engine's life, so callers in any thread may read it."""
+        return self.engine.context_limit()
 
     # ---- callers ------------------------------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,

@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "per-user data dir)")
     p.add_argument("--num-kv-blocks", type=int, default=None,
                    help="KV-cache blocks (default: sized from free memory)")
+    p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                   help="cap the context (prompt plus reply) at TOKENS, to save memory "
+                        "(default: the model's own context length)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache (default auto: float32 on CPU)")
     p.add_argument("--backend", default=None, metavar="URL",
@@ -83,7 +86,7 @@ def build(args: argparse.Namespace):
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
     else:
-        factory = local_factory(args.num_kv_blocks, args.dtype)
+        factory = local_factory(args.num_kv_blocks, args.dtype, args.max_model_len)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

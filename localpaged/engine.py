@@ -162,7 +162,7 @@ class LLMEngine:
         if group is None:
             return None
         for seq in group.unfinished_seqs():
-            seq.finish_reason = "abort"
+            seq.finish_reason, seq.finish_detail = "abort", "abort"
         self._update(SchedulerOutput(), StepResult(finished=[group]))
         return self._output(group)
 
@@ -180,10 +180,13 @@ class LLMEngine:
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
-                seq.finish_reason = "length"
+                seq.finish_reason, seq.finish_detail = "length", "kv_cache_full"
             result.finished.append(group)
             touched.append(group)
         self._update(out, result)
+        # A prompt chunk that sampled nothing still reports its prefill progress.
+        touched += [it.group for it in out.scheduled
+                    if it.group.in_prompt_stage and not it.group.is_finished]
         return [self._output(g) for g in dict.fromkeys(touched)]
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> None:
@@ -267,11 +270,13 @@ class LLMEngine:
         new_text = detokenize(self.tokenizer, seq)
         if token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
             seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
+            seq.finish_detail = "stop_token" if token in p.stop_token_ids else "eos"
         elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:
-            seq.finish_reason, seq.stop_reason = "stop", stop
-        elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) \
-                or len(seq.token_ids) >= group.max_model_len:
-            seq.finish_reason = "length"
+            seq.finish_reason, seq.stop_reason, seq.finish_detail = "stop", stop, "stop_string"
+        elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
+            seq.finish_reason, seq.finish_detail = "length", "max_tokens"
+        elif len(seq.token_ids) >= group.max_model_len:
+            seq.finish_reason, seq.finish_detail = "length", "max_model_len"
         if not group.unfinished_seqs():
             result.finished.append(group)
 
@@ -280,20 +285,35 @@ class LLMEngine:
         metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
                                  group.num_cached_tokens or 0,
                                  sum(s.num_output_tokens for s in group.seqs))
+        prompt_len = len(group.prompt_token_ids)
+        computed = min(group.seqs[0].num_computed_tokens, prompt_len) \
+            if group.in_prompt_stage and not group.is_finished else prompt_len
         return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
                              group.is_finished, metrics,
                              list(group.prompt_logprobs) if group.params.prompt_logprobs is not None
-                             else None)
+                             else None, num_computed_prompt_tokens=computed)
 
     @staticmethod
     def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
+        detail = seq.finish_detail or {"stop": "eos", "length": "max_tokens"}.get(
+            seq.finish_reason, seq.finish_reason)      # beam hypotheses set only the reason
         return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
                                 seq.finish_reason, seq.stop_reason,
                                 # a copy: the engine thread appends while a stream reads
                                 list(seq.logprobs) if p.logprobs is not None else None,
-                                seq.cumulative_logprob)
+                                seq.cumulative_logprob, finish_detail=detail)
 
     # ---- introspection ------------------------------------------------------------------------
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the whole KV cache holds: the most one request (prompt + reply) can use."""
+        return self.block_manager.pool.num_blocks * self.block_manager.block_size
+
+    def context_limit(self) -> int:
+        """The most tokens one request may hold, prompt plus reply: the smaller of the model's
+        context (max_model_len, which follows EngineConfig.max_model_len) and the KV cache."""
+        return min(self.max_model_len, self.kv_capacity_tokens)
+
     def stats(self, with_block_tables: bool = False) -> EngineStats:
         kv, sched = self.block_manager, self.scheduler
         pool = kv.pool

@@ -6,6 +6,19 @@ from dataclasses import dataclass, field
 
 from localpaged.request import TokenLogprob
 
+# Why an output finished, finer than OpenAI's finish_reason (which stays "stop" / "length" /
+# "abort"): the UI shows it, and offers Continue for every detail but the natural ends.
+FINISH_DETAILS: dict[str, str] = {
+    "eos": "the model ended its reply",
+    "stop_token": "a stop token was generated",
+    "stop_string": "a stop string was generated",
+    "max_tokens": "the reply reached its token limit (max_tokens)",
+    "max_model_len": "the reply reached the model's context length",
+    "kv_cache_full": "the KV cache was full",
+    "abort": "stopped",
+}
+NATURAL_ENDS = frozenset({"eos", "stop_token", "stop_string"})
+
 
 @dataclass
 class CompletionOutput:
@@ -17,6 +30,14 @@ class CompletionOutput:
     logprobs: list[TokenLogprob] | None = None
     cumulative_logprob: float = 0.0
     num_tokens: int | None = None      # tokens generated, where token_ids are unknown (remote)
+    finish_detail: str | None = None   # a key of FINISH_DETAILS once finished (local engine)
+
+    @property
+    def can_continue(self) -> bool:
+        """Finished before its natural end (length, memory, Stop): Continue may extend it."""
+        if self.finish_detail is None:                  # remote: only OpenAI's reasons
+            return self.finish_reason in ("length", "abort")
+        return self.finish_detail not in NATURAL_ENDS
 
 
 @dataclass
@@ -42,6 +63,17 @@ class RequestOutput:
     metrics: RequestMetrics
     # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (as vLLM)
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    # Prefill progress: prompt tokens whose K/V are in the cache (prefix hits included), of
+    # num_prompt_tokens. Below it, a chunked prefill is still reading the prompt.
+    num_computed_prompt_tokens: int = 0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return not self.finished and self.num_computed_prompt_tokens < self.num_prompt_tokens
 
 
 @dataclass

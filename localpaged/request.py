@@ -51,6 +51,7 @@ class Sequence:
         self.num_computed_tokens = 0
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
+        self.finish_detail: str | None = None      # why, finer (outputs.FINISH_DETAILS)
         self.logprobs: list[TokenLogprob] = []
         self.cumulative_logprob = 0.0
         self.text = ""                          # detokenized output, stop string handled

@@ -124,7 +124,8 @@ class ModelManager:
         return "No model loaded."
 
 
-def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto") -> Factory:
+def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
+                  max_model_len: int | None = None) -> Factory:
     """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress."""
     def build(name: str, progress: Progress) -> ChatBackend:
         from localpaged import LLM
@@ -135,6 +136,7 @@ def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto") -> Fact
             _download(name, progress)
         progress("loading", "weights into the engine")
         kwargs = {"dtype": dtype} | ({"num_kv_blocks": num_kv_blocks} if num_kv_blocks else {})
+        kwargs |= {"max_model_len": max_model_len} if max_model_len is not None else {}
         llm = LLM(name, **kwargs)
         if not getattr(llm.tokenizer, "chat_template", None):
             log.warning("%s has no chat template: using ChatML", name)

@@ -8,7 +8,9 @@ other unknown fields are ignored, as OpenAI's clients send a few of their own.
 prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allowed with echo
 (log-likelihood clients such as lm-eval's local-completions score a text that way).
 Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
-stop_token_ids.
+stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our own extension
+`context_overflow` ("error" | "drop_oldest") fits a chat that is too long for the context
+(localpaged.context_window); without it nothing is ever dropped.
 """
 
 from __future__ import annotations
@@ -138,6 +140,24 @@ class ChatCompletionRequest(_Common):
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
+    # extensions: vLLM's names for continuing the last assistant message in place
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    # extension: what a conversation too long for the context does (absent: refused, as before)
+    context_overflow: Literal["error", "drop_oldest"] | None = None
+
+    def check_template_flags(self) -> None:
+        """continue_final_message continues the last assistant message: no generation prompt."""
+        if not self.continue_final_message:
+            return
+        if self.add_generation_prompt is not False:
+            raise APIError("continue_final_message requires add_generation_prompt to be false "
+                           "(a new assistant turn cannot also continue the last one).",
+                           param="continue_final_message", code="invalid_value")
+        if self.messages[-1].role != "assistant":
+            raise APIError("continue_final_message needs the last message to be the "
+                           f"assistant's reply to continue; it is {self.messages[-1].role!r}.",
+                           param="continue_final_message", code="invalid_value")
 
     def template_messages(self) -> list[dict[str, str]]:
         """The messages as the chat template wants them: role and plain-text content."""

@@ -21,9 +21,8 @@ from localpaged.api.errors import APIError, from_value_error, model_not_found, r
 from localpaged.api.metrics import CONTENT_TYPE, DEFAULT_RECORDER, MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served import Model, ServedModel, as_served
-from localpaged.api.serving import Generation, SSEResponse
+from localpaged.api.serving import Generation, SSEResponse, chat_prompt
 from localpaged.async_engine import AsyncEngine
-from localpaged.llm import apply_chat_template
 from localpaged.sampling_params import SamplingParams
 
 
@@ -88,8 +87,11 @@ class _API:
         model = self._check_model(body.model)
         params = _params(body, "messages")
         messages = body.template_messages()
-        ids = await run_in_threadpool(self._chat_ids, model, messages)
-        return await self._generate(model, "chat", body, ids, params, request, "messages")
+        body.check_template_flags()
+        ids, extensions = await run_in_threadpool(self._chat_ids, model, messages, body,
+                                                  params.max_tokens)
+        return await self._generate(model, "chat", body, ids, params, request, "messages",
+                                    extensions)
 
     async def completions(self, body: CompletionRequest, request: Request):
         model = self._check_model(body.model)
@@ -101,10 +103,12 @@ class _API:
             prompt = await run_in_threadpool(self._encode, model, prompt)
         return await self._generate(model, "completion", body, prompt, params, request, "prompt")
 
-    def _chat_ids(self, model: Model, messages: list[dict]) -> list[int]:
+    def _chat_ids(self, model: Model, messages: list[dict], body: ChatCompletionRequest,
+                  max_tokens: int | None) -> tuple[list[int], dict]:
         try:
             with self._tokenizer_lock:
-                return apply_chat_template(model.engine.tokenizer, messages)
+                return chat_prompt(model.engine.tokenizer, messages, body,
+                                   model.engine.context_limit(), max_tokens)
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
@@ -119,7 +123,8 @@ class _API:
 
     async def _generate(self, model: Model, kind: str,
                         body: ChatCompletionRequest | CompletionRequest, ids: list[int],
-                        params: SamplingParams, request: Request, prompt_param: str):
+                        params: SamplingParams, request: Request, prompt_param: str,
+                        extensions: dict | None = None):
         _check_limits(model, ids, params, body.max_tokens_param, prompt_param)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         try:
@@ -129,7 +134,7 @@ class _API:
             raise from_value_error(exc, prompt_param) from exc
         gen = Generation(stream, kind, model.name, model.text_of,
                          params.logprobs is not None, body.include_usage, self.recorder,
-                         echo=body.echo_request())
+                         extensions, echo=body.echo_request())
 
         def close() -> None:
             stream.cancel()

@@ -25,13 +25,43 @@ from starlette.types import Receive, Scope, Send
 from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.protocol import Echo
+from localpaged.api.protocol import ChatCompletionRequest
 from localpaged.async_engine import RequestStream
+from localpaged.context_window import ContextOverflowError, ContextWindow
 from localpaged.outputs import CompletionOutput, RequestOutput
 from localpaged.request import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 MIN_LOGPROB = -9999.0          # JSON has no -Infinity
+DEFAULT_REPLY_RESERVE = 512    # context_overflow without max_tokens: room kept for the reply
+
+
+def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, limit: int,
+                max_tokens: int | None) -> tuple[list[int], dict]:
+    """The chat's prompt token ids, and the extension fields its response carries.
+
+    Without `context_overflow` the whole chat is sent (a chat that is too long is refused later,
+    as before). With it, ContextWindow.fit keeps prompt + reply within `limit`: the reply's room
+    is max_tokens, else min(DEFAULT_REPLY_RESERVE, limit // 4); "drop_oldest" leaves out the
+    oldest whole turns and the response says how many messages (`dropped_messages`).
+    """
+    flags = dict(add_generation_prompt=body.add_generation_prompt is not False,
+                 continue_final_message=bool(body.continue_final_message))
+    window = ContextWindow(tokenizer, limit)
+    if body.context_overflow is None:
+        return window.token_ids(messages, **flags), {}
+    reserve = max_tokens or min(DEFAULT_REPLY_RESERVE, limit // 4)
+    if reserve >= limit:
+        raise APIError(f"{body.max_tokens_param} is {reserve}; this model's context limit is "
+                       f"{limit} tokens, prompt included.", param=body.max_tokens_param,
+                       code="context_length_exceeded")
+    try:
+        fit = window.fit(messages, reserve, body.context_overflow, **flags)
+    except ContextOverflowError as exc:
+        raise APIError(f"The conversation does not fit this model's context ({exc}).",
+                       param="messages", code="context_length_exceeded") from exc
+    return fit.token_ids, {"dropped_messages": fit.num_dropped}
 
 
 class TokenText:
@@ -121,7 +151,7 @@ class Generation:
 
     def __init__(self, stream: RequestStream, kind: str, model: str, text_of: TokenText,
                  logprobs: bool, include_usage: bool, recorder: MetricsRecorder,
-                 echo: Echo | None = None) -> None:
+                 extensions: dict | None = None, echo: Echo | None = None) -> None:
         self.stream, self.kind, self.model = stream, kind, model
         self.id = stream.request_id
         self.created = int(time.time())
@@ -129,6 +159,9 @@ class Generation:
         self.recorder = recorder
         self.echo = echo
         self.object = "chat.completion" if kind == "chat" else "text_completion"
+        # Extension fields a request asked for (e.g. dropped_messages): on the response, and on
+        # the first chunk of a stream; none unless asked, so OpenAI clients see no change.
+        self.extensions = extensions or {}
 
     # ---- shared ----------------------------------------------------------------------------
     def _record(self, out: RequestOutput) -> None:
@@ -165,7 +198,8 @@ class Generation:
             final = without_generation(final)
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "system_fingerprint": None,
-                "choices": [self._choice(o, final) for o in final.outputs], "usage": usage(final)}
+                "choices": [self._choice(o, final) for o in final.outputs], "usage": usage(final),
+                **self.extensions}
 
     async def _watch(self, request: Request) -> None:
         """Abort the request when its client disconnects before the answer is ready."""
@@ -204,12 +238,14 @@ class Generation:
         return prompt_text + text, lps
 
     # ---- streaming -------------------------------------------------------------------------
-    def _chunk(self, choices: list[dict], usage_: dict | None = None) -> str:
+    def _chunk(self, choices: list[dict], usage_: dict | None = None,
+               extensions: dict | None = None) -> str:
         body = {"id": self.id, "object": f"{self.object}.chunk" if self.kind == "chat"
                 else self.object, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
         if self.include_usage:
             body["usage"] = usage_
+        body.update(extensions or {})
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     async def sse(self, n: int) -> AsyncIterator[str]:
@@ -220,7 +256,8 @@ class Generation:
         prompt_text = ""
         if self.kind == "chat":
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None} for i in range(n)])
+                                "logprobs": None, "finish_reason": None} for i in range(n)],
+                              extensions=self.extensions)
         final: RequestOutput | None = None
         try:
             async for out in self.stream:
