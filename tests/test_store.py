@@ -17,6 +17,7 @@ import pytest
 
 from localpaged.ui import store as store_module
 from localpaged.ui.store import DB_FILENAME, Store, StoreError, default_data_dir
+from localpaged.ui.store_schema import SCHEMA_VERSION
 
 
 @pytest.fixture
@@ -273,7 +274,7 @@ def test_migration_from_v1(tmp_path):
     info = "SELECT group_concat(name || ' ' || type || ' ' || \"notnull\" || ' ' || " \
            "ifnull(dflt_value, ''), ',') FROM pragma_table_info('messages')"
     assert count(old, info) == count(tmp_path / "fresh.db", info)  # same schema as a new file
-    assert count(old, "PRAGMA user_version") == 2
+    assert count(old, "PRAGMA user_version") == SCHEMA_VERSION   # every migration ran
     assert count(old, "SELECT count(*) FROM sqlite_master WHERE name = 'messages_status'") == 1
     with Store(old) as s:  # reopening does not migrate again
         assert s.get_message(2).status == "stopped"

@@ -3,8 +3,10 @@
 It owns the link between the conversation store (`store.py`) and the engine (a ChatBackend, got
 from a provider so the model can be swapped): conversations (new, rename, delete, search,
 settings, export), the message tree (switch siblings, pick a compare column, fork), and
-generation (send, regenerate, edit, compare, stop), which runs as `generation.Turn`s, at most
-one per conversation and any number at once across conversations. It returns store rows and
+generation (send, regenerate, edit, compare, continue, stop), which runs as `generation.Turn`s,
+at most one per conversation and any number at once across conversations. Every request is
+fitted to the model's context first (`context.py`, the conversation's policy): a message that
+cannot be sent is not stored, and a reply records how many older messages it left out. It returns store rows and
 Turns, never Gradio objects, so it is tested without a browser; every UI handler reads and
 writes through it (the feature modules listed in `app.py` render what it returns).
 """
@@ -21,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from localpaged.chat_backend import ChatBackend
+from localpaged.outputs import NATURAL_ENDS
 
+from . import context
+from .context import ContextUsage
 from .generation import LiveReply, Turn
 from .open_tabs import OpenTabsFile
 from .sampling import clean_sampling, sampling_record, to_params
@@ -103,6 +108,27 @@ class ChatController:
             return self.store.get_conversation(cid)      # unchanged: keep the sidebar order
         return self.store.update_conversation(cid, system_prompt=system_prompt, sampling=new)
 
+    def set_context_policy(self, cid: int, policy: str) -> Conversation:
+        """What a send does when the conversation no longer fits: "drop_oldest" | "error"
+        (ValueError naming the choices otherwise)."""
+        if self.store.get_conversation(cid).context_policy == policy:
+            return self.store.get_conversation(cid)
+        return self.store.update_conversation(cid, context_policy=policy)
+
+    def context_usage(self, cid: int, draft: str = "",
+                      system_prompt: str | None = None) -> ContextUsage | None:
+        """The gauge: tokens the next request will use (the system prompt, the shown path and
+        the draft) against the context limit; None when the backend cannot count (remote,
+        no model yet)."""
+        backend = self.backend()
+        if backend is None:
+            return None
+        conv = self.store.get_conversation(cid)
+        system = conv.system_prompt if system_prompt is None else system_prompt
+        msgs = chat_prompt(system, self.store.active_path(cid))
+        return context.usage(backend, msgs, draft, self.settings(cid)[1]["max_tokens"],
+                             conv.context_policy)
+
     def export(self, cid: int, fmt: str = "markdown") -> str:
         if fmt == "json":
             return json.dumps(self.store.export_json(cid), indent=2, ensure_ascii=False)
@@ -180,10 +206,7 @@ class ChatController:
             raise ChatError("type a message first")
         params = self._params(cid, 1)                          # bad settings: nothing written
         self._check_idle(cid)
-        if self.store.get_conversation(cid).title == NEW_TITLE:
-            self.store.rename_conversation(cid, _title_from(text))
-        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
-        return self._generate(cid, user.id, 1, params)
+        return self._generate(cid, path[-1].id if path else None, 1, params, user_text=text)
 
     def regenerate(self, message_id: int) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
@@ -203,8 +226,7 @@ class ChatController:
             raise ChatError("the edited message is empty")
         params = self._params(m.conversation_id, 1)
         self._check_idle(m.conversation_id)
-        user = self.store.add_message(m.conversation_id, m.parent_id, "user", text)
-        return self._generate(m.conversation_id, user.id, 1, params)
+        return self._generate(m.conversation_id, m.parent_id, 1, params, user_text=text)
 
     def compare(self, cid: int, text: str, columns: list[dict[str, Any]] | int) -> Turn:
         """One prompt, several replies decoded in one batch: `columns` is a number of samples
@@ -222,10 +244,7 @@ class ChatController:
             raise ChatError("type a prompt to compare")
         self._check_idle(cid)
         path = self.store.active_path(cid)
-        if self.store.get_conversation(cid).title == NEW_TITLE:
-            self.store.rename_conversation(cid, _title_from(text))
-        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
-        return self._generate(cid, user.id, k, params)
+        return self._generate(cid, path[-1].id if path else None, k, params, user_text=text)
 
     def stop(self, cid: int) -> bool:
         turn = self.turn(cid)
@@ -251,18 +270,50 @@ class ChatController:
         if self.busy(cid):
             raise ChatError("this conversation is still generating: stop it or wait")
 
-    def _generate(self, cid: int, parent_id: int, k: int, params: list | None = None) -> Turn:
+    def continue_reply(self, message_id: int) -> Turn:
+        """Extend a reply that stopped before its natural end, in place: the engine resumes
+        from the reply's stored tokens (its prompt's blocks are found in the prefix cache) and
+        writes up to max_tokens (the conversation's setting) more into the same message."""
+        m = self.store.get_message(message_id)
+        if m.role != "assistant":
+            raise ChatError("only a reply can be continued: select one")
+        if m.status == "complete" and m.stats.get("finish_detail") in NATURAL_ENDS:
+            raise ChatError("this reply ended naturally: there is nothing to continue")
+        cid = m.conversation_id
+        params = self._params(cid, 1)[0]
+
+        def start(backend: ChatBackend) -> Turn:
+            msgs = self.prompt_messages(cid, m.parent_id)
+            req = context.continue_prompt(backend, msgs, int(m.stats.get("context_dropped", 0)),
+                                          m.token_ids or [], params)
+            request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
+            stream = backend.submit_ids(req.prompt_token_ids, req.params, request_id)
+            self.store.update_message(m.id, status="streaming")
+            self.store.set_active(m.id)
+            reply = LiveReply(m.id, m.content, stats=dict(m.stats), token_ids=m.token_ids,
+                              prefix_ids=list(m.token_ids))
+            return Turn(cid, request_id, [reply], stream, backend.abort, self.store,
+                        decode=backend.decode)
+        return self._launch(cid, start)
+
+    def _generate(self, cid: int, parent_id: int | None, k: int, params: list | None = None,
+                  user_text: str | None = None) -> Turn:
+        """k replies to `parent_id`; with `user_text`, to a new user message under it, stored
+        only once the request is known to fit the context (else ContextError, nothing stored)."""
+        params = params or self._params(cid, k)
+        return self._launch(cid, lambda b: self._start(b, cid, parent_id, params, user_text))
+
+    def _launch(self, cid: int, start: Callable[[ChatBackend], Turn]) -> Turn:
         backend = self.backend()
         if backend is None:
             raise ChatError("no model is loaded yet: wait for the model to finish loading")
-        params = params or self._params(cid, k)
         with self._lock:
             turn = self._turns.get(cid)
             if cid in self._starting or (turn is not None and not turn.done):
                 raise ChatError("this conversation is still generating: stop it or wait")
             self._starting.add(cid)
         try:
-            turn = self._start(backend, cid, parent_id, params)
+            turn = start(backend)
             with self._lock:
                 self._turns[cid] = turn
         finally:
@@ -270,17 +321,31 @@ class ChatController:
                 self._starting.discard(cid)
         return turn.start()
 
-    def _start(self, backend: ChatBackend, cid: int, parent_id: int, params: list) -> Turn:
+    def _start(self, backend: ChatBackend, cid: int, parent_id: int | None, params: list,
+               user_text: str | None) -> Turn:
+        conv = self.store.get_conversation(cid)
         prompt = self.prompt_messages(cid, parent_id)
+        if user_text is not None:
+            prompt.append({"role": "user", "content": user_text})
+        sent = context.fit_prompt(backend, prompt, params[0].max_tokens, conv.context_policy)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
-        stream = backend.chat(prompt, params, request_id=request_id)   # ValueError: bad input
+        stream = backend.chat(sent.messages, params, request_id=request_id)   # ValueError: bad input
+        user = None
         try:
+            if user_text is not None:
+                if conv.title == NEW_TITLE:
+                    self.store.rename_conversation(cid, _title_from(user_text))
+                user = self.store.add_message(cid, parent_id, "user", user_text)
+                parent_id = user.id
+            stats = {"context_dropped": sent.dropped} if sent.dropped else {}
             replies = [LiveReply(self.store.add_message(
-                cid, parent_id, "assistant", "", sampling_record(p), status="streaming").id)
-                for p in params]
+                cid, parent_id, "assistant", "", sampling_record(p), status="streaming",
+                stats=stats).id) for p in params]
             self.store.set_active(replies[0].message_id)
         except BaseException:
             backend.abort(request_id)
+            if user is not None:
+                self.store.delete_message(user.id)          # no orphan message
             raise
         return Turn(cid, request_id, replies, stream, backend.abort, self.store)
 

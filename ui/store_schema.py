@@ -4,9 +4,13 @@ migrations that bring an older file up to it, the row dataclasses, and the tree 
 The version lives in `PRAGMA user_version`:
   0  a new, empty file: the current schema is created directly.
   1  first release: `messages` had no `status` and no `stats` column.
-  2  current: `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
+  2  `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
      `messages.stats` (JSON: prompt_tokens, generated_tokens, ttft_s, tokens_per_s,
      prefix_tokens_reused, finish_reason).
+  3  current: `messages.token_ids` (JSON list of a reply's token ids, exactly as generated, so
+     Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
+     `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
+     conversation no longer fits the model's context).
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -27,12 +31,13 @@ from sqlite_utils import Database
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
-              "prefix_tokens_reused", "finish_reason")
+              "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped")
+CONTEXT_POLICIES = ("drop_oldest", "error")
 
 
 class StoreError(Exception):
@@ -52,7 +57,8 @@ CREATE_CURRENT = [
         system_prompt TEXT NOT NULL DEFAULT '',
         model TEXT,
         sampling TEXT NOT NULL DEFAULT '{}',
-        active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL
+        active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+        context_policy TEXT NOT NULL DEFAULT 'drop_oldest'
     )""",
     f"""CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
@@ -64,7 +70,8 @@ CREATE_CURRENT = [
         sampling TEXT,
         active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
         status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
-        stats TEXT NOT NULL DEFAULT '{{}}'
+        stats TEXT NOT NULL DEFAULT '{{}}',
+        token_ids TEXT
     )""",
     "CREATE INDEX messages_conversation ON messages(conversation_id)",
     "CREATE INDEX messages_parent ON messages(parent_id)",
@@ -98,6 +105,10 @@ MIGRATIONS: dict[int, list[str]] = {
         f"ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK}",
         "ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'",
         "CREATE INDEX messages_status ON messages(status)",
+    ],
+    2: [
+        "ALTER TABLE messages ADD COLUMN token_ids TEXT",
+        "ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL DEFAULT 'drop_oldest'",
     ],
 }
 
@@ -148,6 +159,7 @@ class Conversation:
     model: str | None
     sampling: dict[str, Any]  # default sampling settings for new replies
     active_root_id: int | None
+    context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
 
 
 @dataclass
@@ -162,6 +174,7 @@ class Message:
     active_child_id: int | None  # None: a leaf
     status: str  # one of STATUSES
     stats: dict[str, Any]  # see STATS_KEYS
+    token_ids: list[int] | None = None  # a reply's tokens as generated (None: unknown)
 
 
 def conversation_from_row(row: dict) -> Conversation:
@@ -170,7 +183,9 @@ def conversation_from_row(row: dict) -> Conversation:
 
 def message_from_row(row: dict) -> Message:
     sampling = json.loads(row["sampling"]) if row["sampling"] is not None else None
-    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}")})
+    ids = row.get("token_ids")
+    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}"),
+                      "token_ids": json.loads(ids) if ids else None})
 
 
 def parents_first(msgs: list[dict]) -> list[dict]:

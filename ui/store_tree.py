@@ -68,13 +68,16 @@ class MessageTree(StoreBase):
     @guarded
     def update_message(self, message_id: int, *, content: str | None = None,
                        status: str | None = None,
-                       stats: dict[str, Any] | None = None) -> Message:
+                       stats: dict[str, Any] | None = None,
+                       token_ids: list[int] | None = None) -> Message:
         """Rewrite a message (a streaming reply as it grows); `stats` is merged into the old
-        stats. Committed before returning."""
+        stats; `token_ids` (a reply's tokens, kept in step with `content`) replaces the old.
+        Committed before returning."""
         self._check(status=status)
         old = self.get_message(message_id)
         new = {"content": content, "status": status,
-               "stats": None if stats is None else json.dumps({**old.stats, **stats})}
+               "stats": None if stats is None else json.dumps({**old.stats, **stats}),
+               "token_ids": None if token_ids is None else json.dumps(list(token_ids))}
         new = {k: v for k, v in new.items() if v is not None}
         with self._write():
             if new:
