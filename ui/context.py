@@ -94,8 +94,11 @@ def fit_prompt(backend, messages: list[dict], max_tokens: int | None, policy: st
     window = window_of(backend)
     if window is None or not messages:
         return Prompt(messages, 0)
+    reserve = reply_reserve(max_tokens, window.limit)
+    if window.count_tokens(messages) + reserve <= window.limit:
+        return Prompt(messages, 0)              # fits (a cached count: no second tokenizing)
     try:
-        fit = window.fit(messages, reply_reserve(max_tokens, window.limit), policy)
+        fit = window.fit(messages, reserve, policy)
     except SystemPromptTooLongError as exc:
         raise ContextError(f"The system prompt is too long for this model's context: {exc}. "
                            "Shorten it in the conversation settings.") from exc

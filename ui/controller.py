@@ -301,7 +301,14 @@ class ChatController:
         """k replies to `parent_id`; with `user_text`, to a new user message under it, stored
         only once the request is known to fit the context (else ContextError, nothing stored)."""
         params = params or self._params(cid, k)
+        if user_text is not None and self.backend() is None:
+            self._add_user(cid, parent_id, user_text)      # kept: a later empty send answers it
         return self._launch(cid, lambda b: self._start(b, cid, parent_id, params, user_text))
+
+    def _add_user(self, cid: int, parent_id: int | None, text: str) -> Message:
+        if self.store.get_conversation(cid).title == NEW_TITLE:
+            self.store.rename_conversation(cid, _title_from(text))
+        return self.store.add_message(cid, parent_id, "user", text)
 
     def _launch(self, cid: int, start: Callable[[ChatBackend], Turn]) -> Turn:
         backend = self.backend()
@@ -333,9 +340,7 @@ class ChatController:
         user = None
         try:
             if user_text is not None:
-                if conv.title == NEW_TITLE:
-                    self.store.rename_conversation(cid, _title_from(user_text))
-                user = self.store.add_message(cid, parent_id, "user", user_text)
+                user = self._add_user(cid, parent_id, user_text)
                 parent_id = user.id
             stats = {"context_dropped": sent.dropped} if sent.dropped else {}
             replies = [LiveReply(self.store.add_message(
