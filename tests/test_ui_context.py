@@ -14,17 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
-from localpaged.chat_backend import LocalChatBackend
 from localpaged.ui import render
 from localpaged.ui.context import ContextError, reply_reserve
 from localpaged.ui.context_ui import gauge_html
-from localpaged.ui.controller import ChatController
-from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
-from localpaged.ui.store import Store
 
 from tiny_models import build
+from ui_helpers import controller, run, tiny_backend
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 8}
@@ -53,26 +48,12 @@ CASES = {"window": dict(max_pos=160, num_kv_blocks=64),
 @pytest.fixture(scope="module", params=list(CASES))
 def backend(request, tiny_root):
     case = dict(CASES[request.param])
-    llm = LLM(_tiny(tiny_root, case.pop("max_pos")), **case)
-    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    engine = AsyncEngine(llm.engine)
-    yield LocalChatBackend(engine)
-    engine.shutdown()
+    yield from tiny_backend(_tiny(tiny_root, case.pop("max_pos")), **case)
 
 
 @pytest.fixture
 def ctl(backend, tmp_path):
-    store = Store(tmp_path / "conversations.db")
-    c = ChatController(store, lambda: backend, GREEDY, tmp_path / "ui_state.json")
-    yield c
-    c.stop_all(wait=5)
-    store.close()
-
-
-def run(turn, timeout=60):
-    assert turn.wait(timeout), "generation did not finish"
-    assert turn.error is None, turn.error
-    return turn
+    yield from controller(backend, tmp_path, GREEDY)
 
 
 def template_len(backend, messages) -> int:
@@ -132,6 +113,7 @@ def test_a_long_conversation_keeps_getting_replies(ctl, backend):
 
 def test_stop_and_ask_me_stores_nothing_then_drop_goes_on(ctl, backend):
     cid = ctl.new_conversation().id
+    assert ctl.context_usage(cid).tokens == 0                # a new chat: an empty gauge
     ctl.update_settings(cid, "", GREEDY)
     ctl.set_context_policy(cid, "error")
     with pytest.raises(ValueError, match="context_policy must be one of"):

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
-from localpaged.chat_backend import LocalChatBackend
 from localpaged.ui import render
-from localpaged.ui.controller import ChatController, ChatError
-from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
-from localpaged.ui.store import Store
+from localpaged.ui.controller import ChatError
 
 from tiny_models import build
+from ui_helpers import controller, run, tiny_backend
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 40}
@@ -26,26 +22,12 @@ BLOCK = 16
 
 @pytest.fixture(scope="module")
 def backend(tiny_root):
-    llm = LLM(build("llama-gqa", tiny_root), num_kv_blocks=128)
-    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    engine = AsyncEngine(llm.engine)
-    yield LocalChatBackend(engine)
-    engine.shutdown()
+    yield from tiny_backend(build("llama-gqa", tiny_root), num_kv_blocks=128)
 
 
 @pytest.fixture
 def ctl(backend, tmp_path):
-    store = Store(tmp_path / "conversations.db")
-    c = ChatController(store, lambda: backend, GREEDY, tmp_path / "ui_state.json")
-    yield c
-    c.stop_all(wait=5)
-    store.close()
-
-
-def run(turn, timeout=60):
-    assert turn.wait(timeout), "generation did not finish"
-    assert turn.error is None, turn.error
-    return turn
+    yield from controller(backend, tmp_path, GREEDY)
 
 
 def reply_of(ctl, turn):
@@ -101,6 +83,11 @@ def test_what_cannot_be_continued(ctl):
     ctl.store.update_message(reply.id, stats={"finish_detail": "eos"})
     with pytest.raises(ChatError, match="ended naturally"):
         ctl.continue_reply(reply.id)
+    ctl.store.update_message(reply.id, stats={"finish_detail": "max_tokens"})
+    later = ctl.store.add_message(cid, reply.id, "user", "and then?")
+    with pytest.raises(ChatError, match="messages after it"):
+        ctl.continue_reply(reply.id)
+    ctl.store.delete_message(later.id)
     old = ctl.store.add_message(cid, user.id, "assistant", "from an older version",
                                 status="stopped")                   # no token ids stored
     with pytest.raises(ValueError, match="no stored tokens"):

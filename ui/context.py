@@ -77,7 +77,7 @@ def usage(backend, messages: list[dict], draft: str, max_tokens: int | None,
     if window is None:
         return None
     reserve = reply_reserve(max_tokens, window.limit)
-    tokens = window.count_tokens(messages, draft or None)
+    tokens = window.count_tokens(messages, draft or None) if messages or draft else 0
     dropped = 0
     if tokens > window.limit - reserve and policy == "drop_oldest":
         draft_msg = [{"role": "user", "content": draft}] if draft else []

@@ -4,10 +4,10 @@ the first screen (the cursor starts in the message box, which is first in the ta
 
 Components are made by `build_chat_tab` through the small builders here (so they sit where they
 belong on the tab); `wire_context` wires their events; `gauge_html` draws `ContextUsage` from
-numbers and fixed strings only. The gauge follows the draft as the user types (`.input` with
-trigger_mode="always_last": keystrokes that arrive while a count runs collapse into one, a
-debounce that never drops the last one), and every change of the chat (a reply streamed, a
-branch switched, a tab opened), skipped while the conversation is generating.
+numbers and fixed strings only. The gauge follows the draft as the user types (the message
+box's `.change` with trigger_mode="always_last": keystrokes that arrive while a count runs
+collapse into one, a debounce that never drops the last one), and every change of the chat (a
+reply streamed, a branch switched, a tab opened), skipped while the conversation is generating.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import gradio as gr
 from .context import POLICY_LABELS, ContextUsage
 from .controller import ChatController
 from .queues import GEN, QUICK
+from .sampling import SAMPLING_KEYS
 from .toasts import USER_ERRORS, warn, why
 
 GAUGE_EMPTY = "<div class='lp-gauge lp-gauge-unknown'></div>"
@@ -38,7 +39,7 @@ def build_gauge(i: int) -> gr.HTML:
 
 
 def build_continue(i: int) -> gr.Button:
-    return gr.Button("⏵ Continue", size="sm", elem_id=f"cont{i}", scale=0, min_width=100)
+    return gr.Button("▸ Continue", size="sm", elem_id=f"cont{i}", scale=0, min_width=100)
 
 
 def build_policy(i: int) -> gr.Radio:
@@ -68,12 +69,13 @@ def gauge_html(u: ContextUsage | None) -> str:
 
 
 def gauge_value(ctl: ChatController, cid: int | None, draft: str = "",
-                system: str | None = None) -> str:
+                system: str | None = None, max_tokens=None) -> str:
     """The gauge of conversation cid (empty when unknown: no model, a remote backend)."""
     if cid is None:
         return GAUGE_EMPTY
     try:
-        return gauge_html(ctl.context_usage(cid, draft or "", system))
+        max_tokens = int(max_tokens) if max_tokens not in (None, "") else None
+        return gauge_html(ctl.context_usage(cid, draft or "", system, max_tokens))
     except USER_ERRORS:                        # a deleted conversation, an odd template
         return GAUGE_EMPTY
 
@@ -84,11 +86,12 @@ class ContextEvents:
     def __init__(self, ctl: ChatController, chat_events) -> None:
         self.ctl, self.chat_events = ctl, chat_events
 
-    def gauge(self, slots: list, i: int, draft: str, system: str | None = None):
+    def gauge(self, slots: list, i: int, draft: str, system: str | None = None,
+              max_tokens=None):
         cid = (slots or [None] * (i + 1))[i]
         if cid is not None and self.ctl.busy(cid):
             return gr.skip()                    # the reply's end updates it
-        return gauge_value(self.ctl, cid, draft, system)
+        return gauge_value(self.ctl, cid, draft, system, max_tokens)
 
     def set_policy(self, slots: list, i: int, policy: str) -> None:
         if slots[i] is None:
@@ -121,15 +124,17 @@ def wire_context(ui, page, events: ContextEvents) -> None:
         for v in events.continue_reply(slot_cids, i, sel, system, *sampling):
             yield ui.flatten(v)
 
-    def gauge(slot_cids, draft, system):
-        return events.gauge(slot_cids, i, draft, system)
+    def gauge(slot_cids, draft, system, max_tokens):
+        return events.gauge(slot_cids, i, draft, system, max_tokens)
+
+    gauge_in = [slots, ui.msg, ui.system, ui.sampling[SAMPLING_KEYS.index("max_tokens")]]
 
     ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
-    for trigger in (ui.msg.input, ui.system.input, ui.chatbot.change):
-        trigger(gauge, [slots, ui.msg, ui.system], ui.gauge, trigger_mode="always_last",
-                **QUICK)
+    for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, ui.chatbot.change,
+                    gauge_in[-1].input):
+        trigger(gauge, gauge_in, ui.gauge, trigger_mode="always_last", **QUICK)
     ui.policy.input(lambda c, p: events.set_policy(c, i, p), [slots, ui.policy], None,
-                    **QUICK).then(gauge, [slots, ui.msg, ui.system], ui.gauge, **QUICK)
+                    **QUICK).then(gauge, gauge_in, ui.gauge, **QUICK)
     ui.tab.select(None, None, None, js=FOCUS_JS)
 
 

@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from localpaged.chat_backend import ChatBackend
-from localpaged.outputs import NATURAL_ENDS
 
 from . import context
-from .context import ContextUsage
+from .controller_context import ChatError, ContextFeatures, chat_prompt
 from .generation import LiveReply, Turn
 from .open_tabs import OpenTabsFile
 from .sampling import clean_sampling, sampling_record, to_params
@@ -36,10 +35,6 @@ log = logging.getLogger(__name__)
 
 NEW_TITLE = "New chat"
 MAX_COLUMNS = 4
-
-
-class ChatError(Exception):
-    """Something the user asked for that cannot be done now; the message says why."""
 
 
 @dataclass
@@ -61,7 +56,7 @@ class Branch:
     active: bool
 
 
-class ChatController:
+class ChatController(ContextFeatures):
     def __init__(self, store: Store, backend: Callable[[], ChatBackend | None],
                  default_sampling: dict[str, Any] | None = None,
                  state_file: str | Path | None = None) -> None:
@@ -107,27 +102,6 @@ class ChatController:
         if system_prompt == old_prompt and new == old:
             return self.store.get_conversation(cid)      # unchanged: keep the sidebar order
         return self.store.update_conversation(cid, system_prompt=system_prompt, sampling=new)
-
-    def set_context_policy(self, cid: int, policy: str) -> Conversation:
-        """What a send does when the conversation no longer fits: "drop_oldest" | "error"
-        (ValueError naming the choices otherwise)."""
-        if self.store.get_conversation(cid).context_policy == policy:
-            return self.store.get_conversation(cid)
-        return self.store.update_conversation(cid, context_policy=policy)
-
-    def context_usage(self, cid: int, draft: str = "",
-                      system_prompt: str | None = None) -> ContextUsage | None:
-        """The gauge: tokens the next request will use (the system prompt, the shown path and
-        the draft) against the context limit; None when the backend cannot count (remote,
-        no model yet)."""
-        backend = self.backend()
-        if backend is None:
-            return None
-        conv = self.store.get_conversation(cid)
-        system = conv.system_prompt if system_prompt is None else system_prompt
-        msgs = chat_prompt(system, self.store.active_path(cid))
-        return context.usage(backend, msgs, draft, self.settings(cid)[1]["max_tokens"],
-                             conv.context_policy)
 
     def export(self, cid: int, fmt: str = "markdown") -> str:
         if fmt == "json":
@@ -270,32 +244,6 @@ class ChatController:
         if self.busy(cid):
             raise ChatError("this conversation is still generating: stop it or wait")
 
-    def continue_reply(self, message_id: int) -> Turn:
-        """Extend a reply that stopped before its natural end, in place: the engine resumes
-        from the reply's stored tokens (its prompt's blocks are found in the prefix cache) and
-        writes up to max_tokens (the conversation's setting) more into the same message."""
-        m = self.store.get_message(message_id)
-        if m.role != "assistant":
-            raise ChatError("only a reply can be continued: select one")
-        if m.status == "complete" and m.stats.get("finish_detail") in NATURAL_ENDS:
-            raise ChatError("this reply ended naturally: there is nothing to continue")
-        cid = m.conversation_id
-        params = self._params(cid, 1)[0]
-
-        def start(backend: ChatBackend) -> Turn:
-            msgs = self.prompt_messages(cid, m.parent_id)
-            req = context.continue_prompt(backend, msgs, int(m.stats.get("context_dropped", 0)),
-                                          m.token_ids or [], params)
-            request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
-            stream = backend.submit_ids(req.prompt_token_ids, req.params, request_id)
-            self.store.update_message(m.id, status="streaming")
-            self.store.set_active(m.id)
-            reply = LiveReply(m.id, m.content, stats=dict(m.stats), token_ids=m.token_ids,
-                              prefix_ids=list(m.token_ids))
-            return Turn(cid, request_id, [reply], stream, backend.abort, self.store,
-                        decode=backend.decode)
-        return self._launch(cid, start)
-
     def _generate(self, cid: int, parent_id: int | None, k: int, params: list | None = None,
                   user_text: str | None = None) -> Turn:
         """k replies to `parent_id`; with `user_text`, to a new user message under it, stored
@@ -372,8 +320,3 @@ def _title_from(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= 48 else line[:47].rstrip() + "…"
 
-
-def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
-    """The engine's chat messages for a path: the system prompt (if any), then the path."""
-    msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return msgs + [{"role": m.role, "content": m.content} for m in path]
