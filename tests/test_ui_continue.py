@@ -55,6 +55,8 @@ def test_length_stop_then_continue_equals_one_uninterrupted_reply(ctl, backend):
     assert f"prefill skipped: {done.stats['prefix_tokens_reused']} tokens" in \
         render.footer(done, (2, 2))
     assert len(ctl.store.messages(cid)) == 3                 # no new message: the same reply
+    copy = ctl.store.active_path(ctl.fork(done.id).id)[-1]   # a fork keeps the token ids
+    assert copy.token_ids == done.token_ids
 
 
 def test_stop_mid_reply_then_continue(ctl, backend):

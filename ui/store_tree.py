@@ -50,11 +50,13 @@ class MessageTree(StoreBase):
         return self.get_message(mid)
 
     def _insert(self, cid: int, parent_id: int | None, role: str, content: str,
-                sampling: dict | None, status: str, stats: dict, created: float) -> int:
+                sampling: dict | None, status: str, stats: dict, created: float,
+                token_ids: list[int] | None = None) -> int:
         mid = self.db.table("messages").insert({
             "conversation_id": cid, "parent_id": parent_id, "role": role, "content": content,
             "created": created, "status": status, "stats": json.dumps(stats),
-            "sampling": None if sampling is None else json.dumps(sampling)}).last_pk
+            "sampling": None if sampling is None else json.dumps(sampling),
+            "token_ids": None if token_ids is None else json.dumps(token_ids)}).last_pk
         self._activate(cid, parent_id, mid)
         return mid
 

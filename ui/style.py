@@ -50,7 +50,7 @@ footer { display: none !important; }
 .lp-chat .message { font-size: .95rem; }
 .lp-chat button[aria-label="Clear"] { display: none !important; }
 .lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
-  font-size: .75rem; vertical-align: baseline; }
+  font-size: .75rem; vertical-align: baseline; line-height: 1.35; }
 .lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }
 .lp-toolbar .lp-sel { flex: 1 1 200px !important; color: var(--body-text-color-subdued);
   font-size: .85rem; }
