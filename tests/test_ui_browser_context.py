@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from test_ui_browser import (ARTIFACTS, BROWSER_ARGS, CHROMIUM, App, long_context_model,
-                             send, text, wait_idle, wait_text)
+from test_ui_browser import (ARTIFACTS, browser_page, running_app, send, text, wait_idle,
+                             wait_text)
 
 pytestmark = pytest.mark.slow
 
@@ -23,30 +23,12 @@ WORDS = ["".join(chr(0x100 + 50 * i + j) for j in range(50)) for i in range(8)] 
 
 @pytest.fixture(scope="module")
 def app(tiny_root, tmp_path_factory):
-    import os
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is missing: `apt-get install -y chromium` (scripts/setup.sh)")
-    pytest.importorskip("playwright.sync_api")
-    tmp = tmp_path_factory.mktemp("ui-ctx-app")
-    a = App(long_context_model(tiny_root), tmp / "data", tmp / "app.log")
-    a.cmd += ["--max-model-len", str(LIMIT)]
-    a.start()
-    yield a
-    a.stop()
+    yield from running_app(tiny_root, tmp_path_factory, "--max-model-len", str(LIMIT))
 
 
 @pytest.fixture(scope="module")
 def page(app):
-    from playwright.sync_api import sync_playwright
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("ctx-*.png"):
-        old.unlink()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)
-        pg = browser.new_page(viewport={"width": 1440, "height": 960})
-        pg.set_default_timeout(30_000)
-        yield pg
-        browser.close()
+    yield from browser_page("ctx-*.png")
 
 
 def shot(page, name: str) -> None:
