@@ -160,6 +160,8 @@ def test_a_reply_stopped_for_memory_is_marked_and_the_next_gets_replies(ctl, bac
     assert long.stats["finish_detail"] in ("kv_cache_full", "max_model_len")
     assert long.stats["prompt_tokens"] + long.stats["generated_tokens"] >= limit - 1
     assert "■ stopped: the" in render.footer(long, (1, 1))
+    with pytest.raises(ContextError, match="cannot be continued"):       # nothing to leave out
+        ctl.continue_reply(long.id)
     for word in WORDS[1:4]:
         reply = ctl.store.get_message(run(ctl.send(cid, word)).replies[0].message_id)
         assert reply.stats["generated_tokens"] >= 1 and reply.stats.get("context_dropped")
@@ -175,3 +177,4 @@ def test_prefill_progress_while_a_long_prompt_is_read(ctl, backend):
     done, total = reply.progress
     assert 0 < done < total == reply.stats["prompt_tokens"]
     assert render.prefill_note(1200, 3400) == "*reading the conversation: 1,200 / 3,400 tokens…*"
+

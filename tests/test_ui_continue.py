@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from localpaged.ui import render
+from localpaged.ui.context import ContextError
 from localpaged.ui.controller import ChatError
 
 from tiny_models import build
@@ -28,6 +29,17 @@ def backend(tiny_root):
 @pytest.fixture
 def ctl(backend, tmp_path):
     yield from controller(backend, tmp_path, GREEDY)
+
+
+@pytest.fixture(scope="module")
+def short_backend(tiny_root):
+    """The same model capped at 320 tokens of context (as --max-model-len does)."""
+    yield from tiny_backend(build("llama-gqa", tiny_root), num_kv_blocks=128, max_model_len=320)
+
+
+@pytest.fixture
+def short_ctl(short_backend, tmp_path):
+    yield from controller(short_backend, tmp_path, GREEDY)
 
 
 def reply_of(ctl, turn):
@@ -94,3 +106,28 @@ def test_what_cannot_be_continued(ctl):
                                 status="stopped")                   # no token ids stored
     with pytest.raises(ValueError, match="no stored tokens"):
         ctl.continue_reply(old.id)
+
+
+def test_continue_a_reply_that_filled_the_context(short_ctl, short_backend):
+    """Continue leaves out older turns (drop_oldest) and resumes from the stored tokens."""
+    ctl = short_ctl
+    cid = ctl.new_conversation().id
+    ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 8})
+    run(ctl.send(cid, PROMPT[:4]))
+    ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 1000})
+    long = reply_of(ctl, run(ctl.send(cid, PROMPT)))
+    assert long.stats["finish_detail"] == "max_model_len" and not long.stats.get("context_dropped")
+    ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 8})
+    ctl.set_context_policy(cid, "error")
+    with pytest.raises(ContextError, match="cannot be continued"):
+        ctl.continue_reply(long.id)
+    ctl.set_context_policy(cid, "drop_oldest")
+    done = reply_of(ctl, run(ctl.continue_reply(long.id)))
+    assert done.stats["context_dropped"] == 2 and len(done.token_ids) == len(long.token_ids) + 8
+    assert done.token_ids[:len(long.token_ids)] == long.token_ids
+    kept = [{"role": "user", "content": PROMPT}]
+    prompt = short_backend.engine.tokenizer.apply_chat_template(
+        kept, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert done.stats["prompt_tokens"] == len(prompt) + len(long.token_ids)
+    shown = render.chat_messages(ctl.view(cid))
+    assert "2 earlier messages are not in the model's context" in shown[2]["content"]

@@ -122,20 +122,33 @@ def sent_messages(messages: list[dict], dropped: int) -> list[dict]:
 
 
 def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list[int],
-                    params: SamplingParams) -> ContinueRequest:
-    """The request that extends a reply from its stored token ids: the prompt it was answering
-    (re-rendered, the same `dropped` messages left out, so its ids and cached blocks are the
-    same), then the reply's tokens; up to params.max_tokens more tokens."""
+                    params: SamplingParams, policy: str = "drop_oldest") -> tuple[ContinueRequest, int]:
+    """The request that extends a reply from its stored token ids, and how many messages its
+    prompt leaves out. The prompt is the one the reply answered (re-rendered with the same
+    `dropped` messages left out, so its ids and cached blocks are the same), then the reply's
+    tokens; up to params.max_tokens more tokens. When that leaves no room for the reply to
+    grow (a reply that filled the context), policy "drop_oldest" leaves out more whole turns
+    (the reply's own turn always stays); "error" says so instead."""
     window = window_of(backend)
     if window is None or not hasattr(backend, "submit_ids"):
         raise ContextError("Continue needs the local engine (this backend does not give "
                            "token ids)")
     if not reply_ids:
         raise ContextError("This reply has no stored tokens to continue from: regenerate it.")
-    prompt_ids = window.token_ids(sent_messages(messages, dropped))
     more = params.max_tokens
     params = dataclasses.replace(params, max_tokens=None if more is None else more + len(reply_ids))
+    room = reply_reserve(more, window.limit)
+    prompt_ids, k = window.token_ids(sent_messages(messages, dropped)), dropped
+    if len(prompt_ids) + len(reply_ids) + room > window.limit and policy == "drop_oldest":
+        _, turns = split_turns(messages)
+        bounds = [sum(len(t) for t in turns[:n]) for n in range(1, len(turns))]
+        for n in (b for b in bounds if b > dropped):          # fewest more turns left out
+            ids = window.token_ids(sent_messages(messages, n))
+            if len(ids) + len(reply_ids) < window.limit:     # room for one token, at least
+                prompt_ids, k = ids, n
+            if len(ids) + len(reply_ids) + room <= window.limit:
+                break
     try:
-        return continue_request(prompt_ids, reply_ids, params, window.limit)
+        return continue_request(prompt_ids, reply_ids, params, window.limit), k
     except ValueError as exc:
         raise ContextError(f"This reply cannot be continued: {exc}.") from exc

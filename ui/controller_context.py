@@ -49,7 +49,9 @@ class ContextFeatures:
     def continue_reply(self, message_id: int) -> Turn:
         """Extend a reply that stopped before its natural end, in place: the engine resumes
         from the reply's stored tokens (its prompt's blocks are found in the prefix cache) and
-        writes up to max_tokens (the conversation's setting) more into the same message."""
+        writes up to max_tokens (the conversation's setting) more into the same message. A
+        reply that filled the context goes on with older turns left out (policy drop_oldest;
+        the reply's `context_dropped` follows)."""
         m = self.store.get_message(message_id)
         if m.role != "assistant":
             raise ChatError("only a reply can be continued: select one")
@@ -62,12 +64,15 @@ class ContextFeatures:
 
         def start(backend: ChatBackend) -> Turn:
             msgs = self.prompt_messages(cid, m.parent_id)
-            req = context.continue_prompt(backend, msgs, int(m.stats.get("context_dropped", 0)),
-                                          m.token_ids or [], params)
+            req, dropped = context.continue_prompt(
+                backend, msgs, int(m.stats.get("context_dropped", 0)), m.token_ids or [],
+                params, self.store.get_conversation(cid).context_policy)
             request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
             stream = backend.submit_ids(req.prompt_token_ids, req.params, request_id)
+            m.stats["context_dropped"] = dropped
             try:
-                self.store.update_message(m.id, status="streaming")
+                self.store.update_message(m.id, status="streaming",
+                                          stats={"context_dropped": dropped})
                 self.store.set_active(m.id)
             except BaseException:
                 backend.abort(request_id)
