@@ -5,6 +5,9 @@ per column), plus engine stats when the engine is local. `LocalChatBackend` wrap
 AsyncEngine; `localpaged.remote.RemoteChatBackend` talks to any OpenAI-compatible server.
 What needs the engine itself (request priorities, beam search, a prefix-cache preview) is only
 on `LocalChatBackend`: the UI checks `is_local(backend)` before it offers it.
+Only a local backend knows its tokenizer, so only it offers `context_window()` (exact counts,
+fitting a chat into the context limit), `submit_ids` (Continue from stored token ids) and
+`decode`; the UI treats their absence as "unknown" (no gauge, no Continue).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from localpaged.async_engine import AsyncEngine
+from localpaged.context_window import ContextWindow
 from localpaged.llm import apply_chat_template
 from localpaged.outputs import EngineStats, RequestOutput
 from localpaged.request import BeamParams
@@ -42,6 +46,20 @@ class LocalChatBackend:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.model_name = engine.engine.model_source.description
+        # One window for the backend's life: its piece-count cache makes the gauge cheap.
+        self._window = ContextWindow(engine.tokenizer, engine.context_limit())
+
+    def context_window(self) -> ContextWindow:
+        """The context limit (prompt + reply, LLMEngine.context_limit) with exact counts."""
+        return self._window
+
+    def submit_ids(self, token_ids: list[int], params: SamplingParams,
+                   request_id: str | None = None) -> Iterator[RequestOutput]:
+        """Stream one reply to a prompt given as token ids (Continue)."""
+        return iter(self.engine.submit(list(token_ids), params, request_id))
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         return apply_chat_template(self.engine.tokenizer, messages)

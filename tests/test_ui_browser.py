@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import _require_part as require_part
 
 pytestmark = pytest.mark.slow
 
@@ -88,24 +89,36 @@ def long_context_model(root: str) -> str:
     return tiny_models.build("llama-long", root)
 
 
-@pytest.fixture(scope="module")
-def app(tiny_root, tmp_path_factory, require_part):
+def running_app(tiny_root, tmp_path_factory, *args: str):
+    """Yields the app on the long-context tiny model, with extra CLI `args` (a fixture's body).
+    A missing Chromium or playwright skips, or fails under LOCALPAGED_REQUIRE_ALL (conftest)."""
     require_part(f"Chromium ({CHROMIUM})", os.path.exists(CHROMIUM),
                  "`apt-get install -y chromium`, done by scripts/setup.sh")
     require_part("the Python package playwright",
                  importlib.util.find_spec("playwright") is not None, "`pip install -e .[test]`")
     tmp = tmp_path_factory.mktemp("ui-app")
     a = App(long_context_model(tiny_root), tmp / "data", tmp / "app.log")
+    a.cmd += list(args)
     a.start()
     yield a
     a.stop()
 
 
 @pytest.fixture(scope="module")
+def app(tiny_root, tmp_path_factory):
+    yield from running_app(tiny_root, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def page(app):
+    yield from browser_page("*.png")
+
+
+def browser_page(old_shots: str):
+    """Yields a Chromium page; screenshots matching `old_shots` in ARTIFACTS are removed first."""
     from playwright.sync_api import sync_playwright
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("*.png"):
+    for old in ARTIFACTS.glob(old_shots):
         old.unlink()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=BROWSER_ARGS)

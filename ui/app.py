@@ -5,6 +5,7 @@ its own part. One module per feature, each owning its components, handlers and w
   tabset.py        which conversation each chat tab shows; open, close, restore (PageValues)
   chat_tab.py      a chat tab's components and what it shows (TabValues)
   chat_events.py   a chat tab's handlers: send, regenerate, edit, switch, fork, stop, settings
+  context_ui.py    the context gauge, the context policy, Continue, the first screen's focus
   export.py        a tab's Markdown + JSON export
   compare.py       the side-by-side compare tab (CompareValues)
   engine_panel.py  the KV-cache panel and its timer (drawing in kvmap.py)
@@ -26,6 +27,7 @@ import gradio as gr
 from .chat_events import ChatEvents, wire_chat_tab
 from .chat_tab import build_chat_tab
 from .compare import CompareEvents, build_compare, wire_compare
+from .context_ui import ContextEvents, wire_context, wire_first_screen
 from .controller import ChatController
 from .engine_panel import build_engine_panel, wire_engine_panel
 from .model_picker import build_header, build_model_panel, wire_model_picker
@@ -58,11 +60,14 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
 
         page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.search), tabset)
         chat_events = ChatEvents(ctl, tabset)
+        context_events = ContextEvents(ctl, chat_events)
         for ui in chats:                       # first: they add their followers to the page
             wire_chat_tab(ui, page, chat_events)
+            wire_context(ui, page, context_events)
         loaded = demo.load(page.handler(tabset.restore), None, page.ui.outputs(), **QUICK)
         loaded.then(**page.listing_event())
         page.follow_all(loaded)
+        wire_first_screen(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(panel, page, ctl)

@@ -8,7 +8,8 @@ something new on every tab, add a component in `build_chat_tab`, a field of the 
 TabValues and its value in `tab_values` (all here).
 
 Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel{i}`, `prev{i}`,
-`next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`, ...
+`next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
+`cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context_ui.py), ...
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import gradio as gr
 
 from . import render
+from .context_ui import GAUGE_EMPTY, build_continue, build_gauge, build_policy, gauge_value
 from .controller import ChatController
 from .edit_preview import build_edit_cost
 from .export import ExportUI, build_export
@@ -41,6 +43,8 @@ class TabValues:
     system: Any = KEEP                # the conversation's system prompt
     sampling: Any = KEEP              # its sampling settings, in SAMPLING_KEYS order
     prepare: Any = KEEP               # its prepared-alternatives options (prepared_fields.py)
+    gauge: Any = KEEP                 # the context gauge (HTML)
+    policy: Any = KEEP                # the conversation's context policy
 
 
 @dataclass
@@ -68,6 +72,9 @@ class ChatTabUI:
     export: ExportUI | None = None
     prepare: list = field(default_factory=list)        # prepared_fields.build_prepare_fields
     edit_cost: Any = None                              # edit_preview.build_edit_cost
+    gauge: Any = None                 # context_ui.py: gauge, policy, Continue
+    policy: Any = None
+    cont: Any = None
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -93,6 +100,8 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
         values.prepare = prepare_values(ctl, cid)
+        values.policy = view.conversation.context_policy
+        values.gauge = GAUGE_EMPTY if view.busy else gauge_value(ctl, cid)
     return values
 
 
@@ -113,6 +122,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             regen = gr.Button("↻ Regenerate", size="sm", elem_id=f"regen{i}", scale=0, min_width=110)
             edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
             fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
+            cont = build_continue(i)
             close = gr.Button("✕ Close tab", size="sm", elem_id=f"close{i}", scale=0, min_width=96)
         with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
             edit_box = gr.Textbox(label="Edit your message: the old version stays as a branch",
@@ -128,11 +138,13 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                              elem_id=f"msg{i}", container=False)
             send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id=f"send{i}")
             stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id=f"stop{i}")
+        gauge = build_gauge(i)
         with gr.Accordion("Conversation settings", open=False, elem_id=f"settings{i}"):
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
+            policy = build_policy(i)
             sampling = sampling_fields(f"s{i}-")
             prepare = build_prepare_fields(i)
             export = build_export(i)
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
-                     sampling, export, prepare, edit_cost)
+                     sampling, export, prepare, edit_cost, gauge, policy, cont)

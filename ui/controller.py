@@ -3,8 +3,10 @@
 It owns the link between the conversation store (`store.py`) and the engine (a ChatBackend, got
 from a provider so the model can be swapped): conversations (new, rename, delete, search,
 settings, export), the message tree (switch siblings, pick a compare column, fork), and
-generation (send, regenerate, edit, compare, stop), which runs as `generation.Turn`s, at most
-one per conversation and any number at once across conversations. It returns store rows and
+generation (send, regenerate, edit, compare, continue, stop), which runs as `generation.Turn`s,
+at most one per conversation and any number at once across conversations. Every request is
+fitted to the model's context first (`context.py`, the conversation's policy): a message that
+cannot be sent is not stored, and a reply records how many older messages it left out. It returns store rows and
 Turns, never Gradio objects, so it is tested without a browser; every UI handler reads and
 writes through it (the feature modules listed in `app.py` render what it returns).
 """
@@ -22,6 +24,8 @@ from typing import Any
 
 from localpaged.chat_backend import ChatBackend, is_local
 
+from . import context
+from .controller_context import ChatError, ContextFeatures, chat_prompt
 from .generation import LiveReply, Turn
 from .open_tabs import OpenTabsFile
 from .prepared import PreparedReplies
@@ -32,10 +36,6 @@ log = logging.getLogger(__name__)
 
 NEW_TITLE = "New chat"
 MAX_COLUMNS = 4
-
-
-class ChatError(Exception):
-    """Something the user asked for that cannot be done now; the message says why."""
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Branch:
     active: bool
 
 
-class ChatController:
+class ChatController(ContextFeatures):
     def __init__(self, store: Store, backend: Callable[[], ChatBackend | None],
                  default_sampling: dict[str, Any] | None = None,
                  state_file: str | Path | None = None) -> None:
@@ -185,10 +185,7 @@ class ChatController:
             raise ChatError("type a message first")
         params = self._params(cid, 1)                          # bad settings: nothing written
         self._check_idle(cid)
-        if self.store.get_conversation(cid).title == NEW_TITLE:
-            self.store.rename_conversation(cid, _title_from(text))
-        user = self.store.add_message(cid, path[-1].id if path else None, "user", text)
-        return self._generate(cid, user.id, 1, params)
+        return self._generate(cid, path[-1].id if path else None, 1, params, user_text=text)
 
     def regenerate(self, message_id: int) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
@@ -216,8 +213,7 @@ class ChatController:
             raise ChatError("the edited message is empty")
         params = self._params(m.conversation_id, 1)
         self._check_idle(m.conversation_id)
-        user = self.store.add_message(m.conversation_id, m.parent_id, "user", text)
-        return self._generate(m.conversation_id, user.id, 1, params)
+        return self._generate(m.conversation_id, m.parent_id, 1, params, user_text=text)
 
     def compare(self, cid: int, text: str, columns: list[dict[str, Any]] | int) -> Turn:
         """One prompt, several replies decoded in one batch: `columns` is a number of samples
@@ -231,18 +227,7 @@ class ChatController:
         else:
             _, base = self.settings(cid)
             params = [to_params(clean_sampling(c, base)) for c in columns]
-        if not text.strip():
-            raise ChatError("type a prompt to compare")
-        user = self._add_prompt(cid, text)
-        return self._generate(cid, user.id, k, params)
-
-    def _add_prompt(self, cid: int, text: str) -> Message:
-        """A compare prompt: a user message at the end of the shown path."""
-        self._check_idle(cid)
-        path = self.store.active_path(cid)
-        if self.store.get_conversation(cid).title == NEW_TITLE:
-            self.store.rename_conversation(cid, _title_from(text))
-        return self.store.add_message(cid, path[-1].id if path else None, "user", text)
+        return self._compare(cid, text, k, params)
 
     def compare_beams(self, cid: int, text: str, width: int) -> Turn:
         """Compare's beam-search mode: the `width` final beams of one beam search over the
@@ -253,11 +238,16 @@ class ChatController:
                             "(--backend) has none; compare samples or settings instead")
         if not 2 <= width <= MAX_COLUMNS:
             raise ChatError(f"compare takes 2 to {MAX_COLUMNS} beams, not {width}")
-        params = self._params(cid, width)
+        return self._compare(cid, text, width, self._params(cid, width), beam=width)
+
+    def _compare(self, cid: int, text: str, k: int, params: list, beam: int = 0) -> Turn:
+        """A compare prompt: a user message at the end of the shown path, answered k times."""
         if not text.strip():
             raise ChatError("type a prompt to compare")
-        user = self._add_prompt(cid, text)
-        return self._generate(cid, user.id, width, params, beam=width)
+        self._check_idle(cid)
+        path = self.store.active_path(cid)
+        return self._generate(cid, path[-1].id if path else None, k, params, user_text=text,
+                              beam=beam)
 
     def edit_cost(self, message_id: int, text: str) -> tuple[int, int] | None:
         """Before saving an edit: (prompt tokens the new branch reuses from the prefix cache,
@@ -296,14 +286,26 @@ class ChatController:
         if self.busy(cid):
             raise ChatError("this conversation is still generating: stop it or wait")
 
-    def _generate(self, cid: int, parent_id: int, k: int, params: list | None = None,
-                  beam: int = 0) -> Turn:
-        """Start a turn of k replies to parent_id (a beam search of width `beam` if set); the
-        conversation's background alternatives are cancelled first (see prepared.py)."""
+    def _generate(self, cid: int, parent_id: int | None, k: int, params: list | None = None,
+                  user_text: str | None = None, beam: int = 0) -> Turn:
+        """k replies to `parent_id` (a beam search of width `beam` if set); with `user_text`, to
+        a new user message under it, stored only once the request is known to fit the context
+        (else ContextError, nothing stored). The conversation's background alternatives are
+        cancelled first (see prepared.py)."""
+        params = params or self._params(cid, k)
+        if user_text is not None and self.backend() is None:
+            self._add_user(cid, parent_id, user_text)      # kept: a later empty send answers it
+        return self._launch(cid, lambda b: self._start(b, cid, parent_id, params, user_text, beam))
+
+    def _add_user(self, cid: int, parent_id: int | None, text: str) -> Message:
+        if self.store.get_conversation(cid).title == NEW_TITLE:
+            self.store.rename_conversation(cid, _title_from(text))
+        return self.store.add_message(cid, parent_id, "user", text)
+
+    def _launch(self, cid: int, start: Callable[[ChatBackend], Turn]) -> Turn:
         backend = self.backend()
         if backend is None:
             raise ChatError("no model is loaded yet: wait for the model to finish loading")
-        params = params or self._params(cid, k)
         with self._lock:
             turn = self._turns.get(cid)
             if cid in self._starting or (turn is not None and not turn.done):
@@ -311,7 +313,7 @@ class ChatController:
             self._starting.add(cid)
         try:
             self.prepared.cancel(cid)
-            turn = self._start(backend, cid, parent_id, params, beam)
+            turn = start(backend)
             with self._lock:
                 self._turns[cid] = turn
         finally:
@@ -319,21 +321,32 @@ class ChatController:
                 self._starting.discard(cid)
         return turn.start()
 
-    def _start(self, backend: ChatBackend, cid: int, parent_id: int, params: list,
-               beam: int = 0) -> Turn:
+    def _start(self, backend: ChatBackend, cid: int, parent_id: int | None, params: list,
+               user_text: str | None, beam: int = 0) -> Turn:
+        conv = self.store.get_conversation(cid)
         prompt = self.prompt_messages(cid, parent_id)
+        if user_text is not None:
+            prompt.append({"role": "user", "content": user_text})
+        sent = context.fit_prompt(backend, prompt, params[0].max_tokens, conv.context_policy)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
         if beam:                                        # ValueError: bad input
-            stream = backend.beam_search(prompt, beam, params[0].max_tokens, request_id)
+            stream = backend.beam_search(sent.messages, beam, params[0].max_tokens, request_id)
         else:
-            stream = backend.chat(prompt, params, request_id=request_id)
+            stream = backend.chat(sent.messages, params, request_id=request_id)
+        user = None
         try:
+            if user_text is not None:
+                user = self._add_user(cid, parent_id, user_text)
+                parent_id = user.id
+            stats = {"context_dropped": sent.dropped} if sent.dropped else {}
             replies = [LiveReply(self.store.add_message(
-                cid, parent_id, "assistant", "", sampling_record(p), status="streaming").id)
-                for p in params]
+                cid, parent_id, "assistant", "", sampling_record(p), status="streaming",
+                stats=stats).id) for p in params]
             self.store.set_active(replies[0].message_id)
         except BaseException:
             backend.abort(request_id)
+            if user is not None:
+                self.store.delete_message(user.id)          # no orphan message
             raise
         after = self.prepared.after if len(params) == 1 and not beam else None
         return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
@@ -357,8 +370,3 @@ def _title_from(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= 48 else line[:47].rstrip() + "…"
 
-
-def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
-    """The engine's chat messages for a path: the system prompt (if any), then the path."""
-    msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return msgs + [{"role": m.role, "content": m.content} for m in path]

@@ -4,7 +4,12 @@ over one shared prompt, consumed by a background thread that owns it.
 A Turn outlives the browser event that started it: Gradio handlers only *follow* a turn (see
 `Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
 to the store. The store is written when the turn starts (replies with status 'streaming'), about
-once a second while it streams, and when it ends ('complete' or 'stopped', with stats).
+once a second while it streams, and when it ends ('complete' or 'stopped', with stats); a reply's
+token ids are written with its text, always in step, so Continue can resume token-exact.
+
+Continue runs as a Turn too: its LiveReply starts from the stored reply (`prefix_ids`, text) and
+the engine's new tokens join it; the whole text is decoded in one piece (`decode`).
+While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, total) tokens.
 
 (The sampling settings live in `sampling.py`.)
 """
@@ -34,7 +39,9 @@ class LiveReply:
     text: str = ""
     status: str = "streaming"
     stats: dict[str, Any] = field(default_factory=dict)
-    token_ids: list[int] = field(default_factory=list)    # as the engine sent them (not stored)
+    token_ids: list[int] | None = None      # the whole reply's tokens (None: unknown, remote)
+    prefix_ids: list[int] = field(default_factory=list)   # a continued reply's earlier tokens
+    progress: tuple[int, int] | None = None  # last prefill progress: (computed, total) tokens
 
 
 class Turn:
@@ -43,7 +50,8 @@ class Turn:
 
     def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
                  stream: Iterator[RequestOutput], abort, store: Store,
-                 on_done: Callable[["Turn"], None] | None = None, beam: bool = False) -> None:
+                 on_done: Callable[["Turn"], None] | None = None, beam: bool = False,
+                 decode=None) -> None:
         self.on_done, self.beam = on_done, beam
         self.conversation_id = conversation_id
         self.request_id = request_id
@@ -53,6 +61,7 @@ class Turn:
         self.version = 0
         self.started = time.monotonic()
         self._stream, self._abort, self._store = stream, abort, store
+        self._decode = decode               # token ids -> text; needed to continue a reply
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._first_token: dict[int, float] = {}
@@ -120,13 +129,23 @@ class Turn:
     def _apply(self, out: RequestOutput) -> None:
         now = time.monotonic()
         with self._cond:
+            if out.prefilling and out.num_computed_prompt_tokens > 0:
+                for reply in self.replies:
+                    reply.progress = (out.num_computed_prompt_tokens, out.num_prompt_tokens)
             for i, comp in enumerate(out.outputs[:len(self.replies)]):
                 reply = self.replies[i]
                 if comp.text and i not in self._first_token:
                     self._first_token[i] = now
-                reply.text = comp.text
-                reply.token_ids = list(comp.token_ids or [])
+                new_ids = list(comp.token_ids or [])
+                if reply.prefix_ids:               # Continue: the new tokens join the reply
+                    reply.token_ids = reply.prefix_ids + new_ids
+                    if new_ids:
+                        reply.text = self._decode(reply.token_ids)
+                else:
+                    reply.token_ids = new_ids or None
+                    reply.text = comp.text
                 reply.stats = self._stats(out, i, now)
+                reply.stats["generated_tokens"] += len(reply.prefix_ids)
             self.version += 1
             self._cond.notify_all()
 
@@ -143,7 +162,8 @@ class Turn:
         stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
                  "ttft_s": ttft, "tokens_per_s": tps,
                  "prefix_tokens_reused": m.num_cached_tokens if m else None,
-                 "finish_reason": comp.finish_reason}
+                 "finish_reason": comp.finish_reason,
+                 "finish_detail": getattr(comp, "finish_detail", None)}
         if self.beam:
             stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
         return stats
@@ -151,7 +171,8 @@ class Turn:
     def _write_partial(self) -> None:
         for reply in self.replies:
             try:
-                self._store.update_message(reply.message_id, content=reply.text)
+                self._store.update_message(reply.message_id, content=reply.text,
+                                           token_ids=reply.token_ids)
             except Exception:  # noqa: BLE001 - the final write retries; keep streaming
                 log.exception("could not save the partial reply %d", reply.message_id)
 
@@ -175,12 +196,13 @@ class Turn:
 
     def _save_final(self, reply: LiveReply) -> None:
         try:
-            if self.error and not reply.text:
+            if self.error and not reply.text and not reply.prefix_ids:
                 self._store.delete_message(reply.message_id)    # nothing to keep
                 reply.status = "deleted"
             else:
                 self._store.update_message(reply.message_id, content=reply.text,
-                                           status=reply.status, stats=reply.stats)
+                                           status=reply.status, stats=reply.stats,
+                                           token_ids=reply.token_ids)
         except Exception as exc:  # noqa: BLE001
             log.exception("could not save reply %d", reply.message_id)
             self.error = self.error or f"could not save the reply: {exc}"

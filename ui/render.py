@@ -19,6 +19,8 @@ import re
 import time
 from typing import Any
 
+from localpaged.outputs import FINISH_DETAILS, NATURAL_ENDS
+
 from .controller import View
 from .generation import LiveReply
 from .store import Conversation, Message
@@ -115,8 +117,13 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
         stats = live.stats if live else msg.stats
         if msg.prepared:
             bits.append(PREPARED_NOTE)
-        if status != "complete":
+        detail = stats.get("finish_detail")
+        if status == "stopped" and detail not in (None, "abort") and detail not in NATURAL_ENDS:
+            bits.append(f"■ stopped: {FINISH_DETAILS.get(detail, detail)}")
+        elif status != "complete":
             bits.append(STATUS_NOTES.get(status, status))
+        elif detail and detail not in NATURAL_ENDS:      # length, memory: it can go on
+            bits.append(f"■ stopped: {FINISH_DETAILS.get(detail, detail)}")
         if stats.get("error"):
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
@@ -127,19 +134,44 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
 def chat_messages(view: View) -> list[dict[str, str]]:
     """One Chatbot message per message on the active path (index i is view.path[i])."""
     out = []
-    for msg, pos in zip(view.path, view.siblings):
+    cut = context_cut(view)
+    for i, (msg, pos) in enumerate(zip(view.path, view.siblings)):
         live = view.live.get(msg.id)
         text = live.text if live else msg.content
         body = escape_markdown(text)
-        if live and live.status == "streaming":
+        if live and live.status == "streaming" and not text and live.progress:
+            body = prefill_note(*live.progress)
+        elif live and live.status == "streaming":
             body += " ▌"
         elif not text and msg.role == "assistant":
             body = "*(empty reply)*"
         note = footer(msg, pos, live)
         if note:
             body += f"\n\n<sub>{note}</sub>"
+        if cut and i == cut:
+            body = f"<sub>{context_marker(cut)}</sub>\n\n{body}"
         out.append({"role": msg.role, "content": body})
     return out
+
+
+def context_cut(view: View) -> int:
+    """How many messages at the top of the shown path the latest reply's prompt left out
+    (the marker goes on the first message it kept); 0 when it sent the whole path."""
+    for msg in reversed(view.path):
+        if msg.role == "assistant":
+            n = int(msg.stats.get("context_dropped") or 0)
+            return n if 0 < n < len(view.path) else 0
+    return 0
+
+
+def context_marker(n: int) -> str:
+    return (f"✂ {n} earlier message{'s are' if n != 1 else ' is'} not in the model's context"
+            " (still saved here)")
+
+
+def prefill_note(done: int, total: int) -> str:
+    """What a reply shows while its prompt is prefilled in chunks."""
+    return f"*reading the conversation: {done:,} / {total:,} tokens…*"
 
 
 def selection_label(view: View, index: int | None) -> str:

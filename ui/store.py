@@ -21,13 +21,13 @@ from typing import Any
 
 from .store_db import DB_FILENAME, guarded
 from .store_export import EXPORT_FORMAT, ExportImport
-from .store_schema import (ROLES, STATS_KEYS, STATUSES, Conversation, Message, StoreError,
-                           conversation_from_row)
+from .store_schema import (CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES, Conversation, Message,
+                           StoreError, conversation_from_row)
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
            "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]
 
-_CONVERSATION_FIELDS = ("title", "system_prompt", "model", "sampling", "options")
+_CONVERSATION_FIELDS = ("title", "system_prompt", "model", "sampling", "options", "context_policy")
 
 
 def default_data_dir() -> Path:
@@ -91,10 +91,14 @@ class Store(ExportImport):
 
     @guarded
     def update_conversation(self, conversation_id: int, **fields: Any) -> Conversation:
-        """Fields: title, system_prompt, model, sampling, options (dicts, replacing the old)."""
+        """Fields: title, system_prompt, model, sampling, options (dicts, replacing the old),
+        context_policy (one of CONTEXT_POLICIES)."""
         unknown = set(fields) - set(_CONVERSATION_FIELDS)
         if unknown:
             raise TypeError(f"update_conversation: unknown fields {sorted(unknown)}")
+        if fields.get("context_policy", CONTEXT_POLICIES[0]) not in CONTEXT_POLICIES:
+            raise ValueError(f"context_policy must be one of {list(CONTEXT_POLICIES)}, "
+                             f"got {fields['context_policy']!r}")
         self.get_conversation(conversation_id)
         if "sampling" in fields:
             fields["sampling"] = json.dumps(fields["sampling"] or {})

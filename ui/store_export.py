@@ -20,7 +20,7 @@ class ExportImport(MessageTree):
     @guarded
     def fork_conversation(self, message_id: int, title: str | None = None) -> Conversation:
         """A new conversation with the same settings holding a copy of the path up to
-        `message_id` (timestamps, sampling, stats and status copied)."""
+        `message_id` (timestamps, sampling, stats, status and reply token ids copied)."""
         path = self.path_to(message_id)
         src = self.get_conversation(path[0].conversation_id)
         with self._write():
@@ -29,7 +29,7 @@ class ExportImport(MessageTree):
             parent = None
             for m in path:
                 parent = self._insert(cid, parent, m.role, m.content, m.sampling, m.status,
-                                      m.stats, m.created)
+                                      m.stats, m.created, token_ids=m.token_ids)
         return self.get_conversation(cid)
 
     @guarded

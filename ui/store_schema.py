@@ -8,8 +8,12 @@ The version lives in `PRAGMA user_version`:
      `messages.stats` (JSON: prompt_tokens, generated_tokens, ttft_s, tokens_per_s,
      prefix_tokens_reused, finish_reason).
   3  current: `messages.prepared` (NULL: an ordinary message; 'unseen': a reply prepared in the
-     background that the user has not opened; 'seen': one they opened, see `ui/prepared.py`) and
-     `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`).
+     background that the user has not opened; 'seen': one they opened, see `ui/prepared.py`),
+     `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`),
+     `messages.token_ids` (JSON list of a reply's token ids, exactly as generated, so
+     Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
+     `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
+     conversation no longer fits the model's context).
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -36,7 +40,8 @@ STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
-              "prefix_tokens_reused", "finish_reason")
+              "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped")
+CONTEXT_POLICIES = ("drop_oldest", "error")
 
 
 class StoreError(Exception):
@@ -58,7 +63,8 @@ CREATE_CURRENT = [
         model TEXT,
         sampling TEXT NOT NULL DEFAULT '{}',
         active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
-        options TEXT NOT NULL DEFAULT '{}'
+        options TEXT NOT NULL DEFAULT '{}',
+        context_policy TEXT NOT NULL DEFAULT 'drop_oldest'
     )""",
     f"""CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
@@ -71,7 +77,8 @@ CREATE_CURRENT = [
         active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
         status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
         stats TEXT NOT NULL DEFAULT '{{}}',
-        prepared TEXT {_PREPARED_CHECK}
+        prepared TEXT {_PREPARED_CHECK},
+        token_ids TEXT
     )""",
     "CREATE INDEX messages_conversation ON messages(conversation_id)",
     "CREATE INDEX messages_parent ON messages(parent_id)",
@@ -109,6 +116,8 @@ MIGRATIONS: dict[int, list[str]] = {
     2: [
         f"ALTER TABLE messages ADD COLUMN prepared TEXT {_PREPARED_CHECK}",
         "ALTER TABLE conversations ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE messages ADD COLUMN token_ids TEXT",
+        "ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL DEFAULT 'drop_oldest'",
     ],
 }
 
@@ -160,6 +169,7 @@ class Conversation:
     sampling: dict[str, Any]  # default sampling settings for new replies
     active_root_id: int | None
     options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
+    context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
 
 
 @dataclass
@@ -175,6 +185,7 @@ class Message:
     status: str  # one of STATUSES
     stats: dict[str, Any]  # see STATS_KEYS
     prepared: str | None = None  # one of PREPARED: a reply made in the background, opened or not
+    token_ids: list[int] | None = None  # a reply's tokens as generated (None: unknown)
 
 
 def conversation_from_row(row: dict) -> Conversation:
@@ -184,7 +195,9 @@ def conversation_from_row(row: dict) -> Conversation:
 
 def message_from_row(row: dict) -> Message:
     sampling = json.loads(row["sampling"]) if row["sampling"] is not None else None
-    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}")})
+    ids = row.get("token_ids")
+    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}"),
+                      "token_ids": json.loads(ids) if ids else None})
 
 
 def parents_first(msgs: list[dict]) -> list[dict]:

@@ -53,12 +53,14 @@ class MessageTree(StoreBase):
 
     def _insert(self, cid: int, parent_id: int | None, role: str, content: str,
                 sampling: dict | None, status: str, stats: dict, created: float,
-                prepared: str | None = None, activate: bool = True) -> int:
+                prepared: str | None = None, activate: bool = True,
+                token_ids: list[int] | None = None) -> int:
         mid = self.db.table("messages").insert({
             "conversation_id": cid, "parent_id": parent_id, "role": role, "content": content,
             "created": created, "status": status, "stats": json.dumps(stats),
             "sampling": None if sampling is None else json.dumps(sampling),
-            "prepared": prepared}).last_pk
+            "prepared": prepared,
+            "token_ids": None if token_ids is None else json.dumps(token_ids)}).last_pk
         if activate:
             self._activate(cid, parent_id, mid)
         return mid
@@ -74,13 +76,16 @@ class MessageTree(StoreBase):
     def update_message(self, message_id: int, *, content: str | None = None,
                        status: str | None = None,
                        stats: dict[str, Any] | None = None,
-                       prepared: str | None = None) -> Message:
+                       prepared: str | None = None,
+                       token_ids: list[int] | None = None) -> Message:
         """Rewrite a message (a streaming reply as it grows); `stats` is merged into the old
-        stats. Committed before returning."""
+        stats; `token_ids` (a reply's tokens, kept in step with `content`) replaces the old.
+        Committed before returning."""
         self._check(status=status, prepared=prepared)
         old = self.get_message(message_id)
         new = {"content": content, "status": status, "prepared": prepared,
-               "stats": None if stats is None else json.dumps({**old.stats, **stats})}
+               "stats": None if stats is None else json.dumps({**old.stats, **stats}),
+               "token_ids": None if token_ids is None else json.dumps(list(token_ids))}
         new = {k: v for k, v in new.items() if v is not None}
         with self._write():
             if new:

@@ -13,6 +13,15 @@ BRAND = ("<div class='lp-brand'><span class='lp-logo'>▦</span> <b>localpaged</
          "<span class='lp-tag'>PagedAttention chat workstation</span></div>")
 
 CSS = """
+.lp-gauge { display: flex; align-items: center; gap: 8px; font-size: .8rem; padding: 2px 4px;
+  color: var(--body-text-color-subdued); }
+.lp-gauge-bar { width: 120px; height: 6px; border-radius: 3px; overflow: hidden;
+  background: var(--border-color-primary); flex: none; }
+.lp-gauge-bar > span { display: block; height: 100%; background: var(--color-accent); }
+.lp-gauge-near .lp-gauge-bar > span { background: #d97706; }
+.lp-gauge-near .lp-gauge-text { color: #b45309; }
+.lp-gauge-over .lp-gauge-bar > span { background: #dc2626; }
+.lp-gauge-over .lp-gauge-text { color: #b91c1c; }
 footer { display: none !important; }
 .gradio-container { max-width: 100% !important; padding: 8px 14px !important; }
 .lp-head { display: flex; align-items: center; justify-content: space-between;
@@ -41,7 +50,7 @@ footer { display: none !important; }
 .lp-chat .message { font-size: .95rem; }
 .lp-chat button[aria-label="Clear"] { display: none !important; }
 .lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
-  font-size: .75rem; vertical-align: baseline; }
+  font-size: .75rem; vertical-align: baseline; line-height: 1.35; }
 .lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }
 .lp-toolbar .lp-sel { flex: 1 1 200px !important; color: var(--body-text-color-subdued);
   font-size: .85rem; }

@@ -24,8 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
-from localpaged.api.protocol import Echo
-from localpaged.api.protocol import ChatCompletionRequest
+from localpaged.api.protocol import ChatCompletionRequest, Echo
 from localpaged.async_engine import RequestStream
 from localpaged.context_window import ContextOverflowError, ContextWindow
 from localpaged.outputs import CompletionOutput, RequestOutput

@@ -1,0 +1,35 @@
+"""Shared by the chat-app controller tests of the context features: a LocalChatBackend on a tiny
+model with the fallback chat template, a ChatController on a fresh store, and `run`."""
+
+from __future__ import annotations
+
+from localpaged import LLM
+from localpaged.async_engine import AsyncEngine
+from localpaged.chat_backend import LocalChatBackend
+from localpaged.ui.controller import ChatController
+from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
+from localpaged.ui.store import Store
+
+
+def tiny_backend(path: str, **llm_kwargs):
+    """Yields a LocalChatBackend on the model at path (a generator for a pytest fixture)."""
+    llm = LLM(path, **llm_kwargs)
+    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    engine = AsyncEngine(llm.engine)
+    yield LocalChatBackend(engine)
+    engine.shutdown()
+
+
+def controller(backend, tmp_path, sampling: dict):
+    """Yields a ChatController on a new store in tmp_path; stops its turns afterwards."""
+    store = Store(tmp_path / "conversations.db")
+    c = ChatController(store, lambda: backend, sampling, tmp_path / "ui_state.json")
+    yield c
+    c.stop_all(wait=5)
+    store.close()
+
+
+def run(turn, timeout=60):
+    assert turn.wait(timeout), "generation did not finish"
+    assert turn.error is None, turn.error
+    return turn

@@ -1,0 +1,154 @@
+"""The conversation against the model's context window, for the chat app: what the context gauge
+shows (`ContextUsage`), which messages a request sends (`fit_prompt`, per-conversation policy
+"drop_oldest" | "error"), and the request that continues a reply stopped early
+(`continue_prompt`). Thin over `localpaged.context_window` and `localpaged.continuation`; the
+controller calls these, the Gradio side renders `ContextUsage` (context_ui.py).
+
+Only a local backend has a context window (`backend.context_window()`); for a remote one every
+function here answers "unknown" (None, or the messages unchanged) and the server decides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from localpaged.context_window import (ContextOverflowError, ContextWindow,
+                                       SystemPromptTooLongError, split_turns)
+from localpaged.continuation import ContinueRequest, continue_request
+from localpaged.sampling_params import SamplingParams
+
+POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
+                 "error": "Stop and ask me"}
+DEFAULT_RESERVE = 512      # room kept for a reply when max_tokens is blank
+NEAR_LIMIT = 0.8           # the gauge turns amber from this share of the room for the prompt
+
+
+class ContextError(ValueError):
+    """A request that does not fit the context and that the policy will not shorten; the
+    message says what to do."""
+
+
+@dataclass
+class ContextUsage:
+    """What the gauge shows for the next request of a conversation."""
+    tokens: int           # system prompt + path + draft, exact (the chat template)
+    limit: int            # the context limit: prompt + reply
+    reserve: int          # room kept for the reply
+    dropped: int          # messages the next request leaves out (policy drop_oldest)
+    policy: str
+
+    @property
+    def room(self) -> int:
+        """The most prompt tokens one request may send."""
+        return self.limit - self.reserve
+
+    @property
+    def over(self) -> bool:
+        return self.tokens > self.room
+
+    @property
+    def near(self) -> bool:
+        return self.tokens >= NEAR_LIMIT * self.room
+
+
+@dataclass
+class Prompt:
+    """What one request sends: the kept messages and how many were left out."""
+    messages: list[dict]
+    dropped: int
+
+
+def window_of(backend) -> ContextWindow | None:
+    get = getattr(backend, "context_window", None)
+    return get() if get is not None else None
+
+
+def reply_reserve(max_tokens: int | None, limit: int) -> int:
+    """Room kept for the reply: max_tokens, but at most a quarter of the context, so a long
+    max_tokens never leaves the prompt no room (such a reply may then stop at the limit)."""
+    return max(1, min(max_tokens or DEFAULT_RESERVE, limit // 4))
+
+
+def usage(backend, messages: list[dict], draft: str, max_tokens: int | None,
+          policy: str) -> ContextUsage | None:
+    """The gauge for sending `draft` after `messages` (None: no local context window)."""
+    window = window_of(backend)
+    if window is None:
+        return None
+    reserve = reply_reserve(max_tokens, window.limit)
+    tokens = window.count_tokens(messages, draft or None) if messages or draft else 0
+    dropped = 0
+    if tokens > window.limit - reserve and policy == "drop_oldest":
+        draft_msg = [{"role": "user", "content": draft}] if draft else []
+        try:
+            dropped = window.fit(messages + draft_msg, reserve, policy).num_dropped
+        except ContextOverflowError:
+            dropped = 0                       # the send will say why
+    return ContextUsage(tokens, window.limit, reserve, dropped, policy)
+
+
+def fit_prompt(backend, messages: list[dict], max_tokens: int | None, policy: str) -> Prompt:
+    """The messages to send so that the prompt and the reply's room fit the context; raises
+    ContextError (nothing is sent, nothing should be stored) when they cannot."""
+    window = window_of(backend)
+    if window is None or not messages:
+        return Prompt(messages, 0)
+    reserve = reply_reserve(max_tokens, window.limit)
+    if window.count_tokens(messages) + reserve <= window.limit:
+        return Prompt(messages, 0)              # fits (a cached count: no second tokenizing)
+    try:
+        fit = window.fit(messages, reserve, policy)
+    except SystemPromptTooLongError as exc:
+        raise ContextError(f"The system prompt is too long for this model's context: {exc}. "
+                           "Shorten it in the conversation settings.") from exc
+    except ContextOverflowError as exc:
+        if policy == "error":
+            raise ContextError(
+                f"This conversation no longer fits the model's context ({exc}). Your message "
+                "was not sent. To go on, choose “Drop the oldest messages” in the "
+                "conversation settings, shorten your message, or fork from an earlier "
+                "message.") from exc
+        raise ContextError(f"Your message is too long for the model's context: {exc}. "
+                           "Shorten it and send again.") from exc
+    return Prompt(fit.messages, fit.num_dropped)
+
+
+def sent_messages(messages: list[dict], dropped: int) -> list[dict]:
+    """The messages a request sent when it left out `dropped` messages after the system
+    prompt (the inverse of fit_prompt's choice, for Continue)."""
+    head, turns = split_turns(messages)
+    return head + [m for turn in turns for m in turn][dropped:]
+
+
+def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list[int],
+                    params: SamplingParams, policy: str = "drop_oldest") -> tuple[ContinueRequest, int]:
+    """The request that extends a reply from its stored token ids, and how many messages its
+    prompt leaves out. The prompt is the one the reply answered (re-rendered with the same
+    `dropped` messages left out, so its ids and cached blocks are the same), then the reply's
+    tokens; up to params.max_tokens more tokens. When that leaves no room for the reply to
+    grow (a reply that filled the context), policy "drop_oldest" leaves out more whole turns
+    (the reply's own turn always stays); "error" says so instead."""
+    window = window_of(backend)
+    if window is None or not hasattr(backend, "submit_ids"):
+        raise ContextError("Continue needs the local engine (this backend does not give "
+                           "token ids)")
+    if not reply_ids:
+        raise ContextError("This reply has no stored tokens to continue from: regenerate it.")
+    more = params.max_tokens
+    params = dataclasses.replace(params, max_tokens=None if more is None else more + len(reply_ids))
+    room = reply_reserve(more, window.limit)
+    prompt_ids, k = window.token_ids(sent_messages(messages, dropped)), dropped
+    if len(prompt_ids) + len(reply_ids) + room > window.limit and policy == "drop_oldest":
+        _, turns = split_turns(messages)
+        bounds = [sum(len(t) for t in turns[:n]) for n in range(1, len(turns))]
+        for n in (b for b in bounds if b > dropped):          # fewest more turns left out
+            ids = window.token_ids(sent_messages(messages, n))
+            if len(ids) + len(reply_ids) < window.limit:     # room for one token, at least
+                prompt_ids, k = ids, n
+            if len(ids) + len(reply_ids) + room <= window.limit:
+                break
+    try:
+        return continue_request(prompt_ids, reply_ids, params, window.limit), k
+    except ValueError as exc:
+        raise ContextError(f"This reply cannot be continued: {exc}.") from exc

@@ -1,0 +1,143 @@
+"""The context features of a chat tab, on the Gradio side: the context gauge under the message box,
+the per-conversation "when the conversation no longer fits" setting, the Continue button, and
+the first screen (the cursor starts in the message box, which is first in the tab order).
+
+Components are made by `build_chat_tab` through the small builders here (so they sit where they
+belong on the tab); `wire_context` wires their events; `gauge_html` draws `ContextUsage` from
+numbers and fixed strings only. The gauge follows the draft as the user types (the message
+box's `.change` with trigger_mode="always_last": keystrokes that arrive while a count runs
+collapse into one, a debounce that never drops the last one), and every change of the chat (a
+reply streamed, a branch switched, a tab opened), skipped while the conversation is generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from .context import POLICY_LABELS, ContextUsage
+from .controller import ChatController
+from .queues import GEN, QUICK
+from .sampling import SAMPLING_KEYS
+from .toasts import USER_ERRORS, warn, why
+
+GAUGE_EMPTY = "<div class='lp-gauge lp-gauge-unknown'></div>"
+
+# Focus the shown chat's message box and put every message box first in the tab order.
+FOCUS_JS = """() => { setTimeout(() => {
+  const boxes = [...document.querySelectorAll("[id^='msg'] textarea")];
+  boxes.forEach((t) => t.setAttribute("tabindex", "1"));
+  const shown = boxes.find((t) => t.offsetParent !== null);
+  if (shown) shown.focus();
+}, 0); }"""
+
+
+def build_gauge(i: int) -> gr.HTML:
+    return gr.HTML(GAUGE_EMPTY, elem_id=f"gauge{i}", elem_classes="lp-gauge-row",
+                   js_on_load=None, padding=False)
+
+
+def build_continue(i: int) -> gr.Button:
+    return gr.Button("▸ Continue", size="sm", elem_id=f"cont{i}", scale=0, min_width=100)
+
+
+def build_policy(i: int) -> gr.Radio:
+    return gr.Radio([(label, key) for key, label in POLICY_LABELS.items()],
+                    value="drop_oldest", elem_id=f"ctxpolicy{i}",
+                    label="When the conversation no longer fits the model's context")
+
+
+def gauge_html(u: ContextUsage | None) -> str:
+    """`Context: 1,234 / 2,048 tokens` with a bar; amber near the limit, red over it."""
+    if u is None:
+        return GAUGE_EMPTY
+    level = "over" if u.over else "near" if u.near else "ok"
+    share = min(100.0, 100.0 * u.tokens / max(1, u.limit))
+    note = ""
+    if u.over and u.policy == "drop_oldest":
+        note = (f" · the oldest {u.dropped} message{'s' if u.dropped != 1 else ''} will be left "
+                "out of the model's context" if u.dropped else " · too long to send")
+    elif u.over:
+        note = " · over the limit: sending will ask you first"
+    return (f"<div class='lp-gauge lp-gauge-{level}' role='meter' aria-valuemin='0' "
+            f"aria-valuenow='{u.tokens}' aria-valuemax='{u.limit}' data-tokens='{u.tokens}' "
+            f"data-limit='{u.limit}' data-dropped='{u.dropped}'>"
+            f"<span class='lp-gauge-bar'><span style='width:{share:.1f}%'></span></span>"
+            f"<span class='lp-gauge-text'>Context: {u.tokens:,} / {u.limit:,} tokens"
+            f" (reply room {u.reserve:,}){note}</span></div>")
+
+
+def gauge_value(ctl: ChatController, cid: int | None, draft: str = "",
+                system: str | None = None, max_tokens=None) -> str:
+    """The gauge of conversation cid (empty when unknown: no model, a remote backend)."""
+    if cid is None:
+        return GAUGE_EMPTY
+    try:
+        max_tokens = int(max_tokens) if max_tokens not in (None, "") else None
+        return gauge_html(ctl.context_usage(cid, draft or "", system, max_tokens))
+    except USER_ERRORS:                        # a deleted conversation, an odd template
+        return GAUGE_EMPTY
+
+
+class ContextEvents:
+    """Handlers of the context features of chat tab i (`slots[i]` is its conversation)."""
+
+    def __init__(self, ctl: ChatController, chat_events) -> None:
+        self.ctl, self.chat_events = ctl, chat_events
+
+    def gauge(self, slots: list, i: int, draft: str, system: str | None = None,
+              max_tokens=None):
+        cid = (slots or [None] * (i + 1))[i]
+        if cid is not None and self.ctl.busy(cid):
+            return gr.skip()                    # the reply's end updates it
+        return gauge_value(self.ctl, cid, draft, system, max_tokens)
+
+    def set_policy(self, slots: list, i: int, policy: str) -> None:
+        if slots[i] is None:
+            return
+        try:
+            self.ctl.set_context_policy(slots[i], policy)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+
+    def continue_reply(self, slots: list, i: int, sel: int | None, system: str,
+                       *sampling) -> Iterator:
+        """Continue the selected reply (or the last one when a user message is selected)."""
+        cid = slots[i]
+        try:
+            msg = self.ctl.message_at(cid, sel)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return iter(())
+        if msg.role != "assistant":
+            sel = None
+        return self.chat_events._start(cid, self.ctl.continue_reply, sel, system, sampling)
+
+
+def wire_context(ui, page, events: ContextEvents) -> None:
+    """The gauge, the policy setting and Continue of chat tab `ui.index`."""
+    i, slots = ui.index, page.ui.slots
+    settings, out = [ui.system, *ui.sampling], ui.outputs()
+
+    def continue_(slot_cids, sel, system, *sampling) -> Iterator[list]:
+        for v in events.continue_reply(slot_cids, i, sel, system, *sampling):
+            yield ui.flatten(v)
+
+    def gauge(slot_cids, draft, system, max_tokens):
+        return events.gauge(slot_cids, i, draft, system, max_tokens)
+
+    gauge_in = [slots, ui.msg, ui.system, ui.sampling[SAMPLING_KEYS.index("max_tokens")]]
+
+    ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
+    for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, ui.chatbot.change,
+                    gauge_in[-1].input):
+        trigger(gauge, gauge_in, ui.gauge, trigger_mode="always_last", **QUICK)
+    ui.policy.input(lambda c, p: events.set_policy(c, i, p), [slots, ui.policy], None,
+                    **QUICK).then(gauge, gauge_in, ui.gauge, **QUICK)
+    ui.tab.select(None, None, None, js=FOCUS_JS)
+
+
+def wire_first_screen(loaded) -> None:
+    """After the page's tabs are restored: the cursor in the shown chat's message box."""
+    loaded.then(None, None, None, js=FOCUS_JS)
