@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from localpaged.chat_backend import is_local
 
+from . import context
 from .generation import LiveReply, Turn
 from .sampling import sampling_record, to_params
 
@@ -128,12 +129,18 @@ class PreparedReplies:
         _, sampling = self.ctl.settings(cid)
         params = [to_params(sampling, seed_offset=i + 1) for i in range(k)]
         prompt = self.ctl.prompt_messages(cid, parent_id)
+        try:       # fitted like the reply it follows, so it shares that prompt's cached blocks
+            sent = context.fit_prompt(backend, prompt, params[0].max_tokens,
+                                      self.ctl.conversation(cid).context_policy)
+        except context.ContextError:
+            return None
         request_id = f"prep{cid}-{uuid.uuid4().hex[:8]}"
-        stream = backend.chat(prompt, params, request_id=request_id, priority=BACKGROUND)
+        stream = backend.chat(sent.messages, params, request_id=request_id, priority=BACKGROUND)
+        stats = {"context_dropped": sent.dropped} if sent.dropped else {}
         try:
             replies = [LiveReply(self.store.add_message(
                 cid, parent_id, "assistant", "", sampling_record(p), status="streaming",
-                prepared="unseen", activate=False).id) for p in params]
+                stats=stats, prepared="unseen", activate=False).id) for p in params]
         except BaseException:
             backend.abort(request_id)
             raise
