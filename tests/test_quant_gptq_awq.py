@@ -85,7 +85,8 @@ def write_checkpoint(src: str, dst: str, qc: dict, sym: bool) -> dict[str, torch
             out[f"{prefix}.qweight"] = pack_rows(q).t().contiguous()           # [K/8, N]
             out[f"{prefix}.qzeros"] = pack_rows(z.t() - (1 if v1 else 0))     # [K/G, N/8]
             out[f"{prefix}.g_idx"] = (torch.arange(q.shape[1]) // G).int()
-            out[f"{prefix}.bias"] = torch.zeros(q.shape[0], dtype=torch.float16)  # as AutoGPTQ
+            if f"{prefix}.bias" not in state:     # AutoGPTQ-style zero bias on bias-free layers
+                out[f"{prefix}.bias"] = torch.zeros(q.shape[0], dtype=torch.float16)
         else:
             out[f"{prefix}.qweight"] = pack_rows(q.t(), AWQ_ORDER)            # [K, N/8]
             out[f"{prefix}.qzeros"] = pack_rows(z.t(), AWQ_ORDER)             # [K/G, N/8]
@@ -131,6 +132,16 @@ def test_canonical_weights_equal_the_checkpoints_exactly(checkpoint):
         assert packed[name].bits == 4 and packed[name].group_size == qc["group_size"]
         assert torch.equal(packed[name].dequantize(torch.float32), w), name
     assert not any(k.endswith(("qweight", "qzeros", "scales", "g_idx")) for k in floats)
+    # explicit widths: "int4" keeps the checkpoint's int4 and makes the float embeddings int8;
+    # "int8" requantizes every linear (per channel: error <= half a step of its row)
+    _, as_int4 = read_prequantized(path, qc, "int4", torch.float32)
+    assert as_int4["model.embed_tokens.weight"].bits == 8
+    assert all(torch.equal(as_int4[n].dequantize(), w) for n, w in deq.items())
+    _, as_int8 = read_prequantized(path, qc, "int8", torch.float32)
+    for name, w in deq.items():
+        pw = as_int8[name]
+        assert pw.bits == 8 and pw.per_channel
+        assert ((pw.dequantize() - w).abs() <= pw.scales[:, None] / 2 + 1e-7).all()
 
 
 def test_greedy_equals_fp32_of_the_same_weights(checkpoint):
@@ -165,6 +176,20 @@ def test_greedy_equals_fp32_of_the_same_weights(checkpoint):
         assert torch.equal(lf.argmax(-1)[clear], l4.argmax(-1)[clear])
         compared += upto + int(clear.sum())
     assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
+
+
+def test_biased_model_keeps_its_biases(tiny_root, tmp_path):
+    """Qwen2's real q/k/v biases load next to packed weights (fused like the weights)."""
+    import tiny_models
+    src = tiny_models.build("qwen2-bias", tiny_root)
+    qc, sym = VARIANTS["gptq-v1-g32"]
+    write_checkpoint(src, str(tmp_path / "q"), qc, sym)
+    state = load_file(os.path.join(src, "model.safetensors"))
+    want = torch.cat([state[f"model.layers.1.self_attn.{p}_proj.bias"] for p in "qkv"])
+    assert want.abs().sum() > 0
+    for quantization in ("auto", "none"):
+        llm = LLM(str(tmp_path / "q"), num_kv_blocks=8, quantization=quantization)
+        assert torch.equal(llm.engine.model.model.layers[1].self_attn.qkv_proj.bias, want)
 
 
 @pytest.mark.parametrize("change, message", [
