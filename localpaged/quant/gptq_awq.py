@@ -80,18 +80,30 @@ def gptq_to_packed(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(K) // group_size):
         raise ValueError(f"{name}: GPTQ with desc_act (act-order, a reordered g_idx) is not supported; "
                          f"supported: desc_act=false")
+    _check_shapes(name, K, N, qzeros, scales, group_size)
     q = unpack_int32(qweight).permute(0, 2, 1).reshape(K, N)           # [K, N]
     z = unpack_int32(qzeros).reshape(K // group_size, N) + zero_offset  # [K/G, N]
     return _canonical(q, z, scales, group_size)
 
 
 def awq_to_packed(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                  group_size: int) -> PackedWeight:
+                  group_size: int, name: str) -> PackedWeight:
     K, N8 = qweight.shape
+    _check_shapes(name, K, N8 * 8, qzeros, scales, group_size)
     inverse = torch.argsort(torch.tensor(AWQ_ORDER))   # column 8c + j sits at value inverse[j]
     q = unpack_int32(qweight)[..., inverse].reshape(K, N8 * 8)
     z = unpack_int32(qzeros)[..., inverse].reshape(K // group_size, N8 * 8)
     return _canonical(q, z, scales, group_size)
+
+
+def _check_shapes(name: str, K: int, N: int, qzeros: torch.Tensor, scales: torch.Tensor,
+                  group_size: int) -> None:
+    """Whole groups only: the canonical layout has no partial last group."""
+    if K % group_size or tuple(qzeros.shape) != (K // group_size, N // 8) or \
+            tuple(scales.shape) != (K // group_size, N):
+        raise ValueError(f"{name}: packed tensors of a {N}x{K} weight do not match group_size "
+                         f"{group_size} (qzeros {tuple(qzeros.shape)}, scales {tuple(scales.shape)}); "
+                         f"supported: in_features divisible by the group size")
 
 
 def _canonical(q: torch.Tensor, z: torch.Tensor, scales: torch.Tensor, group_size: int) -> PackedWeight:
@@ -121,7 +133,8 @@ def read_prequantized(path: str, qc: dict, quantization: str,
                 else:
                     floats[key] = f.get_tensor(key)
     packed: dict[str, PackedWeight] = {}
-    for prefix in sorted(parts):            # each layer's parts may span shards: converted once whole
+    layers = sorted(parts)
+    for prefix in layers:                   # each layer's parts may span shards: converted once whole
         p = parts.pop(prefix)
         missing = [k for k in ("qweight", "qzeros", "scales") if k not in p]
         if missing:
@@ -130,12 +143,14 @@ def read_prequantized(path: str, qc: dict, quantization: str,
             pw = gptq_to_packed(p["qweight"], p["qzeros"], p["scales"], p.get("g_idx"),
                                 settings["group_size"], settings["zero_offset"], prefix)
         else:
-            pw = awq_to_packed(p["qweight"], p["qzeros"], p["scales"], settings["group_size"])
+            pw = awq_to_packed(p["qweight"], p["qzeros"], p["scales"], settings["group_size"], prefix)
         name = f"{prefix}.weight"
         if quantization == "none":
             floats[name] = pw.dequantize(dtype)
         else:
             packed[name] = quantize_int8(pw.dequantize()) if quantization == "int8" else pw
+    logger.info("%s checkpoint: %d int4 g%d layers, %s", settings["method"], len(layers),
+                settings["group_size"], "dequantized" if quantization == "none" else f"loaded as {quantization}")
     if quantization in ("int8", "int4"):    # float layers the checkpoint left (embeddings, lm_head)
         for name in [n for n, w in floats.items() if quantizable(n) and w.dim() == 2]:
             packed[name] = quantize_tensor(name, floats.pop(name), quantization)
