@@ -6,8 +6,9 @@ A checkpoint is recognized by `quantization_config` in config.json. Each quantiz
   `qzeros` [K / G, N / 8] packed along N (value j of qzeros[g, c] is z[g, 8c + j]);
   `scales` fp16 [K / G, N]; `g_idx` [K] (group of input k; k // G unless desc_act reordered it).
   checkpoint_format / format "gptq" (v1, what optimum, AutoGPTQ and gptqmodel's export write)
-  stores z - 1 in qzeros (the historic off-by-one: their kernels add 1 back); "gptq_v2" stores z.
-- AWQ (GEMM version, AutoAWQ / llm-compressor export): `qweight` [K, N / 8] packed along N,
+  stores z - 1 in qzeros (the historic off-by-one: their kernels add 1 back, after masking, so a
+  zero of 0 that wrapped to 15 reads as 16, as here); "gptq_v2" stores z.
+- AWQ (GEMM version, as AutoAWQ and gptqmodel write it): `qweight` [K, N / 8] packed along N,
   `qzeros` [K / G, N / 8], `scales` fp16 [K / G, N]; value i of a packed word is column
   8c + AWQ_ORDER[i] (the interleave of AutoAWQ's GEMM kernel).
 Both dequantize as w[n, k] = (q[k, n] - z[g, n]) * s[g, n] with g = k // G, which is the canonical
