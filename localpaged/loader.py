@@ -25,6 +25,7 @@ from localpaged.models.llama import Rotary, fuse_state_dict
 from localpaged.quant import QUANTIZATION_CHOICES
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.gguf import read_gguf
+from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 
 logger = logging.getLogger(__name__)
@@ -147,8 +148,13 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
     tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=False, **kwargs)
     packed: dict = {}
+    prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
         state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization)
+    elif prequantized:
+        qc = prequantized if isinstance(prequantized, dict) else prequantized.to_dict()
+        state, packed = read_prequantized(source.path, qc, quantization, dtype)
+        state = drop_unused_zero_biases(state, model)
     elif quantization in ("int8", "int4"):
         state, packed = read_safetensors(source.path, quantization)
     else:

@@ -33,3 +33,21 @@ def perplexity(llm, ids: list[int]) -> float:
     logits = sequence_logits(llm, ids)
     nll = F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="mean")
     return float(torch.exp(nll))
+
+
+def compare_where_margins_allow(ref_llm, llm, prompt: list[int], ref_ids: list[int], got: list[int],
+                                margin: float) -> int:
+    """Greedy `got` equals the reference's `ref_ids` up to the first step whose reference top-2
+    logit margin is below `margin`, and teacher-forced over prompt + reply every clear reference
+    winner stays the winner; the logits differ by < margin / 2. Returns how many tokens were
+    compared (so a caller can check the rule left real ones)."""
+    lf, lq = sequence_logits(ref_llm, prompt + ref_ids), sequence_logits(llm, prompt + ref_ids)
+    assert (lf - lq).abs().max() < margin / 2
+    top2 = lf[len(prompt) - 1:-1].topk(2, dim=-1).values
+    close = ((top2[:, 0] - top2[:, 1]) < margin).nonzero()
+    upto = int(close[0]) if len(close) else len(ref_ids)
+    assert got[:upto] == ref_ids[:upto]
+    top2 = lf.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) >= margin
+    assert torch.equal(lf.argmax(-1)[clear], lq.argmax(-1)[clear])
+    return upto + int(clear.sum())

@@ -7,9 +7,8 @@ thousandths (measured max |delta| ~0.0025, asserted < MARGIN / 2), so a closer r
 """
 
 import pytest
-import torch
 from engine_helpers import greedy, prompts, token_ids
-from quant_helpers import sequence_logits
+from quant_helpers import compare_where_margins_allow
 
 from localpaged import LLM
 
@@ -59,17 +58,7 @@ def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
     for p in batch:
         ref = fp.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
         got = i8.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
-        lf, l8 = sequence_logits(fp, p + ref), sequence_logits(i8, p + ref)
-        assert (lf - l8).abs().max() < MARGIN / 2
-        top2 = lf[len(p) - 1:-1].topk(2, dim=-1).values
-        close = ((top2[:, 0] - top2[:, 1]) < MARGIN).nonzero()
-        upto = int(close[0]) if len(close) else N_NEW
-        assert got[:upto] == ref[:upto]
-        # teacher-forced, every position of prompt + reply: clear fp32 winners stay winners
-        top2 = lf.topk(2, dim=-1).values
-        clear = (top2[:, 0] - top2[:, 1]) >= MARGIN
-        assert torch.equal(lf.argmax(-1)[clear], l8.argmax(-1)[clear])
-        compared += upto + int(clear.sum())
+        compared += compare_where_margins_allow(fp, i8, p, ref, got, MARGIN)
     assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
 
 
