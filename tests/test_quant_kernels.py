@@ -29,6 +29,8 @@ import triton.language as tl  # noqa: E402
 from localpaged.kernels import quant_reference as qref  # noqa: E402
 from localpaged.kernels import triton_common as common  # noqa: E402
 from localpaged.kernels import triton_quant_matmul as qmm  # noqa: E402
+from localpaged.quant.layout import quantize_int4, quantize_int8  # noqa: E402
+from localpaged.quant.linear import triton_linear  # noqa: E402
 
 INTERPRETED = common.is_interpreted(qmm._decode_kernel) and common.is_interpreted(tl.zeros)
 CPU = pytest.mark.skipif(not INTERPRETED, reason="Triton kernels need TRITON_INTERPRET=1 on CPU"
@@ -215,3 +217,18 @@ def test_cuda_large_shapes(bits, G, dtype):
         assert_close(qmm.quant_matmul(*args, G, bits), expected, dtype)
         if M <= qmm.DECODE_MAX_M:
             assert_close(qmm.quant_decode(*args, G, bits, split_k=3), expected, dtype)
+
+
+@pytest.mark.parametrize("make", [
+    lambda w: quantize_int4(w, 32),                                    # fp16 scales and mins
+    lambda w: quantize_int4(w, 64, scale_dtype=torch.float32),        # float32 (GPTQ/AWQ loads)
+    lambda w: quantize_int8(w),                                        # per channel, float32
+], ids=["int4-g32-fp16", "int4-g64-fp32", "int8"])
+def test_quant_linear_calls_the_triton_kernel_with_its_packed_weight(make):
+    """localpaged.quant.linear.triton_linear (what CUDA runs) hands a PackedWeight's canonical
+    tensors to the kernel correctly: equal to the dequantize-then-matmul reference."""
+    pw = make(torch.randn(48, 128, generator=torch.Generator().manual_seed(3)))
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(4))
+    y = triton_linear(x, pw)
+    ref = x @ pw.dequantize(torch.float32).t()
+    assert torch.allclose(y, ref, atol=1e-4, rtol=1e-4)

@@ -16,8 +16,6 @@ Kernel choice:
 
 from __future__ import annotations
 
-import importlib
-import logging
 
 import torch
 import torch.nn.functional as F
@@ -26,32 +24,19 @@ from torch import nn
 from localpaged.quant.cpu import CpuInt4Weight, for_cpu
 from localpaged.quant.layout import PackedWeight
 
-logger = logging.getLogger(__name__)
-
-_TRITON_MODULE = "localpaged.kernels.triton_quant_matmul"
-_triton_quant_matmul = None   # resolved once, lazily: the module may not exist yet
-
-
-def _cuda_kernel():
-    global _triton_quant_matmul
-    if _triton_quant_matmul is None:
-        try:
-            _triton_quant_matmul = importlib.import_module(_TRITON_MODULE).quant_matmul
-        except (ImportError, AttributeError):
-            logger.warning("%s not available: quantized matmul dequantizes on the GPU", _TRITON_MODULE)
-            _triton_quant_matmul = False
-    return _triton_quant_matmul or None
+def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
+    """The Triton weight-only kernel (kernels/triton_quant_matmul.py) on pw's canonical tensors;
+    imported on first use, so a CPU-only start never imports triton for it."""
+    from localpaged.kernels.triton_quant_matmul import quant_matmul
+    return quant_matmul(x, pw.qweight, pw.scales, pw.mins, pw.group_size, pw.bits)
 
 
 def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight) -> torch.Tensor:
     """x [M, K] -> [M, N] in x.dtype."""
     if isinstance(pw, CpuInt4Weight):
         return pw.matmul(x)
-    if x.is_cuda:
-        kernel = _cuda_kernel()
-        if kernel is not None and (pw.bits == 4 or pw.per_channel):
-            return kernel(x, pw)
-        return F.linear(x, pw.dequantize(x.dtype))
+    if x.is_cuda and (pw.bits == 4 or pw.per_channel):
+        return triton_linear(x, pw)
     if pw.per_channel:
         y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), pw.qweight,
                                                 pw.scales.to(torch.bfloat16))
