@@ -10,6 +10,8 @@ A model that can't be had raises ModelNotFoundError naming everything that was t
 
 from __future__ import annotations
 
+import copy
+import functools
 import glob
 import importlib.util
 import logging
@@ -142,11 +144,11 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}")
     source = resolve(name, revision)
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    config = AutoConfig.from_pretrained(source.path, trust_remote_code=False, **kwargs)
+    stamp = _file_stamp(source)
+    config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
-    tokenizer = AutoTokenizer.from_pretrained(source.path, trust_remote_code=False, **kwargs)
+    tokenizer = _tokenizer(source.path, source.gguf_file, stamp)
     packed: dict = {}
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
@@ -165,6 +167,28 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         logger.info("weights: %s", weights_summary(model)[1])
     _load_weights(model, state, device, dtype)
     return LoadedModel(model, config, tokenizer, _eos_ids(source, config, tokenizer), source)
+
+
+def _file_stamp(source: ModelSource) -> int:
+    """Changes when the model's files do: part of the cache keys below."""
+    name = source.gguf_file or "config.json"
+    return os.stat(os.path.join(source.path, name)).st_mtime_ns
+
+
+@functools.lru_cache(maxsize=4)
+def _config(path: str, gguf_file: str | None, stamp: int) -> PretrainedConfig:
+    """The model's config, parsed once per process (from a GGUF, a few seconds)."""
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoConfig.from_pretrained(path, trust_remote_code=False, **kwargs)
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str, gguf_file: str | None, stamp: int):
+    """The model's tokenizer, built once per process: from a GGUF, transformers converts the
+    vocabulary (~10 s for SmolLM2's), and a model switch back, a second engine or a test loads
+    the same one again. Tokenizers are only read (encode, decode, chat template)."""
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False, **kwargs)
 
 
 def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -1,13 +1,13 @@
 """Logits of every position of a token sequence from an engine's model (one fresh prefill).
 
-Used for perplexity and teacher-forced comparisons; needs an engine with no request running
+Used for teacher-forced comparisons (perplexity goes through prompt logprobs:
+localpaged.prompt_logprobs.perplexity); needs an engine with no request running
 (the prefill writes blocks 0.. of its KV cache).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from localpaged.attention import AttentionMetadata
 
@@ -27,12 +27,6 @@ def sequence_logits(llm, ids: list[int]) -> torch.Tensor:
     hidden = eng.model(torch.tensor(ids, device=eng.device), torch.arange(T, device=eng.device),
                        eng.kv_cache.layers, meta, eng.backend)
     return eng.model.compute_logits(hidden).float().cpu()
-
-
-def perplexity(llm, ids: list[int]) -> float:
-    logits = sequence_logits(llm, ids)
-    nll = F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="mean")
-    return float(torch.exp(nll))
 
 
 def compare_where_margins_allow(ref_llm, llm, prompt: list[int], ref_ids: list[int], got: list[int],
