@@ -20,10 +20,9 @@ from localpaged.async_engine import AsyncEngine
 from localpaged.remote import RemoteChatBackend
 from localpaged.server import build_app, make_server, start_in_thread
 from localpaged.ui import kvmap, render
-from localpaged.ui.controller import ChatController
-from localpaged.ui.store import Store
 
 from tiny_models import build
+from ui_helpers import controller, run
 
 MODEL = "tiny-remote"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -55,17 +54,7 @@ def base_url(server_engine):
 @pytest.fixture
 def ctl(base_url, tmp_path):
     backend = RemoteChatBackend(base_url)                # the model: the server's first
-    store = Store(tmp_path / "conversations.db")
-    c = ChatController(store, lambda: backend, GREEDY, tmp_path / "ui_state.json")
-    yield c
-    c.stop_all(wait=10)
-    store.close()
-
-
-def run(turn, timeout=60):
-    assert turn.wait(timeout), "generation did not finish"
-    assert turn.error is None, turn.error
-    return turn
+    yield from controller(backend, tmp_path, GREEDY)
 
 
 def finished(ctl, turn) -> list:

@@ -10,11 +10,11 @@ from contextlib import contextmanager
 from localpaged import LLM
 from localpaged.async_engine import AsyncEngine
 from localpaged.chat_backend import LocalChatBackend
-from localpaged.ui.controller import ChatController
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
-from localpaged.ui.store import Store
 
+import ui_helpers
 from tiny_models import build
+from ui_helpers import run  # noqa: F401 (shared with the tests importing it from here)
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 24}
@@ -55,19 +55,7 @@ def engine_backend(root: str):
 
 @contextmanager
 def controller(backend, tmp_path, sampling=None):
-    store = Store(tmp_path / "conversations.db")
-    ctl = ChatController(store, lambda: backend, sampling or GREEDY, tmp_path / "ui_state.json")
-    try:
-        yield ctl
-    finally:
-        ctl.stop_all(wait=10)
-        store.close()
-
-
-def run(turn, timeout=60):
-    assert turn.wait(timeout), "generation did not finish"
-    assert turn.error is None, turn.error
-    return turn
+    yield from ui_helpers.controller(backend, tmp_path, sampling or GREEDY)
 
 
 def poll(condition, timeout=60.0, what="condition"):

@@ -21,12 +21,15 @@ def tiny_backend(path: str, **llm_kwargs):
 
 
 def controller(backend, tmp_path, sampling: dict):
-    """Yields a ChatController on a new store in tmp_path; stops its turns afterwards."""
+    """Yields a ChatController on a new store in tmp_path; stops its turns afterwards (a
+    generator: `yield from` it in a fixture, or wrap it in contextlib.contextmanager)."""
     store = Store(tmp_path / "conversations.db")
     c = ChatController(store, lambda: backend, sampling, tmp_path / "ui_state.json")
-    yield c
-    c.stop_all(wait=5)
-    store.close()
+    try:
+        yield c
+    finally:
+        c.stop_all(wait=10)
+        store.close()
 
 
 def run(turn, timeout=60):
