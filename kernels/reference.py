@@ -83,9 +83,11 @@ def decode_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache:
     """A batch of one decoding sequence (one conversation): write its new key/value [1, Hkv, D]
     at slot_mapping[0] (a real slot, never negative), then q [1, H, D] attends to the runs
     (decode_runs, computed once per step by the model runner instead of once per layer)."""
+    if key.dtype != k_cache.dtype:
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
     num_blocks, block_size = k_cache.shape[:2]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
     return _attend_runs(q, k_cache, v_cache, runs, scale)
 
 

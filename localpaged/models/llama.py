@@ -159,8 +159,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        half = gate_up.shape[-1] // 2           # two slices: fewer ops per layer than chunk()
+        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 
 
 class DecoderLayer(nn.Module):
