@@ -6,7 +6,9 @@ chunks. `AttentionBackend` is the contract a backend meets: four kernels over th
 (write_kv, paged_decode_attention, paged_prefill_attention, copy_blocks). "torch" uses the
 references in `localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under
 TRITON_INTERPRET=1); both modules export the four functions with the same signatures.
-`PagedAttention.forward` splits a flat batch between the decode and prefill kernels.
+`PagedAttention.forward` splits a flat batch between the decode and prefill kernels; a kernel
+module may also export `decode_one` (write + attend for a batch of one decoding sequence,
+given AttentionMetadata.decode_runs), which forward then uses for that batch.
 See docs/architecture.md §4 step 4 (forward) and §7 (kernel tests).
 """
 
