@@ -44,7 +44,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     One sequence (a single conversation) reads its K/V in place, without a gather; several are
     gathered in chunks of similar length, each padded to its own longest.
     """
-    if q.shape[0] == 1:
+    if q.shape[0] == 1 and _back_to_back(k_cache) and _back_to_back(v_cache):
         return _decode_in_place(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
     if q.shape[0] <= DECODE_CHUNK:
         return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -66,34 +66,75 @@ def contiguous_runs(block_ids: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
-    """q [1, H, D] over one sequence's seq_len tokens, reading each run of consecutive blocks
-    as a view of the cache (no copy of K/V). One run: one SDPA call. Several: the scores of
-    every run side by side, one softmax, then the runs' values weighted and summed."""
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    group = num_heads // num_kv_heads
-    qg = q.view(num_kv_heads, group, head_dim)
-    runs = contiguous_runs(table[:-(-seq_len // block_size)].tolist())
-    views, left = [], seq_len
-    for first, count in runs:
+def decode_runs(block_ids: list[int], seq_len: int, block_size: int) -> list[tuple[int, int]]:
+    """(first slot, number of tokens) of each run of consecutive blocks that hold a sequence's
+    first seq_len tokens, in order; the lengths sum to seq_len."""
+    runs, left = [], seq_len
+    for first, count in contiguous_runs(block_ids[:-(-seq_len // block_size)]):
         length = min(count * block_size, left)
         left -= length
-        # [count, B, Hkv, D] -> [Hkv, length, D]: a strided view, never a copy
-        views.append((k_cache[first:first + count].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype),
-                      v_cache[first:first + count].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)))
+        runs.append((first * block_size, length))
+    return runs
+
+
+def decode_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+               v_cache: torch.Tensor, slot_mapping: torch.Tensor, runs: list[tuple[int, int]],
+               scale: float) -> torch.Tensor:
+    """A batch of one decoding sequence (one conversation): write its new key/value [1, Hkv, D]
+    at slot_mapping[0] (a real slot, never negative), then q [1, H, D] attends to the runs
+    (decode_runs, computed once per step by the model runner instead of once per layer)."""
+    if key.dtype != k_cache.dtype:
+        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
+    num_blocks, block_size = k_cache.shape[:2]
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
+    return _attend_runs(q, k_cache, v_cache, runs, scale)
+
+
+def _back_to_back(cache: torch.Tensor) -> bool:
+    """Whether block b + 1 starts where block b ends, so a run of blocks is one strided view."""
+    return cache.stride(0) == cache.shape[1] * cache.stride(1)
+
+
+def _run_view(cache: torch.Tensor, first_slot: int, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """Tokens [first_slot, first_slot + length) of a cache as [1, Hkv, length, D], one strided
+    view (no copy). Needs blocks laid out back to back (KVCache's caches are contiguous)."""
+    token, head, dim = cache.stride(1), cache.stride(2), cache.stride(3)
+    view = cache.as_strided((1, cache.shape[2], length, cache.shape[3]), (0, head, token, dim),
+                            cache.storage_offset() + first_slot * token)
+    return view if view.dtype == dtype else view.to(dtype)
+
+
+def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
+    """q [1, H, D] over one sequence's seq_len tokens, read in place (see _attend_runs)."""
+    return _attend_runs(q, k_cache, v_cache,
+                        decode_runs(table.tolist(), seq_len, k_cache.shape[1]), scale)
+
+
+def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 runs: list[tuple[int, int]], scale: float) -> torch.Tensor:
+    """q [1, H, D] over the cached tokens of `runs`, each run read as a view of the cache (no
+    copy of K/V). One run: one 4-D SDPA call (torch's fused CPU kernel, the one the padded
+    batch path also takes). Several: the scores of every run side by side, one softmax, then
+    the runs' values weighted and summed."""
+    num_kv_heads = k_cache.shape[2]
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    if not (_back_to_back(k_cache) and _back_to_back(v_cache)):
+        raise ValueError("decode in place needs caches whose blocks are laid out back to back")
+    qg = q.view(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    views = [(_run_view(k_cache, first, length, q.dtype), _run_view(v_cache, first, length, q.dtype))
+             for first, length in runs]
     if len(views) == 1:
         keys, values = views[0]
-        out = F.scaled_dot_product_attention(qg, keys, values, scale=scale)
-        return out.reshape(1, num_heads, head_dim)
-    scores = torch.cat([qg @ k.transpose(1, 2) for k, _ in views], dim=-1)   # [Hkv, g, L]
+        return F.scaled_dot_product_attention(qg, keys, values, scale=scale).view(1, num_heads, head_dim)
+    scores = torch.cat([qg @ k.transpose(-1, -2) for k, _ in views], dim=-1)   # [1, Hkv, g, L]
     probs = (scores.float() * scale).softmax(dim=-1).to(q.dtype)
     out, start = None, 0
     for _, v in views:
-        part = probs[..., start:start + v.shape[1]] @ v
+        part = probs[..., start:start + v.shape[2]] @ v
         out = part if out is None else out + part
-        start += v.shape[1]
+        start += v.shape[2]
     return out.reshape(1, num_heads, head_dim)
 
 

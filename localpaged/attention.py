@@ -6,7 +6,9 @@ chunks. `AttentionBackend` is the contract a backend meets: four kernels over th
 (write_kv, paged_decode_attention, paged_prefill_attention, copy_blocks). "torch" uses the
 references in `localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under
 TRITON_INTERPRET=1); both modules export the four functions with the same signatures.
-`PagedAttention.forward` splits a flat batch between the decode and prefill kernels.
+`PagedAttention.forward` splits a flat batch between the decode and prefill kernels; a kernel
+module may also export `decode_one` (write + attend for a batch of one decoding sequence,
+given AttentionMetadata.decode_runs), which forward then uses for that batch.
 See docs/architecture.md §4 step 4 (forward) and §7 (kernel tests).
 """
 
@@ -32,6 +34,10 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor    # [P, max_blocks] int32
     prefill_query_start_loc: torch.Tensor  # [P + 1] int32, offsets into tokens [D, T)
     prefill_seq_lens: torch.Tensor        # [P] int32
+    # Set only when the whole batch is one decoding sequence: (first slot, length) runs of its
+    # context (kernels.reference.decode_runs), so a backend with `decode_one` reads its K/V in
+    # place without reading the block table back each layer. None otherwise.
+    decode_runs: list[tuple[int, int]] | None = None
 
 
 @runtime_checkable
@@ -73,12 +79,15 @@ class PagedAttention:
         self.paged_decode_attention = kernels.paged_decode_attention
         self.paged_prefill_attention = kernels.paged_prefill_attention
         self.copy_blocks = kernels.copy_blocks
+        self.decode_one = getattr(kernels, "decode_one", None)   # optional batch-1 fast path
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                 v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
         """Write new K/V into the cache, then attend through the block tables.
 
         q [T, H, D], k/v [T, Hkv, D] -> [T, H, D]."""
+        if meta.decode_runs is not None and self.decode_one is not None:
+            return self.decode_one(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.decode_runs, scale)
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         d = meta.num_decode_tokens
         if d == q.shape[0]:

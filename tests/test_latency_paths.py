@@ -63,11 +63,35 @@ def test_batch1_decode_in_place_equals_softmax_attention(table, seq_len):
     tables = torch.tensor([table + [0, 0]], dtype=torch.int32)
     got = reference.paged_decode_attention(q, k_cache, v_cache, tables,
                                            torch.tensor([seq_len], dtype=torch.int32), 0.3)
-    keys = k_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(heads // kv_heads, 1)
-    values = v_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(heads // kv_heads, 1)
-    probs = (torch.einsum("hd,lhd->hl", q[0], keys) * 0.3).softmax(-1)
-    want = torch.einsum("hl,lhd->hd", probs, values)
-    torch.testing.assert_close(got[0], want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[0], _softmax_attention(q[0], k_cache, v_cache, table, seq_len, 0.3),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _softmax_attention(q, k_cache, v_cache, table, seq_len, scale):
+    """Oracle: q [H, D] over the first seq_len tokens of the blocks in `table`, gathered."""
+    group = q.shape[0] // k_cache.shape[2]
+    keys = k_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(group, 1)
+    values = v_cache[table].flatten(0, 1)[:seq_len].repeat_interleave(group, 1)
+    probs = (torch.einsum("hd,lhd->hl", q, keys) * scale).softmax(-1)
+    return torch.einsum("hl,lhd->hd", probs, values)
+
+
+@pytest.mark.parametrize("table", [[0, 1, 2, 3], [7, 3, 4, 1]])
+def test_decode_one_writes_then_attends_over_runs(table):
+    """The runner's batch-1 path: runs computed from the block ids once per step, K/V written
+    at the new token's slot, then attention over strided views of the cache."""
+    g = torch.Generator().manual_seed(len(table))
+    block, kv_heads, heads, dim, seq_len = 16, 2, 6, 8, 37
+    k_cache = torch.randn(8, block, kv_heads, dim, generator=g)
+    v_cache = torch.randn(8, block, kv_heads, dim, generator=g)
+    q, key, value = (torch.randn(1, h, dim, generator=g) for h in (heads, kv_heads, kv_heads))
+    runs = reference.decode_runs(table, seq_len, block)
+    assert sum(length for _, length in runs) == seq_len
+    slot = table[(seq_len - 1) // block] * block + (seq_len - 1) % block
+    got = reference.decode_one(q, key, value, k_cache, v_cache, torch.tensor([slot]), runs, 0.3)
+    assert torch.equal(k_cache.flatten(0, 1)[slot], key[0]) and torch.equal(v_cache.flatten(0, 1)[slot], value[0])
+    torch.testing.assert_close(got[0], _softmax_attention(q[0], k_cache, v_cache, table, seq_len, 0.3),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_capture_sizes_and_padding():

@@ -102,8 +102,18 @@ def apply_rotary(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     Equals transformers' x*cos + rotate_half(x)*sin: roll(x) = cat(x2, x1) and the sin row is
     (-s1, s2), so each element is the same product and the same sum.
     """
+    return rotate(x, *split_rope(rope))
+
+
+def split_rope(rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope [T, 2, D] -> (cos, signed sin), each [T, 1, D]: views, taken once per step."""
     rope = rope[:, None]
-    return x * rope[..., 0, :] + x.roll(x.shape[-1] // 2, dims=-1) * rope[..., 1, :]
+    return rope[..., 0, :], rope[..., 1, :]
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """apply_rotary on the split table (see there)."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 class Attention(nn.Module):
@@ -135,7 +145,7 @@ class Attention(nn.Module):
             qk = torch.cat((q, k), dim=1)
         else:
             qk = qkv[:, :self.sizes[0] + self.sizes[1]].view(T, H + self.num_kv_heads, self.head_dim)
-        qk = apply_rotary(qk, rope)         # q and k heads rotated together: one set of ops
+        qk = rotate(qk, *rope)              # q and k heads rotated together: one set of ops
         q, k = qk[:, :H], qk[:, H:]
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
@@ -149,8 +159,9 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        half = gate_up.shape[-1] // 2           # two slices: fewer ops per layer than chunk()
+        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 
 
 class DecoderLayer(nn.Module):
@@ -190,7 +201,7 @@ class LlamaForCausalLM(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
                 backend: PagedAttention, max_position: int | None = None) -> torch.Tensor:
         x = self.model.embed_tokens(input_ids)
-        rope = self.rotary(positions, x.dtype, max_position)
+        rope = split_rope(self.rotary(positions, x.dtype, max_position))    # (cos, sin)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
             x = layer(x, rope, kv_cache, meta, backend)
         return self.model.norm(x)
