@@ -52,11 +52,11 @@ class QuantLinear(nn.Module):
         self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        y = quant_linear(x.reshape(-1, shape[-1]), self.packed)
+        flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])   # the engine's [T, hidden]
+        y = quant_linear(flat, self.packed)
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.packed.format}"
