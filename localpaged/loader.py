@@ -175,12 +175,14 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
-    """The float weights into the model, tensor by tensor: `state` is consumed (emptied) so each
-    source tensor is freed as soon as its final form exists; a tensor already on `device` in
-    `dtype` becomes the parameter itself (assign=True: no second copy of the model)."""
+    """The float weights into the model: `state` is consumed (emptied) layer by layer, so each
+    source tensor is freed once its final form exists. On CPU the final tensors become the
+    parameters (assign=True; to_empty's pages were never touched, so never resident): no second
+    copy of the model. On a GPU to_empty's memory is real, so the weights are copied into it."""
     model.to_empty(device=device).to(dtype)    # quantized modules hold no parameters: untouched
-    missing, unexpected = model.load_state_dict(_final_tensors(state, device, dtype), strict=False,
-                                                assign=True)
+    assign = device.type == "cpu"
+    missing, unexpected = model.load_state_dict(_final_tensors(state, device, dtype, assign),
+                                                strict=False, assign=assign)
     tied = model.config.tie_word_embeddings
     if tied and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -213,12 +215,13 @@ def _install_packed(model: LlamaForCausalLM, packed: dict, device: torch.device,
         trim_heap()                    # the layer's unfused forms: freed, back to the OS
 
 
-def _final_tensors(state: dict, device: torch.device, dtype: torch.dtype) -> dict:
-    """Fused (layer by layer, see fuse_state_dict) and cast tensors; pops `state` as it goes."""
+def _final_tensors(state: dict, device: torch.device, dtype: torch.dtype, cast: bool) -> dict:
+    """Fused tensors (layer by layer, see fuse_state_dict), cast to (device, dtype) if `cast`;
+    pops `state` as it goes."""
     out: dict[str, torch.Tensor] = {}
     for keys in _by_layer(state):
         part = fuse_state_dict({k: state.pop(k) for k in keys})
-        out.update({k: v.to(device=device, dtype=dtype) for k, v in part.items()})
+        out.update({k: v.to(device=device, dtype=dtype) if cast else v for k, v in part.items()})
     return out
 
 
