@@ -45,7 +45,7 @@ TO_INT4 = ("Q2_K", "Q3_K", "Q4_K")
 SUPPORTED = FLOAT_TYPES + EXACT_INT4 + TO_INT8 + TO_INT4
 SKIPPED = ("rope_freqs",)      # recomputed from the config
 CHUNK_WEIGHTS = 1 << 22        # weights dequantized at once (16 MB in float32): bounds the peak
-TRIM_BYTES = 1 << 20           # after a tensor this large, hand freed heap pages back (trim_heap)
+TRIM_BYTES = 1 << 20           # after a tensor this large in float32, hand freed heap pages back
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -99,7 +99,7 @@ def read_gguf(path: str, config, quantization: str) -> tuple[dict[str, torch.Ten
             value = permute_rows(value, index) if isinstance(value, PackedWeight) else value.index_select(0, index)
         (packed if isinstance(value, PackedWeight) else floats)[name] = value
         _drop_file_pages(reader.data, t.data_offset, t.n_bytes)   # read once, copied: unmap
-        if t.n_bytes >= TRIM_BYTES:
+        if int(t.n_elements) * 4 >= TRIM_BYTES:       # its float32 temporaries, if any
             trim_heap()        # this tensor's freed temporaries back to the OS, not fragmenting
     return floats, packed
 
