@@ -26,7 +26,7 @@ from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
 from localpaged.quant import QUANTIZATION_CHOICES
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
-from localpaged.quant.gguf import read_gguf
+from localpaged.quant.gguf import read_gguf, trim_heap
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 
@@ -162,11 +162,13 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     else:
         state = _safetensors_state_dict(source.path)
     if packed:
-        install(model, {k: v.to(device) for k, v in fuse_packed(packed).items()}, dtype)
+        _install_packed(model, packed, device, dtype)     # consumes `packed`
         state = fuse_biases(state)
         logger.info("weights: %s", weights_summary(model)[1])
-    _load_weights(model, state, device, dtype)
-    return LoadedModel(model, config, tokenizer, _eos_ids(source, config, tokenizer), source)
+    _load_weights(model, state, device, dtype)      # consumes `state`
+    eos = _eos_ids(source, config, tokenizer)
+    trim_heap()            # the config/tokenizer parsing's and the weights' freed temporaries
+    return LoadedModel(model, config, tokenizer, eos, source)
 
 
 def _file_stamp(source: ModelSource) -> int:
@@ -203,8 +205,14 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
+    """The float weights into the model: `state` is consumed (emptied) layer by layer, so each
+    source tensor is freed once its final form exists. On CPU the final tensors become the
+    parameters (assign=True; to_empty's pages were never touched, so never resident): no second
+    copy of the model. On a GPU to_empty's memory is real, so the weights are copied into it."""
     model.to_empty(device=device).to(dtype)    # quantized modules hold no parameters: untouched
-    missing, unexpected = model.load_state_dict(fuse_state_dict(state), strict=False)
+    assign = device.type == "cpu"
+    missing, unexpected = model.load_state_dict(_final_tensors(state, device, dtype, assign),
+                                                strict=False, assign=assign)
     tied = model.config.tie_word_embeddings
     if tied and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -214,6 +222,37 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.rotary = Rotary(model.config, model.head_dim).to(device)   # fp32, as in transformers
     model.eval().requires_grad_(False)
+
+
+def _by_layer(weights: dict) -> list[list[str]]:
+    """Weight names grouped by decoder layer (fusion never crosses one); the embedding's group
+    last, so install() ties lm_head to the installed embedding once, after everything else."""
+    groups: dict[str, list[str]] = {}
+    for key in weights:
+        prefix = ".".join(key.split(".")[:3]) if key.startswith("model.layers.") else key
+        groups.setdefault(prefix, []).append(key)
+    return sorted(groups.values(), key=lambda keys: keys[0].startswith("model.embed_tokens."))
+
+
+def _install_packed(model: LlamaForCausalLM, packed: dict, device: torch.device,
+                    dtype: torch.dtype) -> None:
+    """Packed weights fused and installed layer by layer, popping `packed`: the unfused, fused
+    and device (CPU int4) forms of one layer coexist, never those of the whole model."""
+    for keys in _by_layer(packed):
+        part = fuse_packed({k: packed.pop(k) for k in keys})
+        install(model, {k: v.to(device) for k, v in part.items()}, dtype)
+        del part
+        trim_heap()                    # the layer's unfused forms: freed, back to the OS
+
+
+def _final_tensors(state: dict, device: torch.device, dtype: torch.dtype, cast: bool) -> dict:
+    """Fused tensors (layer by layer, see fuse_state_dict), cast to (device, dtype) if `cast`;
+    pops `state` as it goes."""
+    out: dict[str, torch.Tensor] = {}
+    for keys in _by_layer(state):
+        part = fuse_state_dict({k: state.pop(k) for k in keys})
+        out.update({k: v.to(device=device, dtype=dtype) if cast else v for k, v in part.items()})
+    return out
 
 
 def _eos_ids(source: ModelSource, config: PretrainedConfig, tokenizer) -> set[int]:

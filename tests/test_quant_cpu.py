@@ -134,3 +134,16 @@ def test_int4_group_must_divide_k():
         quantize_int4(torch.randn(8, 48), 32)
     with pytest.raises(ValueError, match="group_size must be one of"):
         quantize_int4(torch.randn(8, 64), 16)
+
+
+def test_group_int8_goes_per_channel_in_row_chunks_exactly():
+    """for_cpu requantizes a group-wise int8 table (a GGUF's Q8_0 embedding) a chunk of rows at a
+    time, to bound load memory; the oracle is quantize_int8 of the whole table dequantized."""
+    from localpaged.quant.cpu import _per_channel_int8
+    torch.manual_seed(0)
+    N, K = 203, 96                                      # ragged: the last chunk is short
+    pw = PackedWeight(8, 32, torch.randint(-127, 128, (N, K), dtype=torch.int8),
+                      torch.rand(N, K // 32, dtype=torch.float16), None, (N, K))
+    got, ref = _per_channel_int8(pw, chunk_weights=7 * K), quantize_int8(pw.dequantize(torch.float32))
+    assert got.shape == ref.shape and got.group_size == ref.group_size == K
+    assert torch.equal(got.qweight, ref.qweight) and torch.equal(got.scales, ref.scales)

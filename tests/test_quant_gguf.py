@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from localpaged.quant.gguf import read_gguf
-from localpaged.quant.layout import PackedWeight
+from localpaged.quant import gguf as gguf_weights
+from localpaged.quant.gguf import EXACT_INT4, hf_name, read_gguf, target_bits
+from localpaged.quant.layout import PackedWeight, quantize_int4, quantize_int8
 
 Q = gguf.GGMLQuantizationType
 CONFIG = SimpleNamespace(model_type="llama", num_attention_heads=4, num_key_value_heads=2)
@@ -113,3 +114,32 @@ def test_packed_weight_is_what_the_layout_says(tiny_gguf):
     _, packed = read_gguf(str(path), CONFIG, "auto")
     k = packed["model.layers.0.self_attn.k_proj.weight"]
     assert isinstance(k, PackedWeight) and k.qweight.shape == (32, 32) and k.scales.shape == (32, 2)
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_row_chunks_convert_as_the_whole_tensor(tiny_gguf, monkeypatch, quantization):
+    """Load memory: dequantized matrices go through float32 a chunk of rows at a time. One row per
+    chunk must give exactly what the whole tensor gives: gguf's own dequantization of the whole
+    tensor (q/k rows un-permuted), as is or packed by the layout's quantizers in one call."""
+    path, expected = tiny_gguf
+    monkeypatch.setattr(gguf_weights, "CHUNK_WEIGHTS", 1)
+    floats, packed = read_gguf(str(path), CONFIG, quantization)
+    checked = 0
+    for gname, (N, K, qtype) in TENSORS.items():
+        name, bits = hf_name(gname), target_bits(quantization, qtype.name, "token_embd" in gname)
+        if K is None or (bits == 4 and qtype.name in EXACT_INT4):     # not dequantized
+            continue
+        w = expected[gname]
+        if ".attn_q." in gname or ".attn_k." in gname:
+            w = _reverse_permute(w, 4 if ".attn_q." in gname else 2)
+        w = torch.from_numpy(np.ascontiguousarray(w))
+        if bits is None:
+            assert torch.equal(floats[name], w), name
+        else:
+            got, ref = packed[name], quantize_int8(w) if bits == 8 else quantize_int4(w, 32)
+            assert got.shape == ref.shape and torch.equal(got.qweight, ref.qweight), name
+            assert torch.equal(got.scales, ref.scales), name
+            assert (got.mins is None) == (ref.mins is None), name
+            assert got.mins is None or torch.equal(got.mins, ref.mins), name
+        checked += 1
+    assert checked >= 3             # int4: the Q4_0/Q4_1 matrices are kept exactly, not here

@@ -309,6 +309,7 @@ def walk_through(app, page) -> None:
     wait_text(page, "#model-status", "Could not load")
     assert "Still using" in text(page, "#model-status")
     assert "llama-long" in text(page, "#lp-header")
+    assert "float32 · " in text(page, "#lp-header")          # the weights' format and size
     page.locator("#model-status").scroll_into_view_if_needed()
     shot(page, "11-model-not-found")
 

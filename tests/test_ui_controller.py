@@ -299,6 +299,32 @@ def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
     store.close()
 
 
+def test_model_picker_quantization_and_the_header_format(tiny_root):
+    """A load uses the chosen weight format (the factory's default, i.e. the CLI flag, when none
+    is chosen); the header shows the engine's own stats: format and megabytes."""
+    from localpaged.ui.model_picker import header
+    path = build("llama-gqa", tiny_root)
+    mm = ModelManager(local_factory(num_kv_blocks=32, quantization="int8"))
+    assert mm.quantization == "int8" and mm.weights_format == ""
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4, "
+                                         "got 'int3'"):
+        mm.load(path, "int3")
+    sizes = {}
+    for choice, fmt in ((None, "int8 ·"), ("int4", "int4 g32 ·"), ("none", "float32 ·")):
+        job = mm.load(path, choice)
+        assert job.done.wait(60) and job.error is None, job.error
+        stats = mm.backend.stats()
+        assert stats.weights_format.startswith(fmt)
+        mb = stats.weights_bytes / 1e6
+        assert f"{mb:.2g} MB" in stats.weights_format             # tiny: under 10 MB
+        assert f"<code>{path}</code> · <span class='lp-weights'>{stats.weights_format}" \
+            in header(mm)
+        sizes[fmt] = stats.weights_bytes
+    # packed weights take less memory (a float32 weight is 4 bytes, int8 1, int4 1/2 + scales)
+    assert sizes["int4 g32 ·"] < sizes["int8 ·"] < sizes["float32 ·"]
+    mm.backend.engine.shutdown()
+
+
 def test_event_handlers_open_close_restore_and_send(ctl):
     """The Gradio adapters (ui/tabset.py, ui/chat_events.py): which tab shows what, and a
     streamed send."""

@@ -133,3 +133,18 @@ def test_compare_stats_are_per_column_over_a_remote_server(ctl):
     cid = ctl.new_conversation().id
     turn = run(ctl.compare(cid, P1, [dict(GREEDY), {**GREEDY, "max_tokens": 5}]))
     assert [r.stats["generated_tokens"] for r in finished(ctl, turn)] == [16, 5]
+
+
+def test_remote_backend_has_no_weights_format_or_quantization_choice(base_url, server_engine):
+    """The header shows the weights' format only for our own engine: a remote server's weights
+    are not ours to describe (even when, as here, the server is a localpaged with a format)."""
+    from localpaged.ui.model_picker import header
+    from localpaged.ui.models import ModelManager
+    backend = RemoteChatBackend(base_url)
+    mm = ModelManager(lambda name, progress: RemoteChatBackend(base_url, model=name),
+                      backend=backend)
+    assert server_engine.stats().weights_format.startswith("float32 ·")
+    assert mm.quantization is None and mm.weights_format == ""
+    assert header(mm).endswith(f"<code>{backend.model_name}</code></div></div>")
+    with pytest.raises(ValueError, match="quantization: this backend loads no weights"):
+        mm.load(MODEL, "int4")

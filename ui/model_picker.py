@@ -1,5 +1,6 @@
-"""The model picker: the header's model badge and the model panel (a Hub id or local path to
-load, with progress), wired to `models.ModelManager`; tab labels are refreshed after a swap."""
+"""The model picker: the header's model badge (name and weights format, e.g. "int4 g32 · 95 MB")
+and the model panel (a Hub id or local path to load, with a weight format for a local engine,
+and progress), wired to `models.ModelManager`; tab labels are refreshed after a swap."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 import gradio as gr
 
 from . import render
+from localpaged.quant import QUANTIZATION_CHOICES
+
 from .models import ModelManager
 from .queues import GEN, QUICK
 from .style import BRAND
@@ -17,12 +20,15 @@ from .tabset import Page
 from .toasts import warn
 
 POLL_S = 0.5
+QUANT_LABELS = {"auto": "auto (a GGUF keeps its bit width)", "none": "none (float weights)",
+                "int8": "int8", "int4": "int4 (group 32)"}
 
 
 @dataclass
 class ModelPickerUI:
     header: gr.HTML
     name: gr.Textbox
+    quantization: gr.Dropdown     # hidden for a remote backend (no weights of ours)
     load: gr.Button
     status: gr.Markdown
 
@@ -35,16 +41,19 @@ def build_model_panel(models: ModelManager, header_html: gr.HTML) -> ModelPicker
     with gr.Accordion("Model", open=True, elem_id="model-acc"):
         name = gr.Textbox(value=models.model_name or "", label="Hub id or local path",
                           elem_id="model-name")
+        quant = gr.Dropdown([(QUANT_LABELS[q], q) for q in QUANTIZATION_CHOICES],
+                            value=models.quantization or "auto", label="Weights",
+                            elem_id="model-quant", visible=models.quantization is not None)
         load = gr.Button("Load model", elem_id="model-load", size="sm")
         status_md = gr.Markdown(status(models), elem_id="model-status")
-    return ModelPickerUI(header_html, name, load, status_md)
+    return ModelPickerUI(header_html, name, quant, load, status_md)
 
 
 def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> None:
-    def load(name: str) -> Iterator[tuple]:
+    def load(name: str, quantization: str | None) -> Iterator[tuple]:
         """(status, header) while the model loads."""
         try:
-            job = models.load(name or "")
+            job = models.load(name or "", quantization if models.quantization else None)
         except ValueError as exc:
             yield str(exc), gr.skip()
             return
@@ -54,7 +63,7 @@ def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> No
             warn(f"Could not load {job.name}; the current model stays loaded.")
         yield status(models), header(models)
 
-    loaded = ui.load.click(load, ui.name, [ui.status, ui.header], **GEN)
+    loaded = ui.load.click(load, [ui.name, ui.quantization], [ui.status, ui.header], **GEN)
     loaded.then(page.handler(page.tabs.titles), page.ui.slots, page.ui.outputs(), **QUICK)
 
 
@@ -64,6 +73,9 @@ def status(models: ModelManager) -> str:
 
 
 def header(models: ModelManager) -> str:
+    """The brand and the model badge: "<name> · int4 g32 · 95 MB" (no format for a remote)."""
     name = html.escape(models.model_name or "no model")
+    fmt = html.escape(models.weights_format)
+    weights = f" · <span class='lp-weights'>{fmt}</span>" if fmt else ""
     return (f"<div class='lp-head'>{BRAND}<div class='lp-model'><span class='lp-badge'>model"
-            f"</span> <code>{name}</code></div></div>")
+            f"</span> <code>{name}</code>{weights}</div></div>")

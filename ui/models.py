@@ -5,6 +5,11 @@ A load that fails leaves the current model in place and says why. When a new mod
 the new backend takes over (and, when `served` is set, the /v1 API's ServedModel moves to its
 engine), running generations on the old one are stopped (their text is kept) and the old
 engine is shut down.
+
+Quantization: a factory that can load weights in several formats says so with a `quantization`
+attribute (its default, the CLI's --quantization); a load may choose another (`load(name,
+quantization=...)`). Remote backends have none. The header's weights format comes from the
+backend's public `stats()` (EngineStats.weights_format), never from the engine's internals.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from localpaged.chat_backend import ChatBackend
+from localpaged.quant import QUANTIZATION_CHOICES
 
 if TYPE_CHECKING:
     from localpaged.api import ServedModel
@@ -25,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str], None]          # (phase, detail)
-Factory = Callable[[str, Progress], ChatBackend]
+Factory = Callable[..., ChatBackend]           # (name, progress[, quantization=...])
 
 # For models whose tokenizer has no chat template (base models, test models): ChatML.
 FALLBACK_CHAT_TEMPLATE = (
@@ -36,6 +42,7 @@ FALLBACK_CHAT_TEMPLATE = (
 @dataclass
 class LoadJob:
     name: str
+    quantization: str | None = None   # None: the factory's default
     phase: str = "starting"       # starting | resolving | downloading | loading | ready | failed
     detail: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -56,6 +63,8 @@ class ModelManager:
         self._backend = backend
         self._lock = threading.Lock()
         self.job: LoadJob | None = None
+        # The picker's default weight format; None: this factory offers no choice (remote).
+        self.quantization: str | None = getattr(factory, "quantization", None)
 
     @property
     def backend(self) -> ChatBackend | None:
@@ -65,18 +74,32 @@ class ModelManager:
     def model_name(self) -> str | None:
         return getattr(self._backend, "model_name", None)
 
+    @property
+    def weights_format(self) -> str:
+        """E.g. "int4 g32 · 95 MB" for a local engine; "" for a remote backend or no model."""
+        stats = self._backend.stats() if self._backend is not None else None
+        return getattr(stats, "weights_format", "") if stats is not None else ""
+
     def loading(self) -> bool:
         return self.job is not None and not self.job.done.is_set()
 
-    def load(self, name: str) -> LoadJob:
-        """Start loading `name` in the background (the running job, if one is running)."""
+    def load(self, name: str, quantization: str | None = None) -> LoadJob:
+        """Start loading `name` in the background (the running job, if one is running), with
+        `quantization` (one of QUANTIZATION_CHOICES; None: the factory's default)."""
         name = name.strip()
+        if quantization is not None:
+            if self.quantization is None:
+                raise ValueError("quantization: this backend loads no weights itself (remote); "
+                                 "leave it unset")
+            if quantization not in QUANTIZATION_CHOICES:
+                raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
+                                 f"got {quantization!r}")
         with self._lock:
             if self.loading():
                 return self.job
             if not name:
                 raise ValueError("type a Hugging Face Hub id or a local path")
-            self.job = job = LoadJob(name)
+            self.job = job = LoadJob(name, quantization)
         threading.Thread(target=self._run, args=(job,), name="model-load", daemon=True).start()
         return job
 
@@ -84,7 +107,8 @@ class ModelManager:
         def progress(phase: str, detail: str = "") -> None:
             job.phase, job.detail = phase, detail
         try:
-            backend = self._factory(job.name, progress)
+            options = {} if job.quantization is None else {"quantization": job.quantization}
+            backend = self._factory(job.name, progress, **options)
         except Exception as exc:  # noqa: BLE001 - any failure: keep the current model
             log.warning("could not load model %s: %s", job.name, exc)
             job.error, job.phase = f"{type(exc).__name__}: {exc}", "failed"
@@ -124,12 +148,19 @@ class ModelManager:
         return "No model loaded."
 
 
-def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
-                  **engine_options) -> Factory:
-    """Build a LocalChatBackend on our engine; Hub ids are fetched first, with progress.
-    `engine_options`: further EngineConfig fields (max_model_len, quantization,
-    attention_backend, enforce_eager); None leaves a field at its default."""
-    def build(name: str, progress: Progress) -> ChatBackend:
+@dataclass
+class LocalFactory:
+    """Builds a LocalChatBackend on our engine; Hub ids are fetched first, with progress.
+    `quantization` is the default weight format (the CLI flag); one load may pick another.
+    `engine_options`: further EngineConfig fields (max_model_len, attention_backend,
+    enforce_eager); None leaves a field at its default."""
+    num_kv_blocks: int | None = None
+    dtype: str = "auto"
+    quantization: str = "auto"
+    engine_options: dict = field(default_factory=dict)
+
+    def __call__(self, name: str, progress: Progress,
+                 quantization: str | None = None) -> ChatBackend:
         from localpaged import LLM
         from localpaged.async_engine import AsyncEngine
         from localpaged.chat_backend import LocalChatBackend
@@ -137,14 +168,20 @@ def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
         if _looks_like_hub_id(name):
             _download(name, progress)
         progress("loading", "weights into the engine")
-        kwargs = {"dtype": dtype, "num_kv_blocks": num_kv_blocks or None, **engine_options}
+        kwargs = {"dtype": self.dtype, "num_kv_blocks": self.num_kv_blocks or None,
+                  "quantization": quantization or self.quantization, **self.engine_options}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         llm = LLM(name, **kwargs)
         if not getattr(llm.tokenizer, "chat_template", None):
             log.warning("%s has no chat template: using ChatML", name)
             llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         return LocalChatBackend(AsyncEngine(llm.engine))
-    return build
+
+
+def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
+                  quantization: str | None = None, **engine_options) -> LocalFactory:
+    """A LocalFactory; `quantization` None means "auto" (EngineConfig's default)."""
+    return LocalFactory(num_kv_blocks, dtype, quantization or "auto", engine_options)
 
 
 def _looks_like_hub_id(name: str) -> bool:

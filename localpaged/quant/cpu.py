@@ -25,7 +25,8 @@ from typing import ClassVar
 
 import torch
 
-from localpaged.quant.layout import PackedWeight, quantize_int8
+from localpaged.quant.gguf import trim_heap
+from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int8
 
 INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
 
@@ -67,12 +68,25 @@ class CpuInt4Weight:
         return (w if rows is None else w.index_select(0, rows)).to(dtype)
 
 
+def _per_channel_int8(pw: PackedWeight, chunk_weights: int = 1 << 20) -> PackedWeight:
+    """Group-wise int8 requantized per output channel, a chunk of rows at a time: a row's scale
+    depends on that row alone, so the chunks give what the whole would, and loading peaks at one
+    chunk in float32 (16 MB), not a whole embedding table and quantize_int8's temporaries."""
+    N, K = pw.shape
+    step = max(1, chunk_weights // K)
+    parts = []
+    for i in range(0, N, step):
+        parts.append(quantize_int8(pw.dequantize(torch.float32, torch.arange(i, min(i + step, N)))))
+        trim_heap()
+    return parts[0] if len(parts) == 1 else cat_rows(parts)
+
+
 def for_cpu(pw: PackedWeight) -> PackedWeight | CpuInt4Weight:
     """The form of `pw` the CPU kernels read fastest (see the module docstring)."""
     if pw.bits == 4 and pw.shape[0] % INT4_N_MULTIPLE == 0:
         return CpuInt4Weight.from_packed(pw)
     if pw.bits == 8 and not (pw.per_channel and pw.scales.dtype == torch.bfloat16):  # idempotent
-        pw = pw if pw.per_channel else quantize_int8(pw.dequantize(torch.float32))
+        pw = pw if pw.per_channel else _per_channel_int8(pw)
         # bf16-representable by construction (quantize_int8): the op's bf16 scales, cast once
         return PackedWeight(8, pw.group_size, pw.qweight, pw.scales.to(torch.bfloat16), None, pw.shape)
     return pw
