@@ -149,7 +149,8 @@ def api_ttft(llm: LLM, messages: list[dict], repeats: int = 3) -> dict:
 
 def localpaged_rows(gguf: str, args, prompts: dict[str, list[int]], messages) -> list[dict]:
     rows = []
-    variants = [("fp32", {"dtype": "float32"}), ("bf16", {"dtype": "bfloat16"}),
+    variants = [("fp32", {"dtype": "float32", "quantization": "none"}),
+                ("bf16", {"dtype": "bfloat16", "quantization": "none"}),
                 ("int8", {"dtype": "float32", "quantization": "int8"}),
                 ("int4", {"dtype": "float32", "quantization": "int4"})]
     for name, kwargs in variants:
@@ -242,7 +243,7 @@ def cuda_graphs_check(gguf: str, args) -> dict:
     tokens = {}
     for name, eager in (("eager", True), ("graphs", False)):
         llm = LLM(gguf, device="cuda", dtype=args.gpu_dtype, enforce_eager=eager,
-                  max_num_seqs=16, num_kv_blocks=256)
+                  quantization="none", max_num_seqs=16, num_kv_blocks=256)
         result[f"{name}_graphs_captured"] = llm.engine.runner.graphs is not None
         llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0.0))     # warm-up
         torch.cuda.synchronize()

@@ -12,8 +12,10 @@ model's replies are noise: the test checks structure, not words.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 from conftest import _require_part as require_part
+
+from localpaged.ui.store import DB_FILENAME
 
 pytestmark = pytest.mark.slow
 
@@ -152,17 +156,38 @@ def wait_idle(page, i: int) -> None:
     wait_text(page, f"#tab{i}-button", "●", present=False, timeout=60_000)
 
 
-def configure(page, i: int, **values) -> None:
-    """Set tab i's conversation settings (they are saved as they are typed)."""
+def configure(page, i: int, app=None, **values) -> None:
+    """Set tab i's conversation settings. Send and Regenerate carry the fields' values with
+    them, so nothing needs to wait; for an event that reads the settings from the store
+    (Compare), pass `app`: this returns once the store holds them."""
     page.locator(f"#settings{i}").get_by_text("Conversation settings").click()
     for name, value in values.items():
         box = page.locator(f"#s{i}-{name} input").first
         box.wait_for(state="visible")
         box.fill(str(value))
         box.press("Tab")
-    time.sleep(0.5)                       # let the saves land before the next event
+    if app is not None:
+        saved(app, "SELECT sampling FROM conversations", lambda rows: any(
+            all(json.loads(r[0]).get(k) == v for k, v in values.items()) for r in rows))
     page.locator(f"#settings{i}").get_by_text("Conversation settings").click()
     page.evaluate("window.scrollTo(0, 0)")
+
+
+def saved(app, sql: str, check, timeout: float = 30.0):
+    """Poll the app's store (read-only) until check(rows) holds; returns the rows."""
+    db = Path(app.cmd[app.cmd.index("--data-dir") + 1]) / DB_FILENAME
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            rows = conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+        if check(rows):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the app never saved what `{sql}` looks for: {rows}")
+        time.sleep(0.05)                  # a polling interval, under a deadline
 
 
 def send(page, i: int, message: str) -> None:
@@ -248,7 +273,7 @@ def walk_through(app, page) -> None:
     wait_text(page, "#chat0", "An edited first question")
 
     # Compare: one prompt, three columns (samples, seeds 7, 8, 9), continue with the second.
-    configure(page, 0, temperature=0.9, seed=7)
+    configure(page, 0, app, temperature=0.9, seed=7)       # Compare reads them from the store
     page.click("#tab-compare-button")
     page.wait_for_selector("#cmp-prompt textarea", state="visible")
     page.fill("#cmp-prompt textarea", "Three ways to say hello")

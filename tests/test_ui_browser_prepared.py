@@ -10,16 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
-import time
-from pathlib import Path
 
 import pytest
 
-from localpaged.ui.store import DB_FILENAME
-
 from test_ui_browser import (BROWSER_ARGS, CHROMIUM, REPO, app, open_app,  # noqa: F401 (app)
-                             send, text, wait_idle, wait_text)
+                             saved, send, text, wait_idle, wait_text)
 
 pytestmark = pytest.mark.slow
 
@@ -37,23 +32,6 @@ def page(app):
         pg.set_default_timeout(30_000)
         yield pg
         browser.close()
-
-
-def saved(app, sql: str, check, timeout: float = 30.0):
-    """Poll the app's store (read-only) until check(rows) holds; returns the rows."""
-    db = Path(app.cmd[app.cmd.index("--data-dir") + 1]) / DB_FILENAME
-    deadline = time.monotonic() + timeout
-    while True:
-        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            rows = conn.execute(sql).fetchall()
-        finally:
-            conn.close()
-        if check(rows):
-            return rows
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the app never saved what `{sql}` looks for: {rows}")
-        time.sleep(0.05)
 
 
 def test_prepared_regenerate_edit_preview_and_beams(app, page):

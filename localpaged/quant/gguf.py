@@ -109,7 +109,6 @@ def _convert(t, kind: str, bits: int | None, exact: bool):
     float32 CHUNK_WEIGHTS at a time, row by row, straight into the final buffer (float) or packed
     rows (int8/int4 scales are per row or per group along K, so a chunk packs exactly as the whole
     would): the peak is one chunk, never the whole tensor in float32 plus numpy's temporaries."""
-    import gguf
     if bits == 4 and kind in EXACT_INT4:
         return _q4_exact(np.asarray(t.data), kind)
     if bits == 8 and kind == "Q8_0" and exact:
