@@ -114,10 +114,11 @@ def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  runs: list[tuple[int, int]], scale: float) -> torch.Tensor:
-    """q [1, H, D] over the cached tokens of `runs`, each run read as a view of the cache (no
-    copy of K/V). One run: one 4-D SDPA call (torch's fused CPU kernel, the one the padded
-    batch path also takes). Several: the scores of every run side by side, one softmax, then
-    the runs' values weighted and summed."""
+    """q [1, H, D] over the cached tokens of `runs`, read as views of the cache: one run (blocks
+    back to back) with no copy, several runs joined into one copy. Either way one 4-D SDPA call
+    (torch's fused CPU kernel) over the same values, so the result is bitwise the same however
+    the sequence's blocks happen to lie (which depends on what else ran: checked in
+    tests/test_latency_paths.py)."""
     num_kv_heads = k_cache.shape[2]
     num_heads, head_dim = q.shape[1], q.shape[2]
     if not (_back_to_back(k_cache) and _back_to_back(v_cache)):
@@ -127,15 +128,10 @@ def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              for first, length in runs]
     if len(views) == 1:
         keys, values = views[0]
-        return F.scaled_dot_product_attention(qg, keys, values, scale=scale).view(1, num_heads, head_dim)
-    scores = torch.cat([qg @ k.transpose(-1, -2) for k, _ in views], dim=-1)   # [1, Hkv, g, L]
-    probs = (scores.float() * scale).softmax(dim=-1).to(q.dtype)
-    out, start = None, 0
-    for _, v in views:
-        part = probs[..., start:start + v.shape[2]] @ v
-        out = part if out is None else out + part
-        start += v.shape[2]
-    return out.reshape(1, num_heads, head_dim)
+    else:
+        keys = torch.cat([k for k, _ in views], dim=2)
+        values = torch.cat([v for _, v in views], dim=2)
+    return F.scaled_dot_product_attention(qg, keys, values, scale=scale).view(1, num_heads, head_dim)
 
 
 def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

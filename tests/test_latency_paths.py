@@ -94,6 +94,25 @@ def test_decode_one_writes_then_attends_over_runs(table):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_batch1_decode_does_not_depend_on_where_the_blocks_lie():
+    """The same tokens in one run of blocks, in scattered blocks, or in blocks out of order give
+    bitwise the same attention: where a sequence's blocks lie depends on what else ran, and its
+    output must not (docs/architecture.md §3, I12)."""
+    g = torch.Generator().manual_seed(5)
+    block, kv_heads, heads, dim, seq_len = 16, 2, 6, 8, 45
+    k_tokens, v_tokens = (torch.randn(seq_len, kv_heads, dim, generator=g) for _ in range(2))
+    q = torch.randn(1, heads, dim, generator=g)
+    outs = []
+    for table in ([0, 1, 2], [5, 1, 3], [2, 3, 7]):
+        k_cache, v_cache = torch.zeros(8, block, kv_heads, dim), torch.zeros(8, block, kv_heads, dim)
+        slots = torch.tensor([table[p // block] * block + p % block for p in range(seq_len)])
+        k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots] = k_tokens, v_tokens
+        runs = reference.decode_runs(table, seq_len, block)
+        outs.append(reference.decode_one(q, k_tokens[-1:], v_tokens[-1:], k_cache, v_cache,
+                                         slots[-1:], runs, 0.3))
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
 def test_capture_sizes_and_padding():
     assert capture_sizes(1) == [1]
     assert capture_sizes(6) == [1, 2, 4, 6]
