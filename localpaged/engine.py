@@ -25,12 +25,12 @@ import torch
 
 from localpaged import beam_search, loader, prompt_logprobs, startup_check
 from localpaged.config import EngineConfig
-from localpaged.quant.linear import weights_summary
 from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.model_runner import ModelRunner, StepTimings, phase_of
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from localpaged.quant.linear import weights_summary
 from localpaged.request import BeamParams, Sequence, SequenceGroup
 from localpaged.sampler import record, sample
 from localpaged.sampling_params import SamplingParams, check_priority
@@ -82,11 +82,6 @@ class LLMEngine:
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
                     loaded.source.description, self.device, self.dtype, num_blocks,
                     config.block_size, self.backend.name)
-
-    @property
-    def kv(self) -> KVCacheManager:
-        """Former name of `block_manager`, kept for callers not yet renamed."""
-        return self.block_manager
 
     # ---- set-up -------------------------------------------------------------------------------
     def _max_model_len(self) -> int:
