@@ -172,8 +172,7 @@ class LLMEngine:
         if group is None:
             return None
         for seq in group.unfinished_seqs():
-            seq.finish_reason, seq.finish_detail = "abort", "abort"
-            detokenize(self.tokenizer, seq, final=True)
+            self._end(seq, "abort", "abort")
         self._update(SchedulerOutput(), StepResult(finished=[group]))
         return self._output(group)
 
@@ -195,7 +194,7 @@ class LLMEngine:
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
-                seq.finish_reason, seq.finish_detail = "length", "kv_cache_full"
+                self._end(seq, "length", "kv_cache_full")
             result.finished.append(group)
             touched.append(group)
         self._update(out, result)
@@ -207,6 +206,11 @@ class LLMEngine:
         if timings is not None:
             timings.steps += 1
         return outputs
+
+    def _end(self, seq: Sequence, reason: str, detail: str) -> None:
+        """Finish seq from outside its own step (abort, out of memory), flushing its text."""
+        seq.finish_reason, seq.finish_detail = reason, detail
+        detokenize(self.tokenizer, seq, final=True)
 
     def _update(self, out: SchedulerOutput, result: StepResult) -> None:
         """The one way a step's decisions, and every finish, reach the scheduler and blocks."""
