@@ -45,7 +45,9 @@ class LocalChatBackend:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self.model_name = engine.engine.model_source.description
+        # The name the user asked for (what API clients send back), not the resolved source:
+        # the offline fallback to the bundled GGUF is still "HuggingFaceTB/SmolLM2-135M-Instruct".
+        self.model_name = engine.engine.config.model
         # One window for the backend's life: its piece-count cache makes the gauge cheap.
         self._window = ContextWindow(engine.tokenizer, engine.context_limit())
 

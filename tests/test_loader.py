@@ -75,3 +75,32 @@ def test_bfloat16_on_cpu(tiny_llama):
     assert next(llm.engine.model.parameters()).dtype == torch.bfloat16
     out = llm.generate([[1, 7, 8]], greedy(8))[0].outputs[0]
     assert len(out.token_ids) == 8 and out.finish_reason == "length"
+
+
+@pytest.mark.slow
+def test_default_model_offline_is_served_under_its_hub_id(tmp_path, monkeypatch, smollm2_gguf):
+    """The README's client example (model="HuggingFaceTB/SmolLM2-135M-Instruct") works against
+    an app that fell back to the bundled GGUF."""
+    import openai
+    from huggingface_hub import constants
+
+    from localpaged.async_engine import AsyncEngine
+    from localpaged.chat_backend import LocalChatBackend
+    from localpaged.server import build_app, make_server, start_in_thread
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    engine = AsyncEngine(LLM(loader.DEFAULT_MODEL, num_kv_blocks=16).engine)
+    backend = LocalChatBackend(engine)
+    assert backend.model_name == loader.DEFAULT_MODEL
+    server = make_server(build_app(engine, backend.model_name), "127.0.0.1", 0, log_level="warning")
+    start_in_thread(server)
+    try:
+        port = server.servers[0].sockets[0].getsockname()[1]
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               max_retries=0, timeout=60)
+        reply = client.chat.completions.create(model=loader.DEFAULT_MODEL, max_tokens=4,
+                                               messages=[{"role": "user", "content": "Hi"}])
+        assert reply.model == loader.DEFAULT_MODEL and reply.usage.completion_tokens >= 1
+    finally:
+        server.should_exit = True
+        engine.shutdown()
