@@ -258,11 +258,17 @@ PRAGMA user_version = 1;
 """
 
 
-def test_migration_from_v1(tmp_path):
+def v1_store(tmp_path) -> Path:
+    """A store file as version 1 of the schema wrote it (see V1_SCHEMA)."""
     old = tmp_path / "v1.db"
     conn = sqlite3.connect(old)
     conn.executescript(V1_SCHEMA)
     conn.close()
+    return old
+
+
+def test_migration_from_v1(tmp_path):
+    old = v1_store(tmp_path)
     with Store(old) as s:
         path = s.active_path(1)
         assert [(m.content, m.status, m.stats) for m in path] == [("hi", "complete", {}),

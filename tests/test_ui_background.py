@@ -6,7 +6,6 @@ blocks are freed; the keep/drop option; the store migration to schema 3."""
 
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
@@ -14,7 +13,7 @@ from localpaged.ui import render
 from localpaged.ui.prepared import clean_options
 from localpaged.ui.store import Store
 
-from test_store import V1_SCHEMA
+from test_store import v1_store
 from tiny_chat import GREEDY, P1, P2, controller, engine_backend, poll, run
 
 
@@ -131,11 +130,7 @@ def test_options_are_checked(ctl):
 
 
 def test_migration_to_schema_3(tmp_path):
-    old = tmp_path / "v1.db"
-    conn = sqlite3.connect(old)
-    conn.executescript(V1_SCHEMA)
-    conn.close()
-    with Store(old) as s:
+    with Store(v1_store(tmp_path)) as s:
         assert s.get_conversation(1).options == {}
         assert [m.prepared for m in s.active_path(1)] == [None, None]
         s.update_message(2, prepared="seen")
