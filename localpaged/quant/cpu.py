@@ -25,7 +25,7 @@ from typing import ClassVar
 
 import torch
 
-from localpaged.quant.gguf import trim_heap
+from localpaged.memory import trim_heap
 from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int8
 
 INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0

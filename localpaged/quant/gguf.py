@@ -14,9 +14,6 @@ rotary layout: undone here by a row permutation, exact on packed rows too.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import logging
 import mmap
 import re
@@ -25,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from localpaged.memory import trim_heap
 from localpaged.quant.layout import (PackedWeight, cat_rows, pack_int4, permute_rows, quantize_int4,
                                      quantize_int8)
 
@@ -175,25 +173,6 @@ def _drop_file_pages(data, offset: int, length: int) -> None:
         return
     start = offset - offset % mmap.PAGESIZE
     mm.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
-
-
-def trim_heap() -> None:
-    """Return freed heap pages to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees
-    many few-MB temporaries between long-lived weights; glibc raises its mmap threshold after the
-    first large free, so later ones come from the heap and stay resident, fragmented, unless
-    trimmed: measured on the bundled SmolLM2, +270 MB of RSS at the end of read_gguf (int8)."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):        # not glibc (musl, macOS): nothing to trim
-        return None
 
 
 def _unpermute_index(rows: int, heads: int) -> torch.Tensor:
