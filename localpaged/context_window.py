@@ -27,6 +27,7 @@ from typing import Literal
 
 Policy = Literal["drop_oldest", "error"]
 POLICIES: tuple[str, ...] = ("drop_oldest", "error")
+DEFAULT_REPLY_RESERVE = 512     # room kept for a reply whose max_tokens is not given
 Messages = list[dict]
 
 

@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from localpaged.context_window import (ContextOverflowError, ContextWindow,
-                                       SystemPromptTooLongError, split_turns)
+from localpaged.context_window import (DEFAULT_REPLY_RESERVE, ContextOverflowError,
+                                       ContextWindow, SystemPromptTooLongError, split_turns)
 from localpaged.continuation import ContinueRequest, continue_request
 from localpaged.sampling_params import SamplingParams
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
                  "error": "Stop and ask me"}
-DEFAULT_RESERVE = 512      # room kept for a reply when max_tokens is blank
 NEAR_LIMIT = 0.8           # the gauge turns amber from this share of the room for the prompt
 
 
@@ -67,7 +66,7 @@ def window_of(backend) -> ContextWindow | None:
 def reply_reserve(max_tokens: int | None, limit: int) -> int:
     """Room kept for the reply: max_tokens, but at most a quarter of the context, so a long
     max_tokens never leaves the prompt no room (such a reply may then stop at the limit)."""
-    return max(1, min(max_tokens or DEFAULT_RESERVE, limit // 4))
+    return max(1, min(max_tokens or DEFAULT_REPLY_RESERVE, limit // 4))
 
 
 def usage(backend, messages: list[dict], draft: str, max_tokens: int | None,

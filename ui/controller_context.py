@@ -28,8 +28,9 @@ class ContextFeatures:
     def set_context_policy(self, cid: int, policy: str) -> Conversation:
         """What a send does when the conversation no longer fits: "drop_oldest" | "error"
         (ValueError naming the choices otherwise)."""
-        if self.store.get_conversation(cid).context_policy == policy:
-            return self.store.get_conversation(cid)
+        conv = self.store.get_conversation(cid)
+        if conv.context_policy == policy:
+            return conv
         return self.store.update_conversation(cid, context_policy=policy)
 
     def context_usage(self, cid: int, draft: str = "", system_prompt: str | None = None,

@@ -26,14 +26,14 @@ from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, Echo
 from localpaged.async_engine import RequestStream
-from localpaged.context_window import ContextOverflowError, ContextWindow
+from localpaged.context_window import (DEFAULT_REPLY_RESERVE, ContextOverflowError,
+                                       ContextWindow)
 from localpaged.outputs import CompletionOutput, RequestOutput
 from localpaged.request import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 MIN_LOGPROB = -9999.0          # JSON has no -Infinity
-DEFAULT_REPLY_RESERVE = 512    # context_overflow without max_tokens: room kept for the reply
 
 
 def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, limit: int,
