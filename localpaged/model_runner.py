@@ -116,7 +116,7 @@ class ModelRunner:
             tokens.extend(it.seq.token_ids[start:start + it.num_tokens])
             positions.extend(span)
             slots.extend(table[p // B] * B + p % B for p in span)
-        decodes = [it for it in items if it.num_tokens == 1 and it.seq.num_computed_tokens > 0]
+        decodes = [it for it in items if is_decode(it)]        # items are ordered: decodes first
         prefills = items[len(decodes):]
         dev = self.device
         meta = AttentionMetadata(
@@ -141,10 +141,13 @@ class ModelRunner:
         return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(items), width)
 
 
+def is_decode(it: ScheduledSeq) -> bool:
+    """One new token after a computed context (as opposed to a prefill chunk)."""
+    return it.num_tokens == 1 and it.seq.num_computed_tokens > 0
+
+
 def order_batch(items: list[ScheduledSeq]) -> list[ScheduledSeq]:
-    """Decodes (one new token after a computed context) first, then prefill chunks."""
-    def is_decode(it: ScheduledSeq) -> bool:
-        return it.num_tokens == 1 and it.seq.num_computed_tokens > 0
+    """Decodes first, then prefill chunks."""
     return [it for it in items if is_decode(it)] + [it for it in items if not is_decode(it)]
 
 
