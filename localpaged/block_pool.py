@@ -64,11 +64,22 @@ class BlockPool:
     def num_cached_free(self) -> int:
         return sum(1 for i in self.free_queue if self.blocks[i].block_hash is not None)
 
-    def allocate(self) -> Block:
-        """Take the block at the head of the free queue, evicting its cache entry if any."""
+    def allocate(self, after: int | None = None) -> Block:
+        """Take the block at the head of the free queue, evicting its cache entry if any.
+
+        `after` (the block a table ends with) asks for block `after + 1` when it is free and
+        holds no cached tokens: a sequence whose blocks lie back to back is read by the batch-1
+        decode in place, without joining its runs each layer (kernels.reference.decode_one).
+        Plain free blocks are interchangeable, so this changes no eviction: cached blocks still
+        go in free-queue order."""
         if not self.free_queue:
             raise NoFreeBlocksError("no free KV blocks")
-        block = self.blocks[self.free_queue.popitem(last=False)[0]]
+        block_id = None if after is None else after + 1
+        if block_id in self.free_queue and self.blocks[block_id].block_hash is None:
+            del self.free_queue[block_id]
+        else:
+            block_id = self.free_queue.popitem(last=False)[0]
+        block = self.blocks[block_id]
         self._evict(block)
         block.ref_count = 1
         return block

@@ -156,7 +156,7 @@ class KVCacheManager:
             self._copy_on_write(seq, table)
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         while len(table) < total:
-            table.append(self.pool.allocate())
+            table.append(self.pool.allocate(after=table[-1].block_id if table else None))
         return True
 
     def _needs_copy(self, seq: Sequence) -> bool:
