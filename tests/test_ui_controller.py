@@ -144,6 +144,24 @@ def test_three_conversations_at_once_match_each_alone(ctl, backend):
     assert running[0] >= 2, "the conversations did not share an engine batch"
 
 
+def test_fields_edited_at_once_are_all_kept(ctl):
+    """Each settings box saves only its own field: edits of several fields handled by several
+    threads at once (the UI's quick queue) all stay; a refused value changes nothing."""
+    cid = ctl.new_conversation().id
+    edits = {"temperature": 0.0, "top_p": 0.5, "top_k": 7, "min_p": 0.1, "seed": 3,
+             "max_tokens": 24, "system_prompt": "ĀāĂ"}
+    threads = [threading.Thread(target=ctl.update_setting, args=(cid, k, v)) for k, v in edits.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    system_prompt, sampling = ctl.settings(cid)
+    assert {**sampling, "system_prompt": system_prompt} == edits
+    with pytest.raises(ValueError, match="top_p"):
+        ctl.update_setting(cid, "top_p", 0)
+    assert ctl.settings(cid) == (system_prompt, sampling)
+
+
 def test_stop_keeps_the_text(ctl):
     cid = ctl.new_conversation().id
     ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 900})

@@ -20,7 +20,7 @@ from .edit_preview import wire_edit_cost
 from .export import wire_export
 from .prepared_fields import wire_prepare_fields
 from .queues import GEN, QUICK
-from .sampling import from_fields
+from .sampling import SAMPLING_KEYS, from_fields
 from .tabset import N_SLOTS, Page, PageValues, TabSet
 from .toasts import USER_ERRORS, info, warn, why
 
@@ -40,12 +40,13 @@ class ChatEvents:
     def _settings(self, cid: int, system: str, sampling: tuple) -> None:
         self.ctl.update_settings(cid, system or "", from_fields(sampling))
 
-    def save_settings(self, slots: list, i: int, system: str, *sampling) -> None:
-        """A settings field was edited: keep it (a value the engine refuses is reported)."""
+    def save_setting(self, slots: list, i: int, key: str, value) -> None:
+        """A settings field was edited: keep it, and only it (the other fields' values sent with
+        the event may lag behind the page); a value the engine refuses is reported."""
         if slots[i] is None:
             return
         try:
-            self._settings(slots[i], system, sampling)
+            self.ctl.update_setting(slots[i], key, value)
         except USER_ERRORS as exc:
             warn(why(exc))
 
@@ -201,8 +202,7 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
-    for f in ui.sampling:
-        f.input(lambda c, *v: events.save_settings(c, i, *v), [slots, *settings], None, **QUICK)
-    ui.system.blur(lambda c, *v: events.save_settings(c, i, *v), [slots, *settings], None,
-                   **QUICK)
+    for key, f in zip(("system_prompt", *SAMPLING_KEYS), (ui.system, *ui.sampling)):
+        edited = f.blur if f is ui.system else f.input
+        edited(lambda c, v, key=key: events.save_setting(c, i, key, v), [slots, f], None, **QUICK)
     page.followers.append((follow, out))

@@ -68,6 +68,7 @@ class ChatController(ContextFeatures):
         self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
         self._starting: set[int] = set()           # conversations whose turn is being set up
         self._lock = threading.Lock()
+        self._settings_lock = threading.Lock()     # one read-merge-write of settings at a time
         self.prepared = PreparedReplies(self)      # alternatives made in the background
 
     def backend(self) -> ChatBackend | None:
@@ -105,6 +106,15 @@ class ChatController(ContextFeatures):
         if system_prompt == old_prompt and new == old:
             return self.store.get_conversation(cid)      # unchanged: keep the sidebar order
         return self.store.update_conversation(cid, system_prompt=system_prompt, sampling=new)
+
+    def update_setting(self, cid: int, key: str, value: Any) -> Conversation:
+        """One field edited ("system_prompt" or a sampling key): merged into what is stored, so
+        quick edits of two fields, handled at once by two threads, cannot undo each other."""
+        with self._settings_lock:
+            system_prompt, sampling = self.settings(cid)
+            if key == "system_prompt":
+                return self.update_settings(cid, value or "", sampling)
+            return self.update_settings(cid, system_prompt, {**sampling, key: value})
 
     def export(self, cid: int, fmt: str = "markdown") -> str:
         if fmt == "json":
