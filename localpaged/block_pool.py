@@ -64,25 +64,39 @@ class BlockPool:
     def num_cached_free(self) -> int:
         return sum(1 for i in self.free_queue if self.blocks[i].block_hash is not None)
 
-    def allocate(self, after: int | None = None) -> Block:
-        """Take the block at the head of the free queue, evicting its cache entry if any.
-
-        `after` (the block a table ends with) asks for block `after + 1` when it is free and
-        holds no cached tokens: a sequence whose blocks lie back to back is read by the batch-1
-        decode in place, without joining its runs each layer (kernels.reference.decode_one).
-        Plain free blocks are interchangeable, so this changes no eviction: cached blocks still
-        go in free-queue order."""
+    def allocate(self) -> Block:
+        """Take the block at the head of the free queue, evicting its cache entry if any."""
         if not self.free_queue:
             raise NoFreeBlocksError("no free KV blocks")
-        block_id = None if after is None else after + 1
-        if block_id in self.free_queue and self.blocks[block_id].block_hash is None:
-            del self.free_queue[block_id]
-        else:
-            block_id = self.free_queue.popitem(last=False)[0]
-        block = self.blocks[block_id]
+        block = self.blocks[self.free_queue.popitem(last=False)[0]]
         self._evict(block)
         block.ref_count = 1
         return block
+
+    def allocate_next(self, last: int) -> tuple[Block, tuple[int, int] | None]:
+        """Block `last + 1` when it is free, else as allocate(): for a table that ends with block
+        `last`, so that its blocks lie back to back.
+
+        If that block holds cached tokens, they move to the block allocate() would have taken
+        (which is evicted just as allocate() would evict it) along with their hash and their
+        place in the free queue; the pair (last + 1, new holder) is returned for the caller to
+        copy. So the prefix cache keeps exactly the tokens, in exactly the eviction order, that
+        allocate() would have left it."""
+        wanted = last + 1
+        if wanted not in self.free_queue or next(iter(self.free_queue)) == wanted:
+            return self.allocate(), None
+        block, move = self.blocks[wanted], None
+        if block.block_hash is not None:
+            holder = self.allocate()
+            holder.ref_count, holder.block_hash, block.block_hash = 0, block.block_hash, None
+            self.cached[holder.block_hash] = holder
+            self.free_queue = OrderedDict((holder.block_id if i == wanted else i, None)
+                                          for i in self.free_queue)
+            move = (wanted, holder.block_id)
+        else:
+            del self.free_queue[wanted]
+        block.ref_count = 1
+        return block, move
 
     def incref(self, block: Block) -> None:
         if block.ref_count == 0:

@@ -66,7 +66,8 @@ class LLMEngine:
                                 mc.num_key_value_heads, self.model.head_dim, self.dtype,
                                 self.device, num_cpu_blocks)
         self.block_manager = KVCacheManager(num_blocks, config.block_size,
-                                            config.enable_prefix_caching, num_cpu_blocks)
+                                            config.enable_prefix_caching, num_cpu_blocks,
+                                            keep_runs=self.device.type == "cpu")
         shares = config.background_batch == "share" or (config.background_batch == "auto"
                                                           and self.device.type == "cuda")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,

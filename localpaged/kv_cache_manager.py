@@ -10,8 +10,8 @@ Invariants:
   filled last block, `allocate_slots` gives it a private copy and queues the copy in
   `pending_copies` for the model runner to carry out before the forward pass.
 - A block is registered in the prefix cache only when it is full and its K/V are computed.
-- Moves of block contents (copy-on-write, swap out, swap in) are queued as typed `BlockOp`s, in
-  the order they were decided, for the model runner to carry out before the next forward pass.
+- Moves of block contents (copy-on-write, a cached block moved out of a growing table's way,
+  swap out, swap in) are queued as typed `BlockOp`s, in the order they were decided, for the model runner to carry out before the next forward pass.
 `check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
 it after every step when `EngineConfig.debug_checks` is set.
 See docs/architecture.md §3 (invariants) and §4 step 2 (admission, allocation).
@@ -47,8 +47,11 @@ def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, blo
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_cpu_blocks: int = 0, watermark: float = 0.01) -> None:
+                 num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False) -> None:
         self.block_size = block_size
+        # keep each table's blocks back to back where a free block allows (BlockPool.allocate_next):
+        # the CPU batch-1 decode reads one run of blocks in place and joins several by a copy
+        self.keep_runs = keep_runs
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
         self.cpu_pool = BlockPool(num_cpu_blocks, False) if num_cpu_blocks > 0 else None
         self.watermark_blocks = max(1, int(watermark * num_blocks)) if num_blocks > 8 else 0
@@ -156,8 +159,18 @@ class KVCacheManager:
             self._copy_on_write(seq, table)
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         while len(table) < total:
-            table.append(self.pool.allocate(after=table[-1].block_id if table else None))
+            table.append(self._new_block(table))
         return True
+
+    def _new_block(self, table: list[Block]) -> Block:
+        """A block for the end of `table` (see keep_runs); a cached block moved out of the way is
+        queued as a copy, like copy-on-write's."""
+        if not (self.keep_runs and table):
+            return self.pool.allocate()
+        block, move = self.pool.allocate_next(table[-1].block_id)
+        if move:
+            self._record(BlockOpKind.COPY, [move])
+        return block
 
     def _needs_copy(self, seq: Sequence) -> bool:
         table = self.tables.get(seq.seq_id, [])
@@ -174,11 +187,14 @@ class KVCacheManager:
         table[last] = private
 
     def _record(self, kind: BlockOpKind, pairs: list[tuple[int, int]]) -> None:
-        """Queue a move; consecutive moves of one kind merge into one batched op."""
+        """Queue a move; consecutive moves of one kind merge into one batched op, except a device
+        copy touching a block the op already copies from or to: a batched op reads all its
+        sources before it writes, so a chain (a -> b, then b -> c) must run as two ops."""
         if not pairs:
             return
-        if self.block_ops and self.block_ops[-1].kind is kind:
-            self.block_ops[-1].pairs.extend(pairs)
+        last = self.block_ops[-1] if self.block_ops else None
+        if last and last.kind is kind and not (kind is BlockOpKind.COPY and _touch(last.pairs, pairs)):
+            last.pairs.extend(pairs)
         else:
             self.block_ops.append(BlockOp(kind, list(pairs)))
 
@@ -188,7 +204,7 @@ class KVCacheManager:
 
     @property
     def pending_copies(self) -> list[tuple[int, int]]:
-        """The copy-on-write pairs among the pending block ops (read-only view)."""
+        """The device-to-device copies among the pending block ops (read-only view)."""
         return [pair for op in self.block_ops if op.kind is BlockOpKind.COPY for pair in op.pairs]
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -298,6 +314,11 @@ class KVCacheManager:
             raise InvariantError(f"blocks still held after every request ended: device tables "
                                  f"{sorted(self.tables)}, CPU tables {sorted(self.cpu_tables)}, "
                                  f"{self.pool.num_blocks - self.pool.num_free} blocks in use")
+
+
+def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:
+    """Whether the copies `more` read or write a block that the copies `pairs` read or write."""
+    return not {b for pair in pairs for b in pair}.isdisjoint(b for pair in more for b in pair)
 
 
 def _check_ref_counts(pool: BlockPool, tables: dict[int, list[Block]], where: str) -> None:

@@ -5,6 +5,7 @@ sequences keep the invariants of docs/architecture.md §3 (I1-I5), checked both 
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from localpaged.block_pool import BlockOpKind, BlockPool
 from localpaged.kv_cache_manager import KVCacheManager, hash_block
 from localpaged.request import Sequence
 
@@ -20,9 +21,12 @@ def chain_hash(tokens: tuple) -> bytes:
 
 
 class BlockMachine(RuleBasedStateMachine):
+    keep_runs = False
+
     def __init__(self):
         super().__init__()
-        self.kv = KVCacheManager(NUM_BLOCKS, B, enable_prefix_caching=True, num_cpu_blocks=12)
+        self.kv = KVCacheManager(NUM_BLOCKS, B, enable_prefix_caching=True, num_cpu_blocks=12,
+                                 keep_runs=self.keep_runs)
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.waiting: list[Sequence] = []
@@ -31,13 +35,18 @@ class BlockMachine(RuleBasedStateMachine):
     # ---- helpers ------------------------------------------------------------------------------
     def compute(self, seq: Sequence, n: int) -> None:
         """What the model runner does: carry out copies, then write n tokens' K/V."""
-        for src, dst in self.kv.pending_copies:        # swaps only move bytes we track below
-            assert self.kv.pool.blocks[dst].ref_count == 1
-            if src in self.content:
-                self.content[dst] = self.content[src]
-            else:
-                self.content.pop(dst, None)
-        self.kv.take_block_ops()
+        for op in self.kv.take_block_ops():
+            if op.kind is not BlockOpKind.COPY:       # swaps only move bytes we track below
+                continue
+            # a batched op reads all its sources before it writes (kernels' copy_blocks)
+            read = {src: self.content.get(src) for src, _ in op.pairs}
+            for src, dst in op.pairs:
+                # a private copy (ref 1) or a cached block's new holder (free: ref 0)
+                assert self.kv.pool.blocks[dst].ref_count <= 1
+                if read[src] is None:
+                    self.content.pop(dst, None)
+                else:
+                    self.content[dst] = read[src]
         table = self.kv.block_ids(seq)
         for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
             block = table[pos // B]
@@ -209,5 +218,54 @@ class BlockMachine(RuleBasedStateMachine):
         self.kv.check(expect_empty=True)
 
 
+class RunsMachine(BlockMachine):
+    """The same, with tables kept back to back (cached blocks moved out of the way: the CPU)."""
+    keep_runs = True
+
+
 TestBlockMachine = BlockMachine.TestCase
 TestBlockMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestRunsMachine = RunsMachine.TestCase
+TestRunsMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def _cache_order(pool) -> list:
+    """The cached hashes in eviction order."""
+    return [pool.blocks[i].block_hash for i in pool.free_queue if pool.blocks[i].block_hash]
+
+
+def _two_pools_with_cached_blocks():
+    """Twin pools: blocks 0-5 computed and cached (0-2 freed last), 6-7 plain free."""
+    pools = []
+    for _ in range(2):
+        pool = BlockPool(8)
+        blocks = [pool.allocate() for _ in range(6)]
+        for b in blocks:
+            pool.register(b, bytes([b.block_id]))
+        for b in blocks[3:] + blocks[:3]:
+            pool.decref(b)
+        pools.append(pool)
+    return pools
+
+
+def test_allocate_next_takes_the_next_block_and_keeps_the_cache_as_allocate_would():
+    plain, runs = _two_pools_with_cached_blocks()
+    runs.incref(runs.lookup(bytes([1])))                     # a prefix hit: a table ends with 1
+    plain.incref(plain.lookup(bytes([1])))
+    for _ in range(4):                                       # 2 plain free blocks, then evictions
+        plain.allocate()
+    got = [runs.allocate_next(last) for last in (1, 2, 3, 4)]
+    assert [b.block_id for b, _ in got] == [2, 3, 4, 5]     # one run after block 1
+    moves = [m for _, m in got if m]
+    assert [src for src, _ in moves] == [2, 3, 4, 5]        # each held cached tokens: moved
+    assert _cache_order(runs) == _cache_order(plain)          # the same tokens, the same order
+    for src, dst in moves:
+        assert runs.lookup(bytes([src])) is None or runs.lookup(bytes([src])).block_id == dst
+
+
+def test_allocate_next_falls_back_to_the_queue_head():
+    pool = BlockPool(4)
+    a, b = pool.allocate(), pool.allocate()                  # 0, 1 held
+    assert pool.allocate_next(1)[0].block_id == 2             # free: taken
+    assert pool.allocate_next(0) == (pool.blocks[3], None)    # 1 is held: the head (3) instead
+    assert pool.blocks[3].ref_count == 1

@@ -1,7 +1,8 @@
 """The fast paths of one-conversation decode, each against an independent oracle: fused RMSNorm
 and table rotary vs transformers' formulas (bitwise), the in-place batch-1 decode attention vs a
 plain softmax attention, the CUDA-graph runner's static-buffer path (without capture, on CPU) vs
-eager decode, and the start-up self-check falling back when a kernel is broken on purpose."""
+eager decode, the start-up self-check falling back when a kernel is broken on purpose, and a
+chat's blocks kept in one run of the cache after another chat used the blocks there."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from engine_helpers import greedy, prompts, token_ids
+from engine_helpers import greedy, hf_greedy, prompts, token_ids
 from localpaged import LLM, startup_check
 from localpaged.cuda_graphs import StaticDecodeBuffers, capture_sizes, padded_size
 from localpaged.kernels import reference
@@ -212,3 +213,26 @@ def test_step_timings_cover_every_phase(tiny_llama):
     assert set(timings.seconds) == {"schedule", "prepare", "forward", "logits", "sample+finish",
                                     "outputs"}
     assert all(v >= 0 for v in timings.per_step_ms().values())
+
+
+def test_a_chat_after_another_keeps_its_blocks_in_one_run(tiny_llama):
+    """Two chats with one system prompt, one after the other: the second reuses the first's
+    cached blocks of that prompt, and its own blocks follow them back to back (the first chat's
+    cached blocks there move out of the way, still findable), so its batch-1 decode reads one
+    run in place. Its tokens are transformers' own."""
+    llm = LLM(tiny_llama, num_kv_blocks=64)
+    system = prompts(1, seed=3, lo=40, hi=41)[0]              # two full blocks shared
+    first, second = system + [5, 6, 7], system + [9, 10, 11, 12]
+    reply = llm.generate([first], greedy(40))[0].outputs[0].token_ids
+    eng = llm.engine
+    eng.add_request("second", second, greedy(40))
+    eng.step()
+    seq = eng.scheduler.running[0].seqs[0]
+    while eng.has_unfinished_requests():
+        ids = eng.block_manager.block_ids(seq)
+        assert ids == list(range(ids[0], ids[0] + len(ids)))
+        eng.step()
+    assert seq.output_token_ids == hf_greedy(tiny_llama, second, 40)
+    assert eng.scheduler.running == [] and llm.stats().prefix_cache_hits > 0
+    follow_up = llm.generate([first + reply[:30] + [8]], greedy(4))[0]   # the first chat goes on
+    assert follow_up.metrics.num_cached_tokens == 64          # all its full blocks still cached

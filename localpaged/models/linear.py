@@ -1,10 +1,11 @@
-"""Linear: nn.Linear whose one-row products (batch-1 decode) use every CPU thread.
+"""Linear: nn.Linear whose float32 one-row products (batch-1 decode) use every CPU thread.
 
-torch's CPU `F.linear` on a single row (a GEMV) runs on one thread whatever
-`torch.get_num_threads()` says. Measured on this project's 2-core machine (float32, 3072x576,
-weights cold in DRAM as in a decode step): 15 GB/s with 1 or 2 threads. The same product taken as
-a batched matmul over P blocks of the weight's rows (`bmm`, one block per thread, no copy: the
+torch's CPU float32 `F.linear` on a single row (a GEMV) runs on one thread whatever
+`torch.get_num_threads()` says. Measured on this project's 2-core machine (3072x576, weights
+cold in DRAM as in a decode step): 15 GB/s with 1 or 2 threads. The same product taken as a
+batched matmul over P blocks of the weight's rows (`bmm`, one block per thread, no copy: the
 blocks are views) reads 28 GB/s, so a float32 decode step's matmuls take about half the time.
+bfloat16 `F.linear` is threaded already (the split gains nothing there) and keeps its path.
 
 Each output element is still one dot product over the same inputs, and for the shapes of real
 models the BLAS computes it the same way in both forms: the result is bitwise equal to
@@ -51,7 +52,8 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = torch.get_num_threads()
-        if x.shape[0] != 1 or x.dim() != 2 or parts < 2 or x.is_cuda or not self._split_ok(parts):
+        if (x.shape[0] != 1 or x.dim() != 2 or parts < 2 or x.is_cuda
+                or self.weight.dtype != torch.float32 or not self._split_ok(parts)):
             return F.linear(x, self.weight, self.bias)
         return split_rows(x, self.weight, self.bias, parts)
 
