@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from test_ui_browser import (BROWSER_ARGS, CHROMIUM, REPO, app, open_app,  # noqa: F401 (app)
+from test_ui_browser import (BROWSER_ARGS, CHROMIUM, REPO, app, configure, open_app,  # noqa: F401 (app)
                              saved, send, text, wait_idle, wait_text)
 
 pytestmark = pytest.mark.slow
@@ -45,16 +45,11 @@ def test_prepared_regenerate_edit_preview_and_beams(app, page):
 def walk(app, page) -> None:
     open_app(page, app)
     # Greedy, short replies, one alternative prepared after each reply.
+    configure(page, 0, app, temperature=0, max_tokens=24)
     page.locator("#settings0").get_by_text("Conversation settings").click()
-    for name, value in {"temperature": 0, "max_tokens": 24}.items():
-        box = page.locator(f"#s0-{name} input").first
-        box.fill(str(value))
-        box.press("Tab")
     page.locator("#prep0").get_by_text("1", exact=True).click()
-    saved(app, "SELECT sampling, options FROM conversations",
-          lambda rows: rows and json.loads(rows[0][0]).get("max_tokens") == 24
-          and json.loads(rows[0][0]).get("temperature") == 0
-          and json.loads(rows[0][1]).get("alternatives") == 1)
+    saved(app, "SELECT options FROM conversations",
+          lambda rows: rows and json.loads(rows[0][0]).get("alternatives") == 1)
     page.locator("#settings0").get_by_text("Conversation settings").click()
 
     send(page, 0, FIRST)
