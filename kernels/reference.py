@@ -44,7 +44,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     One sequence (a single conversation) reads its K/V in place, without a gather; several are
     gathered in chunks of similar length, each padded to its own longest.
     """
-    if q.shape[0] == 1 and _back_to_back(k_cache) and _back_to_back(v_cache):
+    if q.shape[0] == 1 and back_to_back(k_cache) and back_to_back(v_cache):
         return _decode_in_place(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
     if q.shape[0] <= DECODE_CHUNK:
         return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -91,7 +91,7 @@ def decode_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache:
     return _attend_runs(q, k_cache, v_cache, runs, scale)
 
 
-def _back_to_back(cache: torch.Tensor) -> bool:
+def back_to_back(cache: torch.Tensor) -> bool:
     """Whether block b + 1 starts where block b ends, so a run of blocks is one strided view."""
     return cache.stride(0) == cache.shape[1] * cache.stride(1)
 
@@ -121,7 +121,7 @@ def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     tests/test_latency_paths.py)."""
     num_kv_heads = k_cache.shape[2]
     num_heads, head_dim = q.shape[1], q.shape[2]
-    if not (_back_to_back(k_cache) and _back_to_back(v_cache)):
+    if not (back_to_back(k_cache) and back_to_back(v_cache)):
         raise ValueError("decode in place needs caches whose blocks are laid out back to back")
     qg = q.view(1, num_kv_heads, num_heads // num_kv_heads, head_dim)
     views = [(_run_view(k_cache, first, length, q.dtype), _run_view(v_cache, first, length, q.dtype))

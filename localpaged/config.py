@@ -21,7 +21,7 @@ class EngineConfig:
     preemption_mode: str = "recompute"   # or "swap"
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
     attention_backend: str = "auto"      # "auto" | "torch" | "triton"
-    enforce_eager: bool = False          # True: no CUDA graphs for decode (they are CUDA-only)
+    enforce_eager: bool = False          # True: no CUDA graphs (CUDA), no C++ batch-1 loop (CPU)
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
     quantization: str = "auto"           # "auto" | "none" | "int8" | "int4"; auto: a GGUF keeps its

@@ -29,6 +29,7 @@ from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.model_runner import ModelRunner, StepTimings, phase_of
+from localpaged.models.batch1_cpu import Batch1Decoder
 from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from localpaged.quant.linear import weights_summary
 from localpaged.request import BeamParams, Sequence, SequenceGroup
@@ -75,7 +76,10 @@ class LLMEngine:
         graphs = None if config.enforce_eager or not graphs_ok else startup_check.build_decode_graphs(
             self.model, self.kv_cache.layers, self.backend, config.max_num_seqs,
             self.max_model_len, config.block_size, self.device, self.dtype)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend, graphs)
+        batch1 = None if config.enforce_eager else Batch1Decoder.create(
+            self.model, self.kv_cache.layers, self.backend)
+        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend,
+                                  graphs, batch1)
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)

@@ -23,6 +23,7 @@ from localpaged.kernels.reference import decode_runs
 from localpaged.kv_cache import KVCache
 from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
+from localpaged.models.batch1_cpu import Batch1Decoder
 from localpaged.scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -67,9 +68,11 @@ def phase_of(timings: StepTimings | None):
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: KVCacheManager,
-                 backend: PagedAttention, graphs: DecodeGraphRunner | None = None) -> None:
+                 backend: PagedAttention, graphs: DecodeGraphRunner | None = None,
+                 batch1: Batch1Decoder | None = None) -> None:
         self.model = model
         self.graphs = graphs          # decode-only batches replay a CUDA graph when set
+        self.batch1 = batch1          # CPU batch-1 int4 decode: the layer loop in C++ when set
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.backend = backend
@@ -89,10 +92,12 @@ class ModelRunner:
         with phase("prepare"):
             input_ids, positions, meta = self.prepare(items)
         with phase("forward"):
+            max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
             if self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
                 hidden = self.graphs.run(input_ids, positions, meta)
+            elif self.batch1 is not None and self.batch1.can_run(meta):
+                hidden = self.batch1.run(input_ids, positions, meta, max_position)
             else:
-                max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
                 hidden = self.model(input_ids, positions, self.kv_cache.layers, meta,
                                     self.backend, max_position)
         prompt_lps = prompt_logprobs.compute(self.model, hidden, items)

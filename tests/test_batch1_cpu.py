@@ -1,0 +1,82 @@
+"""models/batch1_cpu: the C++ layer loop of a batch-1 int4 decode step gives bitwise the tokens
+and logprobs of the Python path (the engine with enforce_eager), over one run of blocks and over
+several; models it cannot run and a failed build decode in Python."""
+
+import logging
+
+import pytest
+import tiny_models
+from engine_helpers import greedy, prompts
+
+from localpaged import LLM
+from localpaged.models import batch1_cpu
+
+TOOLCHAIN = ("a C++ toolchain for the batch-1 CPU decode loop (g++ and ninja)",
+             "apt-get install g++ ninja-build")
+
+
+def outputs(llm, batch, params):
+    return [(c.token_ids, [lp.logprob for lp in c.logprobs]) for o in llm.generate(batch, params)
+            for c in o.outputs]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """The C++ loop's calls: the number of runs each read."""
+    seen = []
+    real = batch1_cpu.BUILD.module.decode_layers
+
+    def spy(*args):
+        seen.append(len(args[8]))                 # run_firsts
+        return real(*args)
+    monkeypatch.setattr(batch1_cpu.BUILD.module, "decode_layers", spy)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def int4_engines(tiny_llama, require_part):
+    fast = LLM(tiny_llama, quantization="int4", num_kv_blocks=64)
+    assert fast.engine.runner.batch1 is not None
+    require_part(TOOLCHAIN[0], fast.engine.runner.batch1.wait(600), TOOLCHAIN[1])
+    python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, enforce_eager=True)
+    assert python.engine.runner.batch1 is None
+    return fast, python
+
+
+def test_one_conversation_at_a_time_equals_the_python_path(int4_engines, calls):
+    fast, python = int4_engines
+    params = greedy(24, logprobs=1)
+    for prompt in prompts(3, seed=5):
+        assert outputs(fast, [prompt], params) == outputs(python, [prompt], params)
+    assert calls and set(calls) == {1}            # one run of blocks each step
+
+
+def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(int4_engines, calls):
+    """Two requests decode side by side (the first outgrows its blocks while the second holds the
+    next one), then the first alone: its batch-1 steps read several runs, joined as
+    kernels/reference.py joins them."""
+    fast, python = int4_engines
+    pair = prompts(2, seed=9, lo=20, hi=30)
+    params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
+    assert outputs(fast, pair, params) == outputs(python, pair, params)
+    assert max(calls) > 1
+
+
+@pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "int4"), ("llama-gqa", "none")])
+def test_models_it_cannot_run_decode_in_python(tiny_root, kind, quantization):
+    llm = LLM(tiny_models.build(kind, tiny_root), quantization=quantization, num_kv_blocks=16)
+    assert llm.engine.runner.batch1 is None
+    assert llm.generate(prompts(1, seed=2), greedy(4))[0].outputs[0].finish_reason == "length"
+
+
+def test_a_failed_build_is_one_log_line_and_python_decoding(tiny_llama, monkeypatch, caplog, tmp_path):
+    monkeypatch.setattr(batch1_cpu, "SOURCE", str(tmp_path / "missing.cpp"))
+    monkeypatch.setattr(batch1_cpu, "BUILD", batch1_cpu._Build())
+    with caplog.at_level(logging.WARNING, logger="localpaged.models.batch1_cpu"):
+        llm = LLM(tiny_llama, quantization="int4", num_kv_blocks=64)
+        assert llm.engine.runner.batch1.wait(120) is False
+    lines = [r for r in caplog.records if r.name == "localpaged.models.batch1_cpu"]
+    assert len(lines) == 1 and "decoding in Python" in lines[0].getMessage()
+    python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, enforce_eager=True)
+    batch = prompts(1, seed=4)
+    assert outputs(llm, batch, greedy(8, logprobs=1)) == outputs(python, batch, greedy(8, logprobs=1))
