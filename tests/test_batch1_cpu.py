@@ -1,6 +1,6 @@
-"""models/batch1_cpu: the C++ layer loop of a batch-1 int4 decode step gives bitwise the tokens
-and logprobs of the Python path (the engine with enforce_eager), over one run of blocks and over
-several; models it cannot run and a failed build decode in Python."""
+"""models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4 or float32 weights) gives
+bitwise the tokens and logprobs of the Python path (the engine with enforce_eager), over one run
+of blocks and over several; models it cannot run and a failed build decode in Python."""
 
 import logging
 
@@ -33,36 +33,38 @@ def calls(monkeypatch):
     return seen
 
 
-@pytest.fixture(scope="module")
-def int4_engines(tiny_llama, require_part):
-    fast = LLM(tiny_llama, quantization="int4", num_kv_blocks=64)
+@pytest.fixture(scope="module", params=["int4", "none"])
+def engines(request, tiny_llama, require_part):
+    """(C++ loop, Python loop) engines on the same weights: int4, or float32 (`none`)."""
+    fast = LLM(tiny_llama, quantization=request.param, num_kv_blocks=64)
     assert fast.engine.runner.batch1 is not None
     require_part(TOOLCHAIN[0], fast.engine.runner.batch1.wait(600), TOOLCHAIN[1])
-    python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, enforce_eager=True)
+    python = LLM(tiny_llama, quantization=request.param, num_kv_blocks=64, enforce_eager=True)
     assert python.engine.runner.batch1 is None
     return fast, python
 
 
-def test_one_conversation_at_a_time_equals_the_python_path(int4_engines, calls):
-    fast, python = int4_engines
+def test_one_conversation_at_a_time_equals_the_python_path(engines, calls):
+    fast, python = engines
     params = greedy(24, logprobs=1)
     for prompt in prompts(3, seed=5):
         assert outputs(fast, [prompt], params) == outputs(python, [prompt], params)
     assert calls and set(calls) == {1}            # one run of blocks each step
 
 
-def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(int4_engines, calls):
+def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(engines, calls):
     """Two requests decode side by side (the first outgrows its blocks while the second holds the
     next one), then the first alone: its batch-1 steps read several runs, joined as
     kernels/reference.py joins them."""
-    fast, python = int4_engines
+    fast, python = engines
     pair = prompts(2, seed=9, lo=20, hi=30)
     params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
     assert outputs(fast, pair, params) == outputs(python, pair, params)
     assert max(calls) > 1
 
 
-@pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "int4"), ("llama-gqa", "none")])
+@pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "int4"), ("qwen3", "none"),
+                                                ("llama-gqa", "int8")])
 def test_models_it_cannot_run_decode_in_python(tiny_root, kind, quantization):
     llm = LLM(tiny_models.build(kind, tiny_root), quantization=quantization, num_kv_blocks=16)
     assert llm.engine.runner.batch1 is None

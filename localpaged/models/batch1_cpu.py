@@ -1,4 +1,4 @@
-"""Batch1Decoder: one conversation's decode step on CPU with int4 weights, the layer loop in C++.
+"""Batch1Decoder: one conversation's decode step on CPU, the loop over the layers in C++.
 
 At batch 1 an int4 step of a small model is mostly Python: ~40 small ATen calls per layer and the
 interpreter between them, against ~3.7 ms of weight reads (SmolLM2-135M, 2 cores). The loop over
@@ -13,8 +13,8 @@ until it is ready, so the first reply never waits for it. A build that fails log
 leaves Python decoding. `EngineConfig.enforce_eager` (`--eager`) turns it off.
 
 Used when: CPU, the torch attention backend (kernels/reference.py), float32 activations and KV
-cache, every decoder linear int4 (quant/cpu.py: CpuInt4Weight, one group size) without bias,
-no q/k norms. Anything else decodes in Python.
+cache, every decoder linear int4 (quant/cpu.py: CpuInt4Weight) or float32 (models/linear.py:
+Linear, threaded split included) without bias, no q/k norms. Anything else decodes in Python.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 
 from localpaged.attention import AttentionMetadata, PagedAttention
 from localpaged.kernels.reference import back_to_back
+from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
 from localpaged.quant.cpu import CpuInt4Weight
 from localpaged.quant.linear import QuantLinear
@@ -69,13 +70,29 @@ class _Build:
 BUILD = _Build()
 
 
-def _int4_weights(layer) -> list[CpuInt4Weight] | None:
-    linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-               layer.mlp.down_proj)
-    if not all(isinstance(m, QuantLinear) and isinstance(m.packed, CpuInt4Weight) and m.bias is None
-               for m in linears):
-        return None
-    return [m.packed for m in linears]
+def _linears(layer) -> tuple:
+    return (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+            layer.mlp.down_proj)
+
+
+def _supported(linear) -> bool:
+    """int4 (CpuInt4Weight) or float32 Linear, without bias."""
+    if isinstance(linear, QuantLinear):
+        return isinstance(linear.packed, CpuInt4Weight) and linear.bias is None
+    return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
+
+
+def _tensors(linear) -> list[torch.Tensor]:
+    if isinstance(linear, QuantLinear):
+        return [linear.packed.packed, linear.packed.scales_zeros]
+    return [linear.weight]
+
+
+def _kind(linear, threads: int) -> int:
+    """batch1_cpu.cpp's code for how the Python module computes one row (see `linear` there)."""
+    if isinstance(linear, QuantLinear):
+        return -linear.packed.group_size
+    return threads if threads >= 2 and linear._split_ok(threads) else 0
 
 
 class Batch1Decoder:
@@ -83,14 +100,14 @@ class Batch1Decoder:
         self.model = model
         self.k_caches = [k for k, _ in kv_caches]
         self.v_caches = [v for _, v in kv_caches]
-        self.weights: list[torch.Tensor] = []        # ten per layer, in batch1_cpu.cpp's order
+        self.weights: list[torch.Tensor] = []        # in batch1_cpu.cpp's order
         for layer in model.model.layers:
-            qkv, o, gate_up, down = _int4_weights(layer)
-            self.weights += [layer.input_layernorm.weight, qkv.packed, qkv.scales_zeros, o.packed,
-                             o.scales_zeros, layer.post_attention_layernorm.weight, gate_up.packed,
-                             gate_up.scales_zeros, down.packed, down.scales_zeros]
+            qkv, o, gate_up, down = _linears(layer)
+            self.weights += [layer.input_layernorm.weight, *_tensors(qkv), *_tensors(o),
+                             layer.post_attention_layernorm.weight, *_tensors(gate_up),
+                             *_tensors(down)]
+        self._kinds: dict[int, list[int]] = {}       # torch threads -> four codes per layer
         attn = model.model.layers[0].self_attn
-        self.group_size = attn.qkv_proj.packed.group_size
         self.shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.eps, self.scale = model.model.layers[0].input_layernorm.eps, attn.scale
         BUILD.start()
@@ -105,8 +122,7 @@ class Batch1Decoder:
         if any(k.dtype != torch.float32 or not back_to_back(k) or not back_to_back(v)
                for k, v in kv_caches):
             return None
-        int4 = [_int4_weights(layer) for layer in layers]
-        if any(w is None for w in int4) or len({w.group_size for ws in int4 for w in ws}) != 1:
+        if not all(_supported(m) for layer in layers for m in _linears(layer)):
             return None
         norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         if any(layer.self_attn.q_norm is not None for layer in layers) or any(
@@ -130,8 +146,15 @@ class Batch1Decoder:
         x = model.embed_tokens(input_ids)
         cos, sin = split_rope(self.model.rotary(positions, x.dtype, max_position))
         firsts, lengths = zip(*meta.decode_runs)
-        x = BUILD.module.decode_layers(x, self.weights, self.group_size, cos, sin, self.k_caches,
-                                       self.v_caches, meta.slot_mapping, list(firsts),
-                                       list(lengths), *self.shape, self.eps, self.scale)
+        x = BUILD.module.decode_layers(x, self.weights, self.kinds(torch.get_num_threads()), cos,
+                                       sin, self.k_caches, self.v_caches, meta.slot_mapping,
+                                       list(firsts), list(lengths), *self.shape, self.eps,
+                                       self.scale)
         return model.norm(x)
 
+    def kinds(self, threads: int) -> list[int]:
+        kinds = self._kinds.get(threads)
+        if kinds is None:
+            kinds = self._kinds[threads] = [_kind(m, threads) for layer in self.model.model.layers
+                                            for m in _linears(layer)]
+        return kinds

@@ -8,9 +8,9 @@ embeddings, and the rope scaling variants transformers defines (computed by tran
 
 Per decode step at batch 1 the Python around the kernels is a large share of the time, so the
 modules inside the decoder call each other's `forward` directly: no hooks are ever registered on
-them, and `Module.__call__` costs about 1.5 us a call, some 270 calls a step. For int4 weights
-on CPU, `batch1_cpu.cpp` runs these layers' batch-1 decode op for op in C++: keep the two in step
-(tests/test_batch1_cpu.py compares them).
+them, and `Module.__call__` costs about 1.5 us a call, some 270 calls a step. On CPU
+`batch1_cpu.cpp` runs these layers' batch-1 decode op for op in C++ (int4 or float32 weights):
+keep the two in step (tests/test_batch1_cpu.py compares them).
 """
 
 from __future__ import annotations
