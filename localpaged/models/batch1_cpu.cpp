@@ -99,5 +99,7 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_layers", &decode_layers, "decoder layers of a batch-1 CPU decode step");
+  // ATen needs no GIL: the server's threads (streaming, HTTP) run while a step computes
+  m.def("decode_layers", &decode_layers, "decoder layers of a batch-1 CPU decode step",
+        py::call_guard<py::gil_scoped_release>());
 }
