@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="paged-attention kernels (default auto: triton on CUDA, checked at "
                         "start-up with a fallback to torch; torch on CPU)")
     p.add_argument("--eager", action="store_true",
-                   help="no CUDA graphs for decode steps (they are on by default on CUDA)")
+                   help="decode steps in plain Python: no CUDA graphs (on by default on CUDA), "
+                        "no C++ layer loop for one conversation on CPU")
     p.add_argument("--backend", default=None, metavar="URL",
                    help="a remote OpenAI-compatible server (e.g. http://host:8000/v1) instead "
                         "of the local engine")
