@@ -26,12 +26,12 @@ def threads():
 def split_calls(monkeypatch):
     """Count the products that took the split path."""
     calls = []
-    real = linear.split_rows
+    real = linear.times_blocks
 
-    def spy(x, weight, bias, parts):
-        calls.append(tuple(weight.shape))
-        return real(x, weight, bias, parts)
-    monkeypatch.setattr(linear, "split_rows", spy)
+    def spy(x, blocks, bias):
+        calls.append((blocks.shape[0] * blocks.shape[2], blocks.shape[1]))     # (N, K)
+        return real(x, blocks, bias)
+    monkeypatch.setattr(linear, "times_blocks", spy)
     return calls
 
 

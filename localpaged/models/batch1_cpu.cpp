@@ -16,7 +16,8 @@ namespace {
 //   kind < 0: CpuInt4Weight.matmul, group size -kind, tensors (packed, scales_zeros): bf16
 //             activations into torch's packed int4 op, the result back in x's dtype;
 //   kind = 0: F.linear, tensor (weight);
-//   kind > 1: models/linear.py split_rows over `kind` row blocks (one bmm), tensor (weight).
+//   kind > 1: models/linear.py times_blocks over `kind` row blocks (one bmm), tensor (the
+//             weight's row_blocks, [kind, K, N / kind]).
 // `w` points at the linear's tensors and is advanced past them.
 Tensor linear(const Tensor& x, int64_t kind, const Tensor*& w) {
   if (kind < 0) {
@@ -26,9 +27,7 @@ Tensor linear(const Tensor& x, int64_t kind, const Tensor*& w) {
   }
   const Tensor& weight = *w++;
   if (kind == 0) return at::linear(x, weight);
-  const int64_t n = weight.size(0), k = weight.size(1);
-  Tensor blocks = weight.view({kind, n / kind, k}).transpose(1, 2);
-  return at::bmm(x.expand({kind, 1, k}), blocks).view({1, n});
+  return at::bmm(x.expand({kind, 1, weight.size(1)}), weight).view({1, kind * weight.size(2)});
 }
 
 // _run_view: tokens [first, first + length) of a cache as [1, Hkv, length, D], no copy.

@@ -82,17 +82,13 @@ def _supported(linear) -> bool:
     return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
 
 
-def _tensors(linear) -> list[torch.Tensor]:
+def _layout(linear, threads: int) -> tuple[int, list[torch.Tensor]]:
+    """How the Python module computes one row, as batch1_cpu.cpp's code (see `linear` there),
+    and the tensors that code reads."""
     if isinstance(linear, QuantLinear):
-        return [linear.packed.packed, linear.packed.scales_zeros]
-    return [linear.weight]
-
-
-def _kind(linear, threads: int) -> int:
-    """batch1_cpu.cpp's code for how the Python module computes one row (see `linear` there)."""
-    if isinstance(linear, QuantLinear):
-        return -linear.packed.group_size
-    return threads if threads >= 2 and linear._split_ok(threads) else 0
+        return -linear.packed.group_size, [linear.packed.packed, linear.packed.scales_zeros]
+    blocks = linear.split_blocks(threads) if threads >= 2 else None
+    return (0, [linear.weight]) if blocks is None else (threads, [blocks])
 
 
 class Batch1Decoder:
@@ -100,13 +96,8 @@ class Batch1Decoder:
         self.model = model
         self.k_caches = [k for k, _ in kv_caches]
         self.v_caches = [v for _, v in kv_caches]
-        self.weights: list[torch.Tensor] = []        # in batch1_cpu.cpp's order
-        for layer in model.model.layers:
-            qkv, o, gate_up, down = _linears(layer)
-            self.weights += [layer.input_layernorm.weight, *_tensors(qkv), *_tensors(o),
-                             layer.post_attention_layernorm.weight, *_tensors(gate_up),
-                             *_tensors(down)]
-        self._kinds: dict[int, list[int]] = {}       # torch threads -> four codes per layer
+        # torch threads -> (tensors in batch1_cpu.cpp's order, four linear codes per layer)
+        self._layouts: dict[int, tuple[list[torch.Tensor], list[int]]] = {}
         attn = model.model.layers[0].self_attn
         self.shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.eps, self.scale = model.model.layers[0].input_layernorm.eps, attn.scale
@@ -146,15 +137,21 @@ class Batch1Decoder:
         x = model.embed_tokens(input_ids)
         cos, sin = split_rope(self.model.rotary(positions, x.dtype, max_position))
         firsts, lengths = zip(*meta.decode_runs)
-        x = BUILD.module.decode_layers(x, self.weights, self.kinds(torch.get_num_threads()), cos,
-                                       sin, self.k_caches, self.v_caches, meta.slot_mapping,
-                                       list(firsts), list(lengths), *self.shape, self.eps,
-                                       self.scale)
+        weights, kinds = self.layout(torch.get_num_threads())
+        x = BUILD.module.decode_layers(x, weights, kinds, cos, sin, self.k_caches, self.v_caches,
+                                       meta.slot_mapping, list(firsts), list(lengths),
+                                       *self.shape, self.eps, self.scale)
         return model.norm(x)
 
-    def kinds(self, threads: int) -> list[int]:
-        kinds = self._kinds.get(threads)
-        if kinds is None:
-            kinds = self._kinds[threads] = [_kind(m, threads) for layer in self.model.model.layers
-                                            for m in _linears(layer)]
-        return kinds
+    def layout(self, threads: int) -> tuple[list[torch.Tensor], list[int]]:
+        """Per layer: input norm, qkv, o, post-attention norm, gate_up, down (see the .cpp)."""
+        layout = self._layouts.get(threads)
+        if layout is None:
+            weights, kinds = [], []
+            for layer in self.model.model.layers:
+                (q, qt), (o, ot), (g, gt), (d, dt) = (_layout(m, threads) for m in _linears(layer))
+                weights += [layer.input_layernorm.weight, *qt, *ot,
+                            layer.post_attention_layernorm.weight, *gt, *dt]
+                kinds += [q, o, g, d]
+            layout = self._layouts[threads] = (weights, kinds)
+        return layout

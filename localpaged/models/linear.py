@@ -26,13 +26,23 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 
+def row_blocks(weight: torch.Tensor, parts: int) -> torch.Tensor:
+    """weight [N, K] as `parts` blocks of its rows, [parts, K, N / parts]: views, no copy."""
+    n, k = weight.shape
+    return weight.view(parts, n // parts, k).transpose(1, 2)
+
+
+def times_blocks(x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [1, K] times the weight given as row_blocks (+ bias): [1, N] in one bmm."""
+    parts, k, rows = blocks.shape
+    y = torch.bmm(x.expand(parts, 1, k), blocks).view(1, parts * rows)
+    return y if bias is None else y + bias
+
+
 def split_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                parts: int) -> torch.Tensor:
     """x [1, K] @ weight[N, K].T (+ bias) as `parts` row blocks of the weight in one bmm."""
-    n, k = weight.shape
-    blocks = weight.view(parts, n // parts, k).transpose(1, 2)
-    y = torch.bmm(x.expand(parts, 1, k), blocks).view(1, n)
-    return y if bias is None else y + bias
+    return times_blocks(x, row_blocks(weight, parts), bias)
 
 
 def split_is_exact(weight: torch.Tensor, bias: torch.Tensor | None, parts: int) -> bool:
@@ -48,22 +58,27 @@ class Linear(nn.Linear):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._exact: dict[tuple[int, int], bool] = {}   # (threads, weight address) -> split_is_exact
+        # threads -> (weight address, its row blocks, or None where the split is not exact)
+        self._split: dict[int, tuple[int, torch.Tensor | None]] = {}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = torch.get_num_threads()
-        if (x.shape[0] != 1 or x.dim() != 2 or parts < 2 or x.is_cuda
-                or self.weight.dtype != torch.float32 or not self._split_ok(parts)):
+        blocks = None
+        if x.shape[0] == 1 and x.dim() == 2 and parts >= 2 and not x.is_cuda:
+            blocks = self.split_blocks(parts)
+        if blocks is None:
             return F.linear(x, self.weight, self.bias)
-        return split_rows(x, self.weight, self.bias, parts)
+        return times_blocks(x, blocks, self.bias)
 
-    def _split_ok(self, parts: int) -> bool:
+    def split_blocks(self, parts: int) -> torch.Tensor | None:
+        """The weight's row blocks for the threaded one-row path at `parts` threads, or None
+        where that path is off: not float32, rows not divisible, or not bitwise exact. Checked
+        once per thread count and weight (the loader may replace or tie the weight)."""
         w = self.weight
-        key = (parts, w.data_ptr())             # the loader may replace or tie the weight
-        ok = self._exact.get(key)
-        if ok is None:
-            ok = (w.shape[0] % parts == 0 and w.is_contiguous()
+        cached = self._split.get(parts)
+        if cached is None or cached[0] != w.data_ptr():
+            ok = (w.dtype == torch.float32 and w.shape[0] % parts == 0 and w.is_contiguous()
                   and split_is_exact(w.detach(), None if self.bias is None else self.bias.detach(), parts))
-            self._exact[key] = ok
+            cached = self._split[parts] = (w.data_ptr(), row_blocks(w.detach(), parts) if ok else None)
             logger.debug("Linear %s: threaded one-row path %s", tuple(w.shape), "on" if ok else "off")
-        return ok
+        return cached[1]
