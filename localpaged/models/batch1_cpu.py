@@ -3,9 +3,9 @@
 At batch 1 an int4 step of a small model is mostly Python: ~40 small ATen calls per layer and the
 interpreter between them, against ~3.7 ms of weight reads (SmolLM2-135M, 2 cores). The loop over
 the decoder layers (`batch1_cpu.cpp`) makes the same ATen calls, in the same order, with the same
-arguments as the Python path, so its output is bitwise the Python path's; measured on SmolLM2
-int4 on this project's 2-core machine: 128-131 -> 165-188 tok/s, the same tokens. The embedding,
-rotary table, final norm and logits stay in Python.
+arguments as the Python path, so its output is bitwise the Python path's; measured on SmolLM2 on
+this project's 2-core machine, side by side: int4 128-131 -> 165-188 tok/s, float32 41 -> 44-47,
+the same tokens and logprobs. The embedding, rotary table, final norm and logits stay in Python.
 
 The extension is compiled once per machine by torch.utils.cpp_extension (g++ and ninja; ~20 s,
 then cached under ~/.cache/torch_extensions) in a background thread: steps decode in Python
