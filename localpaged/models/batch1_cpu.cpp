@@ -2,9 +2,10 @@
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
 // models/llama.py (RMSNorm in float32, rotate, Attention, MLP, DecoderLayer), models/linear.py
-// (Linear), quant/cpu.py (CpuInt4Weight.matmul) and kernels/reference.py (decode_one, _attend_runs, _run_view). So the
-// result is bitwise the Python path's; only the interpreter between the calls is gone. A change
-// to any of those functions must be made here too (tests/test_batch1_cpu.py compares the two).
+// (Linear), quant/cpu.py (CpuInt4Weight.matmul) and kernels/reference.py (decode_one,
+// _attend_runs, _run_view). So the result is bitwise the Python path's; only the interpreter
+// between the calls is gone. A change to any of those functions must be made here too
+// (tests/test_batch1_cpu.py compares the two).
 
 #include <torch/extension.h>
 

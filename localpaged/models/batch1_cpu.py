@@ -43,7 +43,6 @@ class _Build:
 
     def __init__(self) -> None:
         self.module = None
-        self.error: str | None = None
         self.done = threading.Event()
         self._started = False
         self._lock = threading.Lock()
@@ -61,8 +60,8 @@ class _Build:
             self.module = load("localpaged_batch1_cpu", [SOURCE], extra_cflags=["-O2"], verbose=False)
             logger.info("batch-1 CPU decode loop ready (%.1f s)", time.monotonic() - start)
         except Exception as exc:                     # no compiler, no ninja, a build error
-            self.error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            logger.warning("batch-1 CPU decode loop not built (%s): decoding in Python", self.error)
+            why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            logger.warning("batch-1 CPU decode loop not built (%s): decoding in Python", why)
         finally:
             self.done.set()
 
@@ -117,7 +116,7 @@ class Batch1Decoder:
             return None
         norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         if any(layer.self_attn.q_norm is not None for layer in layers) or any(
-                n.weight.dtype != torch.float32 for n in norms + [model.model.norm]):
+                n.weight.dtype != torch.float32 for n in norms):
             return None
         return cls(model, kv_caches)
 

@@ -6,11 +6,8 @@ AttentionMetadata; it returns hidden states [T, hidden]. Differences between the
 qkv bias (Qwen2, `attention_bias`), per-head q/k RMSNorm (Qwen3), explicit head_dim, tied
 embeddings, and the rope scaling variants transformers defines (computed by transformers itself).
 
-Per decode step at batch 1 the Python around the kernels is a large share of the time, so the
-modules inside the decoder call each other's `forward` directly: no hooks are ever registered on
-them, and `Module.__call__` costs about 1.5 us a call, some 270 calls a step. On CPU
-`batch1_cpu.cpp` runs these layers' batch-1 decode op for op in C++ (int4 or float32 weights):
-keep the two in step (tests/test_batch1_cpu.py compares them).
+On CPU `batch1_cpu.cpp` runs these layers' batch-1 decode op for op in C++ (int4 or float32
+weights): keep the two in step (tests/test_batch1_cpu.py compares them).
 """
 
 from __future__ import annotations
@@ -143,7 +140,7 @@ class Attention(nn.Module):
 
     def forward(self, x, rope, kv_cache, meta: AttentionMetadata, backend: PagedAttention):
         T, H = x.shape[0], self.num_heads
-        qkv = self.qkv_proj.forward(x)
+        qkv = self.qkv_proj(x)
         v = qkv[:, self.sizes[0] + self.sizes[1]:].view(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k, _ = qkv.split(self.sizes, dim=-1)
@@ -155,7 +152,7 @@ class Attention(nn.Module):
         qk = rotate(qk, *rope)              # q and k heads rotated together: one set of ops
         q, k = qk[:, :H], qk[:, H:]
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
-        return self.o_proj.forward(out.reshape(T, self.num_heads * self.head_dim))
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -166,9 +163,9 @@ class MLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj.forward(x)  # bf16 from a CPU quantized layer: kept for down_proj
+        gate_up = self.gate_up_proj(x)
         half = gate_up.shape[-1] // 2           # two slices: fewer ops per layer than chunk()
-        return self.down_proj.forward(F.silu(gate_up[..., :half]) * gate_up[..., half:])
+        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
 
 
 class DecoderLayer(nn.Module):
@@ -180,8 +177,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, x, rope, kv_cache, meta, backend):
-        x = x + self.self_attn.forward(self.input_layernorm.forward(x), rope, kv_cache, meta, backend)
-        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, meta, backend)
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DecoderModel(nn.Module):
@@ -210,11 +207,11 @@ class LlamaForCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         rope = split_rope(self.rotary(positions, x.dtype, max_position))    # (cos, sin)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer.forward(x, rope, kv_cache, meta, backend)
+            x = layer(x, rope, kv_cache, meta, backend)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.forward(hidden).float()
+        return self.lm_head(hidden).float()
 
 
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
