@@ -4,8 +4,10 @@ The model runner builds one AttentionMetadata per step and passes it down explic
 context). Tokens are laid out decodes first (one token per decoding sequence), then the prefill
 chunks. `AttentionBackend` is the contract a backend meets: four kernels over the paged cache
 (write_kv, paged_decode_attention, paged_prefill_attention, copy_blocks). "torch" uses the
-references in `localpaged.kernels.reference`, "triton" the Triton kernels (GPU, or CPU under
-TRITON_INTERPRET=1); both modules export the four functions with the same signatures.
+references in `localpaged.kernels.reference`, "cpu" those with decode attention in C++
+(`localpaged.kernels.cpu_ops`, the default on CPU), "triton" the Triton kernels (GPU, or CPU
+under TRITON_INTERPRET=1, the default on CUDA); each module exports the four functions with the
+same signatures.
 `PagedAttention.forward` splits a flat batch between the decode and prefill kernels; a kernel
 module may also export `decode_one` (write + attend for a batch of one decoding sequence,
 given AttentionMetadata.decode_runs), which forward then uses for that batch.
@@ -22,7 +24,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "triton")
+BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass
@@ -108,9 +110,14 @@ def get_backend(name: str, device: torch.device) -> PagedAttention:
     if name not in BACKENDS:
         raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
+    if name == "cpu" and device.type != "cpu":
+        raise ValueError(f"the cpu attention backend runs on CPU, not {device.type}")
     if name == "triton":
         from localpaged.kernels import triton_ops as kernels
+    elif name == "cpu":
+        from localpaged.kernels import cpu_ops as kernels
+        kernels.start()               # builds the C++ kernel in the background (cpu_extension)
     else:
         from localpaged.kernels import reference as kernels
     backend = PagedAttention(name, kernels)

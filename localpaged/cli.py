@@ -47,9 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
                    help="weight-only quantization (default auto: a GGUF keeps its bit width, "
                         "Q4 as int4 and Q8 as int8; safetensors load as is)")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"],
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "cpu", "triton"],
                    help="paged-attention kernels (default auto: triton on CUDA, checked at "
-                        "start-up with a fallback to torch; torch on CPU)")
+                        "start-up with a fallback to torch; on CPU cpu, the torch reference "
+                        "with decode attention in C++)")
     p.add_argument("--eager", action="store_true",
                    help="decode steps in plain Python: no CUDA graphs (on by default on CUDA), "
                         "no C++ layer loop for one conversation on CPU")

@@ -20,7 +20,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"   # or "swap"
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
-    attention_backend: str = "auto"      # "auto" | "torch" | "triton"
+    attention_backend: str = "auto"      # "auto" | "torch" | "cpu" | "triton"
     enforce_eager: bool = False          # True: no CUDA graphs (CUDA), no C++ batch-1 loop (CPU)
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)

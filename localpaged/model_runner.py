@@ -133,8 +133,8 @@ class ModelRunner:
             prefill_query_start_loc=torch.tensor(
                 [0] + _cumsum([it.num_tokens for it in prefills]), dtype=torch.int32, device=dev),
             prefill_seq_lens=_seq_lens(prefills, dev),
-            decode_runs=(decode_runs(self.block_manager.block_ids(items[0].seq),
-                                     positions[0] + 1, B) if len(items) == len(decodes) == 1 else None),
+            decode_runs=(decode_runs(self.block_manager.block_ids(items[0].seq), positions[0] + 1, B)
+                         if self.backend.decode_one and len(items) == len(decodes) == 1 else None),
         )
         return (torch.tensor(tokens, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta)

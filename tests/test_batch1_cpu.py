@@ -1,6 +1,7 @@
 """models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4 or float32 weights) gives
-bitwise the tokens and logprobs of the Python path (the engine with enforce_eager), over one run
-of blocks and over several; models it cannot run and a failed build decode in Python."""
+bitwise the tokens and logprobs of the Python path (the engine with enforce_eager, the same `cpu`
+attention backend), over one run of blocks and over several; models it cannot run, a failed
+build and a failed self-check decode in Python."""
 
 import logging
 
@@ -8,8 +9,8 @@ import pytest
 import tiny_models
 from engine_helpers import greedy, prompts
 
-from localpaged import LLM
-from localpaged.models import batch1_cpu
+from localpaged import LLM, cpu_extension
+from localpaged.kernels.reference import decode_runs
 
 TOOLCHAIN = ("a C++ toolchain for the batch-1 CPU decode loop (g++ and ninja)",
              "apt-get install g++ ninja-build")
@@ -22,14 +23,15 @@ def outputs(llm, batch, params):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """The C++ loop's calls: the number of runs each read."""
+    """The C++ loop's calls: the number of runs of back-to-back blocks each read."""
     seen = []
-    real = batch1_cpu.BUILD.module.decode_layers
+    real = cpu_extension.BUILD.module.decode_layers
 
     def spy(*args):
-        seen.append(len(args[8]))                 # run_firsts
+        table, seq_len, block_size = args[8][0].tolist(), int(args[9][0]), args[5][0].shape[1]
+        seen.append(len(decode_runs(table, seq_len, block_size)))
         return real(*args)
-    monkeypatch.setattr(batch1_cpu.BUILD.module, "decode_layers", spy)
+    monkeypatch.setattr(cpu_extension.BUILD.module, "decode_layers", spy)
     return seen
 
 
@@ -54,8 +56,7 @@ def test_one_conversation_at_a_time_equals_the_python_path(engines, calls):
 
 def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(engines, calls):
     """Two requests decode side by side (the first outgrows its blocks while the second holds the
-    next one), then the first alone: its batch-1 steps read several runs, joined as
-    kernels/reference.py joins them."""
+    next one), then the first alone: its batch-1 steps read blocks that are not back to back."""
     fast, python = engines
     pair = prompts(2, seed=9, lo=20, hi=30)
     params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
@@ -71,14 +72,21 @@ def test_models_it_cannot_run_decode_in_python(tiny_root, kind, quantization):
     assert llm.generate(prompts(1, seed=2), greedy(4))[0].outputs[0].finish_reason == "length"
 
 
-def test_a_failed_build_is_one_log_line_and_python_decoding(tiny_llama, monkeypatch, caplog, tmp_path):
-    monkeypatch.setattr(batch1_cpu, "SOURCE", str(tmp_path / "missing.cpp"))
-    monkeypatch.setattr(batch1_cpu, "BUILD", batch1_cpu._Build())
-    with caplog.at_level(logging.WARNING, logger="localpaged.models.batch1_cpu"):
+@pytest.mark.parametrize("broken", ["build", "check"])
+def test_a_failed_build_or_check_is_one_log_line_and_python_decoding(tiny_llama, monkeypatch, caplog,
+                                                                     tmp_path, broken):
+    if broken == "build":
+        monkeypatch.setattr(cpu_extension, "SOURCES", [str(tmp_path / "missing.cpp")])
+    else:                                         # built, but its kernel "differs" from the reference
+        monkeypatch.setattr(cpu_extension, "CHECK_TOLERANCE", -1.0)
+    monkeypatch.setattr(cpu_extension, "BUILD", cpu_extension.Build())
+    with caplog.at_level(logging.WARNING, logger="localpaged.cpu_extension"):
         llm = LLM(tiny_llama, quantization="int4", num_kv_blocks=64)
-        assert llm.engine.runner.batch1.wait(120) is False
-    lines = [r for r in caplog.records if r.name == "localpaged.models.batch1_cpu"]
-    assert len(lines) == 1 and "decoding in Python" in lines[0].getMessage()
-    python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, enforce_eager=True)
+        assert llm.engine.runner.batch1.wait(600) is False
+    lines = [r.getMessage() for r in caplog.records if r.name == "localpaged.cpu_extension"]
+    assert len(lines) == 1 and "decoding in Python" in lines[0]
+    assert ("not built" if broken == "build" else "failed its check") in lines[0]
+    python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, attention_backend="torch",
+                 enforce_eager=True)
     batch = prompts(1, seed=4)
     assert outputs(llm, batch, greedy(8, logprobs=1)) == outputs(python, batch, greedy(8, logprobs=1))

@@ -7,66 +7,27 @@ arguments as the Python path, so its output is bitwise the Python path's; measur
 this project's 2-core machine, side by side: int4 128-131 -> 165-188 tok/s, float32 41 -> 44-47,
 the same tokens and logprobs. The embedding, rotary table, final norm and logits stay in Python.
 
-The extension is compiled once per machine by torch.utils.cpp_extension (g++ and ninja; ~20 s,
-then cached under ~/.cache/torch_extensions) in a background thread: steps decode in Python
-until it is ready, so the first reply never waits for it. A build that fails logs one line and
-leaves Python decoding. `EngineConfig.enforce_eager` (`--eager`) turns it off.
+The loop is part of the CPU extension (localpaged/cpu_extension.py), built once per machine in
+the background: steps decode in Python until it is ready, so the first reply never waits for it.
+`EngineConfig.enforce_eager` (`--eager`) turns the loop off.
 
-Used when: CPU, the torch attention backend (kernels/reference.py), float32 activations and KV
-cache, every decoder linear int4 (quant/cpu.py: CpuInt4Weight) or float32 (models/linear.py:
-Linear, threaded split included) without bias, no q/k norms. Anything else decodes in Python.
+Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls the same decode
+kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
+CpuInt4Weight) or float32 (models/linear.py: Linear, threaded split included) without bias, no
+q/k norms. Anything else decodes in Python.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
-import time
-
 import torch
 
+from localpaged import cpu_extension
 from localpaged.attention import AttentionMetadata, PagedAttention
-from localpaged.kernels.reference import back_to_back
+from localpaged.kernels import cpu_ops
 from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
 from localpaged.quant.cpu import CpuInt4Weight
 from localpaged.quant.linear import QuantLinear
-
-logger = logging.getLogger(__name__)
-
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "batch1_cpu.cpp")
-
-
-class _Build:
-    """The compiled extension, built at most once per process (every engine shares it)."""
-
-    def __init__(self) -> None:
-        self.module = None
-        self.done = threading.Event()
-        self._started = False
-        self._lock = threading.Lock()
-
-    def start(self) -> None:
-        with self._lock:
-            if not self._started:
-                self._started = True
-                threading.Thread(target=self._run, name="batch1-cpu-build", daemon=True).start()
-
-    def _run(self) -> None:
-        start = time.monotonic()
-        try:
-            from torch.utils.cpp_extension import load
-            self.module = load("localpaged_batch1_cpu", [SOURCE], extra_cflags=["-O2"], verbose=False)
-            logger.info("batch-1 CPU decode loop ready (%.1f s)", time.monotonic() - start)
-        except Exception as exc:                     # no compiler, no ninja, a build error
-            why = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            logger.warning("batch-1 CPU decode loop not built (%s): decoding in Python", why)
-        finally:
-            self.done.set()
-
-
-BUILD = _Build()
 
 
 def _linears(layer) -> tuple:
@@ -100,17 +61,14 @@ class Batch1Decoder:
         attn = model.model.layers[0].self_attn
         self.shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
         self.eps, self.scale = model.model.layers[0].input_layernorm.eps, attn.scale
-        BUILD.start()
 
     @classmethod
     def create(cls, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                backend: PagedAttention) -> Batch1Decoder | None:
         """A decoder for this model, or None where the conditions above do not hold."""
         layers = model.model.layers
-        if backend.name != "torch" or kv_caches[0][0].device.type != "cpu":
-            return None
-        if any(k.dtype != torch.float32 or not back_to_back(k) or not back_to_back(v)
-               for k, v in kv_caches):
+        attn = layers[0].self_attn
+        if backend.name != "cpu" or not cpu_ops.supports(attn.head_dim, kv_caches[0][0].dtype):
             return None
         if not all(_supported(m) for layer in layers for m in _linears(layer)):
             return None
@@ -122,12 +80,11 @@ class Batch1Decoder:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the build; whether the C++ loop is in use."""
-        BUILD.done.wait(timeout)
-        return BUILD.module is not None
+        return cpu_extension.BUILD.wait(timeout)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A batch-1 decode step (the runner computed its runs), once the build is ready."""
-        return meta.decode_runs is not None and BUILD.module is not None
+        """A step of one decoding sequence, once the build is ready."""
+        return meta.num_decode_tokens == meta.slot_mapping.shape[0] == 1 and cpu_extension.BUILD.module is not None
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:
@@ -135,11 +92,10 @@ class Batch1Decoder:
         model = self.model.model
         x = model.embed_tokens(input_ids)
         cos, sin = split_rope(self.model.rotary(positions, x.dtype, max_position))
-        firsts, lengths = zip(*meta.decode_runs)
         weights, kinds = self.layout(torch.get_num_threads())
-        x = BUILD.module.decode_layers(x, weights, kinds, cos, sin, self.k_caches, self.v_caches,
-                                       meta.slot_mapping, list(firsts), list(lengths),
-                                       *self.shape, self.eps, self.scale)
+        x = cpu_extension.BUILD.module.decode_layers(x, weights, kinds, cos, sin, self.k_caches, self.v_caches,
+                                       meta.slot_mapping, meta.decode_block_tables,
+                                       meta.decode_seq_lens, *self.shape, self.eps, self.scale)
         return model.norm(x)
 
     def layout(self, threads: int) -> tuple[list[torch.Tensor], list[int]]:

@@ -1,0 +1,11 @@
+// Paged decode attention on CPU (cpu_decode.cpp): the `cpu` attention backend's decode kernel.
+#pragma once
+
+#include <torch/extension.h>
+
+// One query token per sequence: q [B, H, D] float32 attends to the seq_lens[b] tokens that
+// block_tables[b] ([B, max_blocks] int32) points at in k_cache / v_cache
+// ([num_blocks, block_size, Hkv, D] float32). Returns [B, H, D].
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, double scale);
