@@ -29,7 +29,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from localpaged import LLM, SamplingParams  # noqa: E402
 from localpaged.loader import bundled_gguf_path  # noqa: E402
 
-# aten::bmm: models.linear's float32 one-row path (batch-1 decode attention is one SDPA op)
+# aten::bmm: models.linear's float32 one-row path (decode attention, a C++ kernel or SDPA, counts
+# as outside the matmuls)
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu", "aten::linear")
 PARAGRAPH = ("The lighthouse keeper wrote every evening about the weather, the ships that "

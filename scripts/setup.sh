@@ -54,8 +54,8 @@ if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
   fi
 fi
 
-# The C++ toolchain that builds the batch-1 CPU decode loop (localpaged/models/batch1_cpu.cpp);
-# without it the app decodes in Python, slower.
+# The C++ toolchain that builds the CPU extension (localpaged/cpu_extension.py: the decode
+# attention kernel and the batch-1 decode loop); without it the app decodes in Python, slower.
 toolchain() {
   command -v g++ >/dev/null && command -v ninja >/dev/null && .venv/bin/python -c \
     "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" 2>/dev/null
