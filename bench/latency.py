@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from localpaged import LLM, SamplingParams  # noqa: E402
 from localpaged.loader import bundled_gguf_path  # noqa: E402
 
-# aten::bmm: models.linear's float32 one-row path (decode attention, a C++ kernel or SDPA, counts
-# as outside the matmuls)
+# aten::bmm: models.linear's float32 one-row path; localpaged::int4_matmul: the CPU extension's
+# int4 kernel. Decode attention (a C++ kernel or SDPA) counts as outside the matmuls.
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_weight_int8pack_mm",
-              "aten::_weight_int4pack_mm_for_cpu", "aten::linear")
+              "aten::_weight_int4pack_mm_for_cpu", "aten::linear", "localpaged::int4_matmul")
 PARAGRAPH = ("The lighthouse keeper wrote every evening about the weather, the ships that "
              "passed, and the small repairs the old tower needed. ")
 

@@ -15,6 +15,7 @@
 #include "cpu_decode.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -181,6 +182,7 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
 
 Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const Tensor& v_cache,
                               const Tensor& block_tables, const Tensor& seq_lens, double scale) {
+  RECORD_FUNCTION("localpaged::paged_decode_attention", std::vector<c10::IValue>());
   const Tensor q = q_in.contiguous();
   const Tensor tables = block_tables.to(at::kInt).contiguous();
   const Tensor lens = seq_lens.to(at::kInt).contiguous();

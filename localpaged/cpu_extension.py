@@ -1,14 +1,17 @@
-"""The compiled CPU extension: the `cpu` attention backend's decode kernel and the batch-1 loop.
+"""The compiled CPU extension: decode attention, the int4 matmul and the batch-1 decode loop.
 
-One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention),
+One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
+attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul, quant/cpu_tiles.py),
 models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and cpu_extension.cpp (the
 Python bindings). g++ and ninja compile it once per machine and source version (~30 s), then it
 is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
 
 It builds in a background thread, started by the first engine on CPU: until it is ready, or when
 it cannot be built (one warning line), decode attention runs the torch reference and steps decode
-in Python, so the first reply never waits for it. Before first use its kernel is checked once
-against the torch reference on a small input; a mismatch is one warning line and no extension.
+in Python, so the first reply never waits for it. The int4 layout is chosen when a model loads:
+the extension's where it is already built (cached: a load of a few seconds is waited for), else
+torch's for that model. Before first use its kernels are checked once against their references
+on small inputs; a mismatch is one warning line and no extension.
 """
 
 from __future__ import annotations
@@ -29,9 +32,9 @@ logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _KERNELS = os.path.dirname(reference.__file__)
 _MODELS = os.path.join(_HERE, "models")
-SOURCES = [os.path.join(_KERNELS, "cpu_decode.cpp"), os.path.join(_MODELS, "batch1_cpu.cpp"),
-           os.path.join(_HERE, "cpu_extension.cpp")]
-CHECK_TOLERANCE = 1e-5       # the kernel against the torch reference, float32
+SOURCES = [os.path.join(_KERNELS, "cpu_decode.cpp"), os.path.join(_KERNELS, "cpu_int4.cpp"),
+           os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
+CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
 def _cpu_tag() -> str:
@@ -68,6 +71,15 @@ class Build:
         self.done.wait(timeout)
         return self.module is not None
 
+    def module_if_cached(self, timeout: float = 300.0):
+        """The module, waiting for the build only where this machine has built it before (a load
+        from the cache, seconds, or a rebuild after an update); None at once on a first build."""
+        self.start()
+        if not self.done.is_set() and _built_before():
+            logger.info("loading the CPU extension (rebuilt once after an update)")
+            self.done.wait(timeout)
+        return self.module
+
     def _run(self) -> None:
         start = time.monotonic()
         try:
@@ -86,17 +98,29 @@ class Build:
         self.done.set()
 
 
+def _name() -> str:
+    return f"localpaged_cpu_{_cpu_tag()}"
+
+
+def _built_before() -> bool:
+    """Whether torch.utils.cpp_extension's cache holds a build of this extension for this CPU."""
+    from torch.utils.cpp_extension import get_default_build_root
+    folder = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(), _name())
+    return os.path.isdir(folder) and any(f.endswith(".so") for f in os.listdir(folder))
+
+
 def _compile():
     from torch.utils.cpp_extension import load
-    return load(f"localpaged_cpu_{_cpu_tag()}", SOURCES, extra_include_paths=[_KERNELS, _MODELS],
+    return load(_name(), SOURCES, extra_include_paths=[_KERNELS, _MODELS],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                 verbose=False)
 
 
 @torch.inference_mode()
 def self_check(module) -> str | None:
-    """None when the compiled decode kernel matches the torch reference on a small paged batch
-    (grouped heads, blocks out of order, lengths across a chunk boundary), else what differs."""
+    """None when the compiled kernels match their references on small inputs, else what differs:
+    decode attention (grouped heads, blocks out of order, lengths across a chunk boundary) against
+    the torch reference; the int4 matmul against float32 math on the dequantized weights."""
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = (torch.randn(12, 16, 2, 64, generator=gen) for _ in range(2))
     q = torch.randn(2, 6, 64, generator=gen)
@@ -104,9 +128,21 @@ def self_check(module) -> str | None:
     lens = torch.tensor([70, 93], dtype=torch.int32)
     got = module.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     want = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    failures = [_differs("decode attention", got, want, CHECK_TOLERANCE)]
+    from localpaged.quant.cpu_tiles import pack        # quant imports this module
+    ints = torch.randint(0, 16, (64, 96), generator=gen)
+    scales, mins = torch.rand(3, 64, generator=gen).half() / 8, -torch.rand(3, 64, generator=gen).half()
+    x = torch.randn(3, 96, generator=gen)
+    got = module.int4_matmul(x, pack(ints), scales, mins, 32)
+    w = ints * scales.float().repeat_interleave(32, 0).t() + mins.float().repeat_interleave(32, 0).t()
+    failures.append(_differs("int4 matmul", got, x.bfloat16().float() @ w.t(), 100 * CHECK_TOLERANCE))
+    return next((f for f in failures if f is not None), None)
+
+
+def _differs(what: str, got: torch.Tensor, want: torch.Tensor, tolerance: float) -> str | None:
     err = (got - want).abs().max().item()
-    if not err <= CHECK_TOLERANCE:                  # also catches NaN
-        return f"failed its check: decode attention differs from the torch reference by {err:.3g}"
+    if not err <= tolerance:                        # also catches NaN
+        return f"failed its check: {what} differs from its reference by {err:.3g}"
     return None
 
 

@@ -11,6 +11,7 @@ from engine_helpers import greedy, prompts
 
 from localpaged import LLM, cpu_extension
 from localpaged.kernels.reference import decode_runs
+from localpaged.quant import cpu_tiles
 
 TOOLCHAIN = ("a C++ toolchain for the batch-1 CPU decode loop (g++ and ninja)",
              "apt-get install g++ ninja-build")
@@ -35,14 +36,22 @@ def calls(monkeypatch):
     return seen
 
 
-@pytest.fixture(scope="module", params=["int4", "none"])
+@pytest.fixture(scope="module", params=["int4", "int4 torch form", "none"])
 def engines(request, tiny_llama, require_part):
-    """(C++ loop, Python loop) engines on the same weights: int4, or float32 (`none`)."""
-    fast = LLM(tiny_llama, quantization=request.param, num_kv_blocks=64)
-    assert fast.engine.runner.batch1 is not None
-    require_part(TOOLCHAIN[0], fast.engine.runner.batch1.wait(600), TOOLCHAIN[1])
-    python = LLM(tiny_llama, quantization=request.param, num_kv_blocks=64, enforce_eager=True)
+    """(C++ loop, Python loop) engines on the same weights: int4 in the CPU extension's form
+    (quant/cpu_tiles.py) or in torch's, or float32 (`none`)."""
+    quantization = request.param.split()[0]
+    with pytest.MonkeyPatch.context() as patch:
+        if request.param == "int4 torch form":
+            patch.setattr(cpu_tiles, "available", lambda: False)
+        fast = LLM(tiny_llama, quantization=quantization, num_kv_blocks=64)
+        assert fast.engine.runner.batch1 is not None
+        require_part(TOOLCHAIN[0], fast.engine.runner.batch1.wait(600), TOOLCHAIN[1])
+        python = LLM(tiny_llama, quantization=quantization, num_kv_blocks=64, enforce_eager=True)
     assert python.engine.runner.batch1 is None
+    forms = {type(m.packed).__name__ for m in fast.engine.model.modules() if hasattr(m, "packed")}
+    assert request.param != "int4 torch form" or "CpuInt4Tiles" not in forms
+    assert request.param != "int4" or "CpuInt4Tiles" in forms or not cpu_tiles.available()
     return fast, python
 
 

@@ -2,7 +2,8 @@
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
 // models/llama.py (RMSNorm in float32, rotate, Attention, MLP, DecoderLayer), models/linear.py
-// (Linear), quant/cpu.py (CpuInt4Weight.matmul) and kernels/cpu_ops.py (write_kv, then the
+// (Linear), quant/cpu.py (CpuInt4Weight.matmul), quant/cpu_tiles.py (CpuInt4Tiles.matmul, the
+// kernel of kernels/cpu_int4.cpp) and kernels/cpu_ops.py (write_kv, then the
 // decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
 // `cpu` attention backend; only the interpreter between the calls is gone. A change to any of
 // those functions must be made here too (tests/test_batch1_cpu.py compares the two).
@@ -10,27 +11,43 @@
 #include "batch1_cpu.h"
 
 #include "cpu_decode.h"
+#include "cpu_int4.h"
 
 using at::Tensor;
 
 namespace {
 
-// One decoder linear, as the Python module computes a [1, K] row. `kind` says which module:
-//   kind < 0: CpuInt4Weight.matmul, group size -kind, tensors (packed, scales_zeros): bf16
-//             activations into torch's packed int4 op, the result back in x's dtype;
-//   kind = 0: F.linear, tensor (weight);
-//   kind > 1: models/linear.py times_blocks over `kind` row blocks (one bmm), tensor (the
-//             weight's row_blocks, [kind, K, N / kind]).
-// `w` points at the linear's tensors and is advanced past them.
-Tensor linear(const Tensor& x, int64_t kind, const Tensor*& w) {
-  if (kind < 0) {
-    Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16).contiguous(), w[0], -kind, w[1]);
-    w += 2;
-    return y.to(x.scalar_type());
+// One decoder linear, as the Python module computes a [1, K] row. `kind` is (code, parameter),
+// the code saying which module (batch1_cpu.py: _layout) and which tensors `w` points at; `w` is
+// advanced past them.
+enum Code : int64_t {
+  kLinear = 0,     // F.linear: (weight)
+  kSplit = 1,      // models/linear.py times_blocks over `parameter` row blocks, one bmm:
+                   // (the weight's row_blocks, [parameter, K, N / parameter])
+  kInt4Torch = 2,  // CpuInt4Weight.matmul, group size `parameter`: (packed, scales_zeros), bf16
+                   // activations into torch's packed int4 op, the result back in x's dtype
+  kInt4Tiles = 3,  // CpuInt4Tiles.matmul, group size `parameter`: (packed, scales, mins)
+};
+
+Tensor linear(const Tensor& x, const int64_t* kind, const Tensor*& w) {
+  switch (kind[0]) {
+    case kInt4Torch: {
+      Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16).contiguous(), w[0], kind[1], w[1]);
+      w += 2;
+      return y.to(x.scalar_type());
+    }
+    case kInt4Tiles: {
+      Tensor y = int4_matmul(x, w[0], w[1], w[2], kind[1]);
+      w += 3;
+      return y;
+    }
+    case kSplit: {
+      const Tensor& blocks = *w++;
+      return at::bmm(x.expand({kind[1], 1, blocks.size(1)}), blocks).view({1, kind[1] * blocks.size(2)});
+    }
+    default:
+      return at::linear(x, *w++);
   }
-  const Tensor& weight = *w++;
-  if (kind == 0) return at::linear(x, weight);
-  return at::bmm(x.expand({kind, 1, weight.size(1)}), weight).view({1, kind * weight.size(2)});
 }
 
 }  // namespace
@@ -44,13 +61,13 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
   const int64_t hidden = x.size(1), qk_width = (heads + kv_heads) * dim;
   const Tensor* w = weights.data();
   for (size_t l = 0; l < k_caches.size(); ++l) {
-    const int64_t* kind = &kinds[4 * l];
+    const int64_t* kind = &kinds[8 * l];
     const Tensor& k_cache = k_caches[l];
     const Tensor& v_cache = v_caches[l];
     const int64_t slots = k_cache.size(0) * k_cache.size(1);
     // attention
     Tensor h = at::rms_norm(x, {hidden}, *w++, eps);
-    Tensor qkv = linear(h, kind[0], w);
+    Tensor qkv = linear(h, kind, w);
     Tensor v = qkv.slice(1, qk_width).view({1, kv_heads, dim});
     Tensor qk = qkv.slice(1, 0, qk_width).view({1, heads + kv_heads, dim});
     qk = qk * cos + qk.roll({dim / 2}, {-1}) * sin;
@@ -58,12 +75,12 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
     v_cache.view({slots, kv_heads, dim}).index_copy_(0, slot, v);
     Tensor out = paged_decode_attention(qk.slice(1, 0, heads), k_cache, v_cache, block_table,
                                         seq_len, scale);
-    x = x + linear(out.reshape({1, heads * dim}), kind[1], w);
+    x = x + linear(out.reshape({1, heads * dim}), kind + 2, w);
     // MLP
     h = at::rms_norm(x, {hidden}, *w++, eps);
-    Tensor gate_up = linear(h, kind[2], w);
+    Tensor gate_up = linear(h, kind + 4, w);
     const int64_t half = gate_up.size(-1) / 2;
-    x = x + linear(at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half), kind[3], w);
+    x = x + linear(at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half), kind + 6, w);
   }
   return x;
 }

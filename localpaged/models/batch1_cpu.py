@@ -13,7 +13,7 @@ the background: steps decode in Python until it is ready, so the first reply nev
 
 Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls the same decode
 kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
-CpuInt4Weight) or float32 (models/linear.py: Linear, threaded split included) without bias, no
+CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles) or float32 (models/linear.py: Linear, threaded split included) without bias, no
 q/k norms. Anything else decodes in Python.
 """
 
@@ -27,6 +27,7 @@ from localpaged.kernels import cpu_ops
 from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
 from localpaged.quant.cpu import CpuInt4Weight
+from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.linear import QuantLinear
 
 
@@ -35,20 +36,27 @@ def _linears(layer) -> tuple:
             layer.mlp.down_proj)
 
 
+# linear codes of batch1_cpu.cpp (enum Code)
+LINEAR, SPLIT, INT4_TORCH, INT4_TILES = range(4)
+
+
 def _supported(linear) -> bool:
-    """int4 (CpuInt4Weight) or float32 Linear, without bias."""
+    """int4 (either CPU form) or float32 Linear, without bias."""
     if isinstance(linear, QuantLinear):
-        return isinstance(linear.packed, CpuInt4Weight) and linear.bias is None
+        return isinstance(linear.packed, (CpuInt4Weight, CpuInt4Tiles)) and linear.bias is None
     return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
 
 
-def _layout(linear, threads: int) -> tuple[int, list[torch.Tensor]]:
-    """How the Python module computes one row, as batch1_cpu.cpp's code (see `linear` there),
-    and the tensors that code reads."""
+def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
+    """How the Python module computes one row, as batch1_cpu.cpp's code (see `linear` there):
+    (code, parameter) and the tensors that code reads."""
     if isinstance(linear, QuantLinear):
-        return -linear.packed.group_size, [linear.packed.packed, linear.packed.scales_zeros]
+        pw = linear.packed
+        if isinstance(pw, CpuInt4Tiles):
+            return [INT4_TILES, pw.group_size], [pw.packed, pw.scales, pw.mins]
+        return [INT4_TORCH, pw.group_size], [pw.packed, pw.scales_zeros]
     blocks = linear.split_blocks(threads) if threads >= 2 else None
-    return (0, [linear.weight]) if blocks is None else (threads, [blocks])
+    return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks])
 
 
 class Batch1Decoder:
@@ -93,9 +101,9 @@ class Batch1Decoder:
         x = model.embed_tokens(input_ids)
         cos, sin = split_rope(self.model.rotary(positions, x.dtype, max_position))
         weights, kinds = self.layout(torch.get_num_threads())
-        x = cpu_extension.BUILD.module.decode_layers(x, weights, kinds, cos, sin, self.k_caches, self.v_caches,
-                                       meta.slot_mapping, meta.decode_block_tables,
-                                       meta.decode_seq_lens, *self.shape, self.eps, self.scale)
+        x = cpu_extension.BUILD.module.decode_layers(
+            x, weights, kinds, cos, sin, self.k_caches, self.v_caches, meta.slot_mapping,
+            meta.decode_block_tables, meta.decode_seq_lens, *self.shape, self.eps, self.scale)
         return model.norm(x)
 
     def layout(self, threads: int) -> tuple[list[torch.Tensor], list[int]]:
@@ -107,6 +115,6 @@ class Batch1Decoder:
                 (q, qt), (o, ot), (g, gt), (d, dt) = (_layout(m, threads) for m in _linears(layer))
                 weights += [layer.input_layernorm.weight, *qt, *ot,
                             layer.post_attention_layernorm.weight, *gt, *dt]
-                kinds += [q, o, g, d]
+                kinds += q + o + g + d
             layout = self._layouts[threads] = (weights, kinds)
         return layout

@@ -10,7 +10,9 @@ float32 activations both ops are 10-100x slower: activations are cast to bf16 fi
 likewise quantizes activations to 8 bits for its dot products).
 
 The forms:
-- int4 (N divisible by 16): `CpuInt4Weight`, torch's own tiled nibble layout plus bf16
+- int4 where the CPU extension is built with AVX-512 BF16 (N divisible by 32, group a multiple
+  of 8): `CpuInt4Tiles` (quant/cpu_tiles.py), the extension's own kernel, faster again.
+- int4 otherwise (N divisible by 16): `CpuInt4Weight`, torch's own tiled nibble layout plus bf16
   (scale, zero) pairs with w = (q - 8) * scale + zero, i.e. zero = min + 8 * scale for our
   w = q * scale + min. The canonical PackedWeight is dropped: one copy in memory.
 - int8 grouped (GGUF Q8_0, group 32): requantized per output channel (the packed int8 op takes
@@ -26,6 +28,8 @@ from typing import ClassVar
 import torch
 
 from localpaged.memory import trim_heap
+from localpaged.quant import cpu_tiles
+from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int8
 
 INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
@@ -81,8 +85,10 @@ def _per_channel_int8(pw: PackedWeight, chunk_weights: int = 1 << 20) -> PackedW
     return parts[0] if len(parts) == 1 else cat_rows(parts)
 
 
-def for_cpu(pw: PackedWeight) -> PackedWeight | CpuInt4Weight:
+def for_cpu(pw: PackedWeight) -> PackedWeight | CpuInt4Weight | CpuInt4Tiles:
     """The form of `pw` the CPU kernels read fastest (see the module docstring)."""
+    if pw.bits == 4 and cpu_tiles.fits(pw) and cpu_tiles.available():
+        return CpuInt4Tiles.from_packed(pw)
     if pw.bits == 4 and pw.shape[0] % INT4_N_MULTIPLE == 0:
         return CpuInt4Weight.from_packed(pw)
     if pw.bits == 8 and not (pw.per_channel and pw.scales.dtype == torch.bfloat16):  # idempotent

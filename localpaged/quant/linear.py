@@ -6,8 +6,9 @@ loader's `to_empty()` / `.to(dtype)` on the rest of the model never touch or cop
 Kernel choice:
 - CUDA: `localpaged.kernels.triton_quant_matmul.quant_matmul` (int4, per-channel int8), else
   dequantize-then-matmul.
-- CPU: the weights are first put in the form torch's packed CPU ops read (quant/cpu.py, with the
-  measurements behind it): int4 runs `aten._weight_int4pack_mm_for_cpu`, int8
+- CPU: the weights are first put in the form the CPU kernels read (quant/cpu.py, with the
+  measurements behind it): int4 runs the CPU extension's kernel (quant/cpu_tiles.py) or
+  `aten._weight_int4pack_mm_for_cpu`, int8
   `aten._weight_int8pack_mm`, both with bf16 activations, for every batch size (one kernel per
   weight, so a row's value does not depend on the batch). What those ops cannot take (int4 with N
   not divisible by 16) dequantizes, then `F.linear`.
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from localpaged.quant.cpu import CpuInt4Weight, for_cpu
+from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.layout import PackedWeight
 
 def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
@@ -31,9 +33,12 @@ def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
     return quant_matmul(x, pw.qweight, pw.scales, pw.mins, pw.group_size, pw.bits)
 
 
-def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight) -> torch.Tensor:
+CPU_INT4 = (CpuInt4Weight, CpuInt4Tiles)
+
+
+def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight | CpuInt4Tiles) -> torch.Tensor:
     """x [M, K] -> [M, N] in x.dtype."""
-    if isinstance(pw, CpuInt4Weight):
+    if isinstance(pw, CPU_INT4):
         return pw.matmul(x)
     if x.is_cuda and (pw.bits == 4 or pw.per_channel):
         return triton_linear(x, pw)
@@ -45,7 +50,8 @@ def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight) -> torch.Ten
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, packed: PackedWeight | CpuInt4Weight, bias: nn.Parameter | None) -> None:
+    def __init__(self, packed: PackedWeight | CpuInt4Weight | CpuInt4Tiles,
+                 bias: nn.Parameter | None) -> None:
         super().__init__()
         self.packed = packed                      # plain attribute: never re-materialized
         self.in_features, self.out_features = packed.shape[1], packed.shape[0]
@@ -103,7 +109,7 @@ def install(model: nn.Module, packed: dict[str, PackedWeight], dtype: torch.dtyp
         model.lm_head = QuantLinear(_linear_form(embed.packed), None)
 
 
-def _linear_form(pw: PackedWeight) -> PackedWeight | CpuInt4Weight:
+def _linear_form(pw: PackedWeight) -> PackedWeight | CpuInt4Weight | CpuInt4Tiles:
     return for_cpu(pw) if pw.qweight.device.type == "cpu" else pw
 
 
@@ -119,7 +125,7 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
     total, formats = 0, {}
     for module in model.modules():
         pw = getattr(module, "packed", None)
-        if isinstance(pw, (PackedWeight, CpuInt4Weight)) and id(pw) not in seen:
+        if isinstance(pw, (PackedWeight, *CPU_INT4)) and id(pw) not in seen:
             seen.add(id(pw))
             total += pw.nbytes
             formats[pw.format] = formats.get(pw.format, 0) + pw.shape[0] * pw.shape[1]
