@@ -156,7 +156,8 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [B, H, D] and caches [N, bs, Hkv, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "float32 q and caches");
-  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(), "CPU tensors");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "CPU tensors");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
               k_cache.stride(3) == 1, "K and V caches of one layout, head_dim contiguous");
   const int64_t heads = q.size(1), kv_heads = k_cache.size(2), dim = q.size(2);
@@ -190,11 +191,13 @@ Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const T
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int32_t* len = lens.data_ptr<int32_t>();
   int64_t chunks = 0;                           // per sequence, at most
-  for (int64_t b = 0; b < batch; ++b) chunks = std::max<int64_t>(chunks, (len[b] + kChunk - 1) / kChunk);
+  for (int64_t b = 0; b < batch; ++b)
+    chunks = std::max<int64_t>(chunks, (len[b] + kChunk - 1) / kChunk);
   Tensor part = at::empty({batch, chunks, heads, dim + 2}, q.options());
   Tensor out = at::empty_like(q);
-  const Paged cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(), tables.data_ptr<int32_t>(),
-                    k_cache.size(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)};
+  const Paged cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
+                    tables.data_ptr<int32_t>(), k_cache.size(1), k_cache.stride(0),
+                    k_cache.stride(1), k_cache.stride(2)};
   const int64_t stride = heads * (dim + 2), kv_heads = k_cache.size(2);
   auto attend = dim == 64 ? attend_chunk<4> : dim == 128 ? attend_chunk<8> : attend_chunk<0>;
   at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {

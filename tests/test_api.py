@@ -557,8 +557,10 @@ def _metrics(base_url: str) -> dict[str, float]:
 
 def test_metrics(base_url, client):
     before = _metrics(base_url)
-    greedy_chat(client, chat_msgs(10), max_tokens=5)
-    list(client.completions.create(model=MODEL, prompt=[9, 9, 9], max_tokens=5, stream=True))
+    no_eos = {"ignore_eos": True}           # 5 tokens each, whatever the random model says
+    greedy_chat(client, chat_msgs(10), max_tokens=5, extra_body=no_eos)
+    list(client.completions.create(model=MODEL, prompt=[9, 9, 9], max_tokens=5, stream=True,
+                                   extra_body=no_eos))
     after = _metrics(base_url)
     assert after['localpaged_kv_blocks{state="total"}'] == 256
     states = ("in_use", "cached", "free")
