@@ -3,6 +3,7 @@
 #include "batch1_cpu.h"
 #include "cpu_decode.h"
 #include "cpu_int4.h"
+#include "cpu_norm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // None needs the GIL: the server's threads (streaming, HTTP) run while a step computes.
@@ -12,6 +13,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_matmul", &int4_matmul, "int4 weight-only matmul, tiles layout (kernels/cpu_int4.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("int4_vectorized", &int4_vectorized);
+  m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,
         "decoder layers of a batch-1 CPU decode step (models/batch1_cpu.cpp)",
         py::call_guard<py::gil_scoped_release>());

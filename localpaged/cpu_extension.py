@@ -1,17 +1,19 @@
-"""The compiled CPU extension: decode attention, the int4 matmul and the batch-1 decode loop.
+"""The compiled CPU extension: decode attention, int4 matmul, RMSNorm, the batch-1 decode loop.
 
 One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
 attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul, quant/cpu_tiles.py),
-models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and cpu_extension.cpp (the
-Python bindings). g++ and ninja compile it once per machine and source version (~30 s), then it
-is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
+kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
+batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
+per machine and source version (~40 s), then it is cached under ~/.cache/torch_extensions, named
+after the CPU it was built for (-march=native).
 
-It builds in a background thread, started by the first engine on CPU: until it is ready, or when
-it cannot be built (one warning line), decode attention runs the torch reference and steps decode
-in Python, so the first reply never waits for it. The int4 layout is chosen when a model loads:
-the extension's where it is already built (cached: a load of a few seconds is waited for), else
-torch's for that model. Before first use its kernels are checked once against their references
-on small inputs; a mismatch is one warning line and no extension.
+It builds in a background thread, started by the first model load or engine on CPU: until it is
+ready, or when it cannot be built (one warning line), decode attention runs the torch reference
+and steps decode in Python, so the first reply never waits for it. The int4 layout and the
+RMSNorm kernel are chosen when a model loads: the extension's where it is already built (cached:
+a load of a few seconds is waited for), else torch's for that model. Before first use its
+kernels are checked once against their references on small inputs; a mismatch is one warning
+line and no extension.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _KERNELS = os.path.dirname(reference.__file__)
 _MODELS = os.path.join(_HERE, "models")
-SOURCES = [os.path.join(_KERNELS, "cpu_decode.cpp"), os.path.join(_KERNELS, "cpu_int4.cpp"),
-           os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
+SOURCES = [os.path.join(_KERNELS, name) for name in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp")] + [
+    os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
@@ -120,7 +122,8 @@ def _compile():
 def self_check(module) -> str | None:
     """None when the compiled kernels match their references on small inputs, else what differs:
     decode attention (grouped heads, blocks out of order, lengths across a chunk boundary) against
-    the torch reference; the int4 matmul against float32 math on the dequantized weights."""
+    the torch reference; the int4 matmul against float32 math on the dequantized weights;
+    RMSNorm against transformers' formula."""
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = (torch.randn(12, 16, 2, 64, generator=gen) for _ in range(2))
     q = torch.randn(2, 6, 64, generator=gen)
@@ -136,6 +139,9 @@ def self_check(module) -> str | None:
     got = module.int4_matmul(x, pack(ints), scales, mins, 32)
     w = ints * scales.float().repeat_interleave(32, 0).t() + mins.float().repeat_interleave(32, 0).t()
     failures.append(_differs("int4 matmul", got, x.bfloat16().float() @ w.t(), 100 * CHECK_TOLERANCE))
+    weight = torch.randn(96, generator=gen)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight
+    failures.append(_differs("RMSNorm", module.rms_norm(x, weight, 1e-5), want, CHECK_TOLERANCE))
     return next((f for f in failures if f is not None), None)
 
 

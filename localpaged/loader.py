@@ -22,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
+from localpaged import cpu_extension
 from localpaged.memory import trim_heap
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
@@ -167,9 +168,19 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state = fuse_biases(state)
         logger.info("weights: %s", weights_summary(model)[1])
     _load_weights(model, state, device, dtype)      # consumes `state`
+    if device.type == "cpu":
+        _use_cpu_kernels(model)
     eos = _eos_ids(source, config, tokenizer)
     trim_heap()            # the config/tokenizer parsing's and the weights' freed temporaries
     return LoadedModel(model, config, tokenizer, eos, source)
+
+
+def _use_cpu_kernels(model: LlamaForCausalLM) -> None:
+    """RMSNorm in the CPU extension where it is built (cached) now; chosen once per load, like the
+    int4 form (quant/cpu.py: for_cpu), so a model never switches kernels while it serves."""
+    module = cpu_extension.BUILD.module_if_cached()
+    if module is not None:
+        model.use_norm_kernel(module.rms_norm)
 
 
 def _file_stamp(source: ModelSource) -> int:

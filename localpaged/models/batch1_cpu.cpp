@@ -1,7 +1,7 @@
 // The decoder layers of one decode step at batch 1 on CPU (see batch1_cpu.py).
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
-// models/llama.py (RMSNorm in float32, rotate, Attention, MLP, DecoderLayer), models/linear.py
+// models/llama.py (RMSNorm in float32: F.rms_norm or kernels/cpu_norm.cpp, rotate, Attention, MLP, DecoderLayer), models/linear.py
 // (Linear), quant/cpu.py (CpuInt4Weight.matmul), quant/cpu_tiles.py (CpuInt4Tiles.matmul, the
 // kernel of kernels/cpu_int4.cpp) and kernels/cpu_ops.py (write_kv, then the
 // decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
@@ -12,6 +12,7 @@
 
 #include "cpu_decode.h"
 #include "cpu_int4.h"
+#include "cpu_norm.h"
 
 using at::Tensor;
 
@@ -57,8 +58,13 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
                      const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& k_caches,
                      const std::vector<Tensor>& v_caches, const Tensor& slot,
                      const Tensor& block_table, const Tensor& seq_len,
-                     int64_t heads, int64_t kv_heads, int64_t dim, double eps, double scale) {
+                     int64_t heads, int64_t kv_heads, int64_t dim, double eps, double scale,
+                     bool norm_kernel) {
   const int64_t hidden = x.size(1), qk_width = (heads + kv_heads) * dim;
+  // RMSNorm: the extension's kernel where the model's norms use it, else F.rms_norm's op
+  auto norm = [&](const Tensor& t, const Tensor& weight) {
+    return norm_kernel ? rms_norm(t, weight, eps) : at::rms_norm(t, {hidden}, weight, eps);
+  };
   const Tensor* w = weights.data();
   for (size_t l = 0; l < k_caches.size(); ++l) {
     const int64_t* kind = &kinds[8 * l];
@@ -66,7 +72,7 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
     const Tensor& v_cache = v_caches[l];
     const int64_t slots = k_cache.size(0) * k_cache.size(1);
     // attention
-    Tensor h = at::rms_norm(x, {hidden}, *w++, eps);
+    Tensor h = norm(x, *w++);
     Tensor qkv = linear(h, kind, w);
     Tensor v = qkv.slice(1, qk_width).view({1, kv_heads, dim});
     Tensor qk = qkv.slice(1, 0, qk_width).view({1, heads + kv_heads, dim});
@@ -77,7 +83,7 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
                                         seq_len, scale);
     x = x + linear(out.reshape({1, heads * dim}), kind + 2, w);
     // MLP
-    h = at::rms_norm(x, {hidden}, *w++, eps);
+    h = norm(x, *w++);
     Tensor gate_up = linear(h, kind + 4, w);
     const int64_t half = gate_up.size(-1) / 2;
     x = x + linear(at::silu(gate_up.slice(-1, 0, half)) * gate_up.slice(-1, half), kind + 6, w);

@@ -103,7 +103,8 @@ class Batch1Decoder:
         weights, kinds = self.layout(torch.get_num_threads())
         x = cpu_extension.BUILD.module.decode_layers(
             x, weights, kinds, cos, sin, self.k_caches, self.v_caches, meta.slot_mapping,
-            meta.decode_block_tables, meta.decode_seq_lens, *self.shape, self.eps, self.scale)
+            meta.decode_block_tables, meta.decode_seq_lens, *self.shape, self.eps, self.scale,
+            model.layers[0].input_layernorm.kernel is not None)
         return model.norm(x)
 
     def layout(self, threads: int) -> tuple[list[torch.Tensor], list[int]]:

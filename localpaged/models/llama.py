@@ -36,8 +36,13 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        # the CPU extension's one-pass RMSNorm (kernels/cpu_norm.cpp) for float32, set when the
+        # model loads (LlamaForCausalLM.use_norm_kernel), else None
+        self.kernel = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None and x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return self.kernel(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # torch's fused kernel: one op instead of six, bitwise equal to the formula below in
             # float32 (checked by tests/test_latency_paths.py); in half precision it is not.
@@ -212,6 +217,12 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def use_norm_kernel(self, kernel) -> None:
+        """Every RMSNorm runs `kernel(x, weight, eps)` on float32 from now on (chosen once)."""
+        for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.kernel = kernel
 
 
 FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
