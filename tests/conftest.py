@@ -65,6 +65,16 @@ def smollm2_gguf() -> str:
     return path
 
 
+@pytest.fixture(scope="session")
+def cpu_ext(require_part):
+    """The built CPU extension's module (localpaged/cpu_extension.py), a required part."""
+    from localpaged import cpu_extension
+    require_part("a C++ toolchain for the CPU extension (g++ and ninja)",
+                 cpu_extension.BUILD.wait(900),
+                 "apt-get install g++ ninja-build python3-dev, done by scripts/setup.sh")
+    return cpu_extension.BUILD.module
+
+
 @pytest.fixture(scope="session", autouse=True)
 def cpu_extension_ready():
     """The CPU extension built (or failed) before any test runs. Engines use it from the moment

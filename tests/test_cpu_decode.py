@@ -10,14 +10,9 @@ import torch
 from localpaged import cpu_extension
 from localpaged.kernels import cpu_ops, reference
 
-TOOLCHAIN = ("a C++ toolchain for the CPU extension (g++ and ninja)",
-             "apt-get install g++ ninja-build, done by scripts/setup.sh")
-
-
 @pytest.fixture(scope="module")
-def kernel(require_part):
-    require_part(TOOLCHAIN[0], cpu_extension.BUILD.wait(900), TOOLCHAIN[1])
-    return cpu_extension.BUILD.module.paged_decode_attention
+def kernel(cpu_ext):
+    return cpu_ext.paged_decode_attention
 
 
 def paged(lens, heads, kv_heads, dim, block_size, seed=0, spread=1.0):

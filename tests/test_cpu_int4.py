@@ -15,14 +15,9 @@ from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.layout import quantize_int4
 from localpaged.quant.linear import quant_linear
 
-TOOLCHAIN = ("a C++ toolchain for the CPU extension (g++ and ninja)",
-             "apt-get install g++ ninja-build, done by scripts/setup.sh")
-
-
 @pytest.fixture(scope="module")
-def tiles_ready(require_part):
-    require_part(TOOLCHAIN[0], cpu_extension.BUILD.wait(900), TOOLCHAIN[1])
-    if not cpu_extension.BUILD.module.int4_vectorized():
+def tiles_ready(cpu_ext):
+    if not cpu_ext.int4_vectorized():
         pytest.skip("this CPU has no AVX-512 BF16: int4 weights take torch's form")
 
 

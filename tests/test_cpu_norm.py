@@ -9,14 +9,9 @@ import torch
 from localpaged import LLM, cpu_extension
 from localpaged.models.llama import RMSNorm
 
-TOOLCHAIN = ("a C++ toolchain for the CPU extension (g++ and ninja)",
-             "apt-get install g++ ninja-build, done by scripts/setup.sh")
-
-
 @pytest.fixture(scope="module")
-def kernel(require_part):
-    require_part(TOOLCHAIN[0], cpu_extension.BUILD.wait(900), TOOLCHAIN[1])
-    return cpu_extension.BUILD.module.rms_norm
+def kernel(cpu_ext):
+    return cpu_ext.rms_norm
 
 
 def formula(x, weight, eps):
