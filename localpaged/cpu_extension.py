@@ -105,10 +105,11 @@ def _name() -> str:
 
 
 def _built_before() -> bool:
-    """Whether torch.utils.cpp_extension's cache holds a build of this extension for this CPU."""
-    from torch.utils.cpp_extension import get_default_build_root
-    folder = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(), _name())
-    return os.path.isdir(folder) and any(f.endswith(".so") for f in os.listdir(folder))
+    """Whether torch.utils.cpp_extension's cache holds a build of this extension for this CPU
+    (its folder: TORCH_EXTENSIONS_DIR, else the default root's per-Python, per-CUDA subfolder)."""
+    from torch.utils.cpp_extension import _get_build_directory
+    folder = _get_build_directory(_name(), verbose=False)
+    return any(f.endswith(".so") for f in os.listdir(folder))
 
 
 def _compile():

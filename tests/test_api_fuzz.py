@@ -150,7 +150,7 @@ def check_answer(r: httpx.Response, streamed: bool) -> None:
 
 def assert_still_serving(http: httpx.Client, engine) -> None:
     wait_idle(engine)
-    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2,
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 2, "ignore_eos": True,
                                                 "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 

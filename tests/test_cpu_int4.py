@@ -98,3 +98,10 @@ def test_a_first_build_is_not_waited_for_a_cached_one_is(monkeypatch):
     build.module = "the module"
     build.done.set()
     assert build.module_if_cached(timeout=60) == "the module"
+
+
+def test_built_before_looks_where_torch_caches_the_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert not cpu_extension._built_before()
+    (tmp_path / cpu_extension._name() / f"{cpu_extension._name()}.so").write_bytes(b"")
+    assert cpu_extension._built_before()
