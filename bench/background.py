@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from localpaged import LLM, SamplingParams, loader
+from localpaged import LLM, SamplingParams, loader, output_processor
 from localpaged.sampling_params import BACKGROUND
 
 USER_TURNS = ["Hi! Can you explain how a CPU cache works?",
@@ -68,7 +68,7 @@ def run_turn(llm: LLM, prompt: list[int], mode: tuple[int, bool], max_tokens: in
         sibling_tokens_meanwhile = sum(s.num_output_tokens for s in siblings.seqs)
         while not siblings.is_finished:                  # the user reads; not timed
             engine.step()
-    out = engine._output(group)
+    out = output_processor.request_output(group)
     m = out.metrics
     decode_time = m.finished_time - m.first_token_time
     return {"ttft_s": m.time_to_first_token, "ttft_steps": first_step,

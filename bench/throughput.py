@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import peers  # noqa: E402
 import workload  # noqa: E402
 
-from localpaged import LLM, SamplingParams, loader  # noqa: E402
+from localpaged import LLM, SamplingParams, loader, output_processor  # noqa: E402
 from localpaged.request import BeamParams  # noqa: E402
 
 PAPER = {"parallel_sampling_saving": "6.1-30.5%", "beam_saving": "37.6-66.3%",
@@ -50,7 +50,7 @@ def run_ours(llm: LLM, prompts, n: int, max_tokens: int, beams: int = 1) -> dict
             peak = {"held": s.blocks_in_use, "unshared": s.blocks_without_sharing,
                     "tokens": s.tokens_in_use, "slots": s.blocks_in_use * s.block_size}
     seconds = time.perf_counter() - start
-    tokens = sum(len(c.token_ids) for g in groups for c in engine._output(g).outputs[:1 if beams > 1 else None])
+    tokens = sum(len(c.token_ids) for g in groups for c in output_processor.request_output(g).outputs[:1 if beams > 1 else None])
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 2),
             "peak_blocks_held": peak["held"], "peak_blocks_without_sharing": peak["unshared"],
             "sharing_saving": round(1 - peak["held"] / max(1, peak["unshared"]), 4),

@@ -1,8 +1,8 @@
 """LLMEngine: add_request / step / abort over the scheduler, model runner and KV cache.
 
 One step: the scheduler picks the batch, the model runner moves blocks and runs the model, then
-the engine samples, forks parallel samples after the prompt, runs beam search, detokenizes and
-applies stop rules. What that decided (forks, frees, finished groups) is a `StepResult` that the
+`output_processor` samples, forks parallel samples after the prompt, runs beam search,
+detokenizes and applies stop rules. What that decided (forks, frees, finished groups) is a `StepResult` that the
 scheduler's one post-step update applies (`Scheduler.update_from_output`); abort and the
 out-of-memory path finish groups through the same update. The engine is single-threaded;
 `async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
@@ -18,33 +18,24 @@ from __future__ import annotations
 import itertools
 import logging
 import os
-import random
 import time
 
 import torch
 
-from localpaged import beam_search, loader, prompt_logprobs, startup_check
+from localpaged import beam_search, loader, output_processor, prompt_logprobs, startup_check
 from localpaged.config import EngineConfig
-from localpaged.detokenizer import detokenize, find_stop, start_offsets, visible_text
+from localpaged.detokenizer import detokenize, start_offsets
 from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.model_runner import ModelRunner, StepTimings, phase_of
 from localpaged.models.batch1_cpu import Batch1Decoder
-from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
+from localpaged.outputs import EngineStats, RequestOutput
 from localpaged.quant.linear import weights_summary
-from localpaged.request import BeamParams, Sequence, SequenceGroup
-from localpaged.sampler import record, sample
+from localpaged.request import BeamParams, Sequence, SequenceGroup, make_generator
 from localpaged.sampling_params import SamplingParams, check_priority
-from localpaged.scheduler import Fork, Scheduler, SchedulerOutput, StepResult
+from localpaged.scheduler import Scheduler, SchedulerOutput, StepResult
 
 logger = logging.getLogger(__name__)
-
-
-def make_generator(seed: int | None, index: int) -> torch.Generator:
-    """Sample i of a seeded request draws from its own stream, derived from (seed, i)."""
-    g = torch.Generator()
-    g.manual_seed(random.getrandbits(63) if seed is None else (seed * 1_000_003 + index) % 2**63)
-    return g
 
 
 class LLMEngine:
@@ -179,7 +170,7 @@ class LLMEngine:
         for seq in group.unfinished_seqs():
             self._end(seq, "abort", "abort")
         self._update(SchedulerOutput(), StepResult(finished=[group]))
-        return self._output(group)
+        return output_processor.request_output(group)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
@@ -195,7 +186,7 @@ class LLMEngine:
         self.num_tokens_computed += out.num_tokens
         result = StepResult()
         with phase("sample+finish"):
-            touched = self._sample(out, logits, rows, result)
+            touched = output_processor.sample(out, logits, rows, result, self.tokenizer)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -207,7 +198,7 @@ class LLMEngine:
         touched += [it.group for it in out.scheduled
                     if it.group.in_prompt_stage and not it.group.is_finished]
         with phase("outputs"):
-            outputs = [self._output(g) for g in dict.fromkeys(touched)]
+            outputs = [output_processor.request_output(g) for g in dict.fromkeys(touched)]
         if timings is not None:
             timings.steps += 1
         return outputs
@@ -234,108 +225,6 @@ class LLMEngine:
         stray = (set(self.block_manager.tables) | set(self.block_manager.cpu_tables)) - live
         if stray:
             raise InvariantError(f"sequences {sorted(stray)} hold blocks but are not running")
-
-    def _sample(self, out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, int],
-                result: StepResult) -> list[SequenceGroup]:
-        """Sample every sequence that reached its end; decisions go into result."""
-        rows, seqs, params, groups = [], [], [], []
-        beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
-        for item in out.scheduled:
-            if item.seq.seq_id not in row_of:
-                continue
-            group, row = item.group, row_of[item.seq.seq_id]
-            if group.beam is not None:
-                beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
-                continue
-            for seq in self._fork_samples(group, item.seq, result):
-                rows.append(row)
-                seqs.append(seq)
-                params.append(group.params_for(seq))
-                groups.append(group)
-        if rows:
-            batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
-            for seq, group, sampled in zip(seqs, groups, sample(batch, seqs, params)):
-                record(seq, sampled)
-                self._check_stop(group, seq, result)
-        for group, beam_logits in beams.items():
-            self._beam_step(group, beam_logits, result)
-            groups.append(group)
-        now = time.monotonic()
-        for group in groups:
-            group.first_token_time = group.first_token_time or now
-        return groups
-
-    def _fork_samples(self, group: SequenceGroup, seq: Sequence,
-                      result: StepResult) -> list[Sequence]:
-        """After the prompt, n > 1 samples fork from it, sharing every prompt block."""
-        if not group.in_prompt_stage or group.width == 1:
-            return [seq]
-        for i in range(1, group.width):
-            seed_index = 0 if group.column_params else i     # a column samples like a lone request
-            child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
-            result.forks.append(Fork(seq, child))
-            group.seqs.append(child)
-        return list(group.seqs)
-
-    def _beam_step(self, group: SequenceGroup, logits: dict[int, torch.Tensor],
-                   result: StepResult) -> None:
-        decision = beam_search.step(group, logits)
-        if decision is None:
-            return                                   # some beam still waits for its logits
-        group.seqs = decision.beams
-        result.forks.extend(decision.forks)
-        result.frees.extend(decision.frees)
-        if decision.finished is not None:            # done: the hypotheses replace the beams
-            result.frees.extend(decision.beams)
-            group.seqs = beam_search.hypothesis_seqs(
-                group, decision.finished,
-                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True))
-            result.finished.append(group)
-
-    def _check_stop(self, group: SequenceGroup, seq: Sequence, result: StepResult) -> None:
-        p = group.params_for(seq)
-        token = seq.token_ids[-1]
-        new_text = detokenize(self.tokenizer, seq)
-        if token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
-            seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
-            seq.finish_detail = "stop_token" if token in p.stop_token_ids else "eos"
-        elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:
-            seq.finish_reason, seq.stop_reason, seq.finish_detail = "stop", stop, "stop_string"
-        elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
-            seq.finish_reason, seq.finish_detail = "length", "max_tokens"
-        elif len(seq.token_ids) >= group.max_model_len:
-            seq.finish_reason, seq.finish_detail = "length", "max_model_len"
-        if seq.is_finished and seq.finish_detail != "stop_string":
-            detokenize(self.tokenizer, seq, final=True)     # flush a held-back partial character
-        if not group.unfinished_seqs():
-            result.finished.append(group)
-        elif seq.is_finished:
-            result.frees.append(seq)     # its siblings go on; only unfinished seqs hold blocks
-
-    def _output(self, group: SequenceGroup) -> RequestOutput:
-        outputs = [self._completion(s, group.params_for(s)) for s in group.seqs]
-        metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
-                                 group.num_cached_tokens or 0,
-                                 sum(s.num_output_tokens for s in group.seqs))
-        prompt_len = len(group.prompt_token_ids)
-        computed = min(group.seqs[0].num_computed_tokens, prompt_len) \
-            if group.in_prompt_stage and not group.is_finished else prompt_len
-        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
-                             group.is_finished, metrics,
-                             prompt_logprobs=list(group.prompt_logprobs)
-                             if group.params.prompt_logprobs is not None else None,
-                             num_computed_prompt_tokens=computed)
-
-    @staticmethod
-    def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
-        detail = seq.finish_detail or {"stop": "eos", "length": "max_tokens"}.get(
-            seq.finish_reason, seq.finish_reason)      # beam hypotheses set only the reason
-        return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
-                                seq.finish_reason, seq.stop_reason,
-                                # a copy: the engine thread appends to seq.logprobs while
-                                # a consumer reads this output (a stream re-sent tokens)
-                                list(seq.logprobs) if p.logprobs is not None else None,
-                                seq.cumulative_logprob, finish_detail=detail)
 
     # ---- introspection ------------------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+import random
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -21,6 +22,13 @@ if TYPE_CHECKING:
     from localpaged.beam_search import BeamState
 
 _seq_ids = itertools.count()
+
+
+def make_generator(seed: int | None, index: int) -> torch.Generator:
+    """Sample i of a seeded request draws from its own stream, derived from (seed, i)."""
+    g = torch.Generator()
+    g.manual_seed(random.getrandbits(63) if seed is None else (seed * 1_000_003 + index) % 2**63)
+    return g
 
 
 class GroupStatus(enum.Enum):

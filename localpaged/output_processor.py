@@ -1,0 +1,133 @@
+"""What a step's logits become: tokens, forks, beam decisions, stops and request outputs.
+
+`sample` takes the model runner's logits rows (one per sequence that reached its end this step)
+and decides, per group: forks for parallel samples after the prompt (they share every prompt
+block), the sampled token (sampler.py) and its stop rules, or a beam-search step
+(beam_search.py). Decisions go into the step's `StepResult`, which the scheduler applies once
+(`Scheduler.update_from_output`); nothing here touches blocks. `request_output` turns a group
+into the `RequestOutput` callers see. Pure functions over the groups and the tokenizer.
+See docs/architecture.md §4 step 5.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from localpaged import beam_search
+from localpaged.detokenizer import detokenize, find_stop, visible_text
+from localpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from localpaged.request import Sequence, SequenceGroup, make_generator
+from localpaged.sampler import record, sample as sample_rows
+from localpaged.sampling_params import SamplingParams
+from localpaged.scheduler import Fork, SchedulerOutput, StepResult
+
+
+def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, int],
+           result: StepResult, tokenizer) -> list[SequenceGroup]:
+    """Sample every sequence that reached its end; decisions go into result. Returns the groups
+    that got a token (or a beam step)."""
+    rows, seqs, params, groups = [], [], [], []
+    beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
+    for item in out.scheduled:
+        if item.seq.seq_id not in row_of:
+            continue
+        group, row = item.group, row_of[item.seq.seq_id]
+        if group.beam is not None:
+            beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
+            continue
+        for seq in _fork_samples(group, item.seq, result):
+            rows.append(row)
+            seqs.append(seq)
+            params.append(group.params_for(seq))
+            groups.append(group)
+    if rows:
+        batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
+        for seq, group, sampled in zip(seqs, groups, sample_rows(batch, seqs, params)):
+            record(seq, sampled)
+            check_stop(group, seq, result, tokenizer)
+    for group, beam_logits in beams.items():
+        _beam_step(group, beam_logits, result, tokenizer)
+        groups.append(group)
+    now = time.monotonic()
+    for group in groups:
+        group.first_token_time = group.first_token_time or now
+    return groups
+
+
+def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> list[Sequence]:
+    """After the prompt, n > 1 samples fork from it, sharing every prompt block."""
+    if not group.in_prompt_stage or group.width == 1:
+        return [seq]
+    for i in range(1, group.width):
+        seed_index = 0 if group.column_params else i     # a column samples like a lone request
+        child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
+        result.forks.append(Fork(seq, child))
+        group.seqs.append(child)
+    return list(group.seqs)
+
+
+def _beam_step(group: SequenceGroup, logits: dict[int, torch.Tensor], result: StepResult,
+               tokenizer) -> None:
+    decision = beam_search.step(group, logits)
+    if decision is None:
+        return                                   # some beam still waits for its logits
+    group.seqs = decision.beams
+    result.forks.extend(decision.forks)
+    result.frees.extend(decision.frees)
+    if decision.finished is not None:            # done: the hypotheses replace the beams
+        result.frees.extend(decision.beams)
+        group.seqs = beam_search.hypothesis_seqs(
+            group, decision.finished, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+        result.finished.append(group)
+
+
+def check_stop(group: SequenceGroup, seq: Sequence, result: StepResult, tokenizer) -> None:
+    """Detokenize seq's new token, then stop token ids / EOS / stop strings / max_tokens /
+    max_model_len; a finished group goes to result.finished, a finished sibling to frees."""
+    p = group.params_for(seq)
+    token = seq.token_ids[-1]
+    new_text = detokenize(tokenizer, seq)
+    if token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
+        seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
+        seq.finish_detail = "stop_token" if token in p.stop_token_ids else "eos"
+    elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:
+        seq.finish_reason, seq.stop_reason, seq.finish_detail = "stop", stop, "stop_string"
+    elif p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens:
+        seq.finish_reason, seq.finish_detail = "length", "max_tokens"
+    elif len(seq.token_ids) >= group.max_model_len:
+        seq.finish_reason, seq.finish_detail = "length", "max_model_len"
+    if seq.is_finished and seq.finish_detail != "stop_string":
+        detokenize(tokenizer, seq, final=True)     # flush a held-back partial character
+    if not group.unfinished_seqs():
+        result.finished.append(group)
+    elif seq.is_finished:
+        result.frees.append(seq)     # its siblings go on; only unfinished seqs hold blocks
+
+
+def request_output(group: SequenceGroup) -> RequestOutput:
+    """The group as callers see it now (texts so far, metrics, prefill progress)."""
+    outputs = [_completion(s, group.params_for(s)) for s in group.seqs]
+    metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
+                             group.num_cached_tokens or 0,
+                             sum(s.num_output_tokens for s in group.seqs))
+    prompt_len = len(group.prompt_token_ids)
+    computed = min(group.seqs[0].num_computed_tokens, prompt_len) \
+        if group.in_prompt_stage and not group.is_finished else prompt_len
+    return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, outputs,
+                         group.is_finished, metrics,
+                         prompt_logprobs=list(group.prompt_logprobs)
+                         if group.params.prompt_logprobs is not None else None,
+                         num_computed_prompt_tokens=computed)
+
+
+def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
+    detail = seq.finish_detail or {"stop": "eos", "length": "max_tokens"}.get(
+        seq.finish_reason, seq.finish_reason)      # beam hypotheses set only the reason
+    return CompletionOutput(seq.index, visible_text(seq, p.stop), seq.output_token_ids,
+                            seq.finish_reason, seq.stop_reason,
+                            # a copy: the engine thread appends to seq.logprobs while
+                            # a consumer reads this output (a stream re-sent tokens)
+                            list(seq.logprobs) if p.logprobs is not None else None,
+                            seq.cumulative_logprob, finish_detail=detail)
