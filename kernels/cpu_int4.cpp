@@ -140,19 +140,25 @@ Tensor int4_matmul(const Tensor& x_in, const Tensor& packed, const Tensor& scale
                    const Tensor& mins, int64_t G) {
   RECORD_FUNCTION("localpaged::int4_matmul", std::vector<c10::IValue>());   // named in profiles
   check_inputs(x_in, packed, scales, mins, G);
-  const Tensor x = x_in.to(at::kBFloat16).contiguous();      // rounded as the torch path rounds
+  const Tensor x = x_in.contiguous();
   const int64_t M = x.size(0), K = x.size(1), N = packed.size(0) * kBlock, groups = K / G;
   Tensor y = at::empty({M, N}, x_in.options());
+  // bf16(x), rounded to nearest even as torch's x.to(bfloat16) rounds (c10::BFloat16, here
+  // without an extra op), and A per row and group, in input order
+  std::vector<uint16_t> xb(M * K);
   std::vector<float> sums(M * groups);
-  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-  at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {   // A, in input order
+  const float* xf = x.data_ptr<float>();
+  at::parallel_for(0, M * groups, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       float s = 0.0f;
-      for (int64_t k = r * G; k < (r + 1) * G; ++k) s += bf16_value(xb[k]);
+      for (int64_t k = r * G; k < (r + 1) * G; ++k) {
+        xb[k] = c10::BFloat16(xf[k]).x;
+        s += bf16_value(xb[k]);
+      }
       sums[r] = s;
     }
   });
-  const Operands o{xb, sums.data(), packed.data_ptr<int32_t>(), scales.data_ptr<at::Half>(),
+  const Operands o{xb.data(), sums.data(), packed.data_ptr<int32_t>(), scales.data_ptr<at::Half>(),
                    mins.data_ptr<at::Half>(), y.data_ptr<float>(), K, N, G};
   const int64_t blocks = N / kBlock, row_items = (M + kRowsPerItem - 1) / kRowsPerItem;
   at::parallel_for(0, blocks * row_items, 1, [&](int64_t begin, int64_t end) {

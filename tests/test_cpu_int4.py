@@ -105,3 +105,13 @@ def test_built_before_looks_where_torch_caches_the_build(monkeypatch, tmp_path):
     assert not cpu_extension._built_before()
     (tmp_path / cpu_extension._name() / f"{cpu_extension._name()}.so").write_bytes(b"")
     assert cpu_extension._built_before()
+
+
+def test_activations_round_to_bf16_as_torch_rounds(tiles_ready):
+    """The kernel rounds x to bf16 itself; torch's rounding first changes nothing, bitwise
+    (ties and tiny values included)."""
+    tiles = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(64, 256), 32))
+    x = torch.randn(9, 256) * torch.logspace(-40, 30, 9)[:, None]
+    x[0, :8] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -130, 0.0, -0.0,
+                             1e38, -1e38])                    # halfway cases, denormal, signs
+    assert torch.equal(tiles.matmul(x), tiles.matmul(x.bfloat16().float()))
