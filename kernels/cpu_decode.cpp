@@ -13,6 +13,7 @@
 // context, 2 cores: 30 layers in ~1.4 ms where SDPA over the same cache takes ~4.5 ms.
 
 #include "cpu_decode.h"
+#include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -27,24 +28,14 @@ using at::Tensor;
 
 namespace {
 
+using localpaged::kLanes;
+using localpaged::lane_sum;
+using localpaged::load;
+using localpaged::store;
+using localpaged::Vec;
+
 constexpr int64_t kChunk = 64;      // tokens per work item: 16 items at 1,000 tokens
-constexpr int64_t kLanes = 16;      // floats per vector: one AVX-512 register
 constexpr int64_t kMaxVecs = 16;    // head_dim <= 256
-
-// GCC/Clang vector extension: AVX-512 where the build machine has it (-march=native), else split
-// into narrower registers by the compiler. Lane-wise arithmetic only, so no reassociation.
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec load(const float* p) { Vec v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-
-// The 16 lanes summed in a fixed tree order.
-inline float lane_sum(Vec a) {
-  Vec b = a + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7);
-  Vec c = b + __builtin_shufflevector(b, b, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3);
-  Vec d = c + __builtin_shufflevector(c, c, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1);
-  return d[0] + d[1];
-}
 
 // x[i] = exp(x[i]) for x <= 0 (scores minus their max): Cephes' expf (range reduction by ln 2,
 // degree-6 polynomial, ~1 ulp), written elementwise so the loop vectorizes. Below -87 the result

@@ -7,6 +7,7 @@
 // model loads (models/llama.py: RMSNorm.kernel), never switched while the model serves.
 
 #include "cpu_norm.h"
+#include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/record_function.h>
@@ -18,11 +19,11 @@ using at::Tensor;
 
 namespace {
 
-constexpr int64_t kLanes = 16;
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-
-inline Vec load(const float* p) { Vec v; std::memcpy(&v, p, sizeof v); return v; }
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+using localpaged::kLanes;
+using localpaged::lane_sum;
+using localpaged::load;
+using localpaged::store;
+using localpaged::Vec;
 
 void norm_row(const float* x, const float* w, float* out, int64_t H, float eps) {
   Vec acc = {};
@@ -31,9 +32,7 @@ void norm_row(const float* x, const float* w, float* out, int64_t H, float eps) 
   float lanes[kLanes];
   store(lanes, acc);
   for (; i < H; ++i) lanes[i % kLanes] += x[i] * x[i];
-  for (int64_t width = kLanes / 2; width >= 1; width /= 2)
-    for (int64_t j = 0; j < width; ++j) lanes[j] += lanes[j + width];
-  const float r = 1.0f / std::sqrt(lanes[0] / static_cast<float>(H) + eps);
+  const float r = 1.0f / std::sqrt(lane_sum(load(lanes)) / static_cast<float>(H) + eps);
   for (i = 0; i < H; ++i) out[i] = (x[i] * r) * w[i];
 }
 

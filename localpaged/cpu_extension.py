@@ -34,8 +34,8 @@ logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _KERNELS = os.path.dirname(reference.__file__)
 _MODELS = os.path.join(_HERE, "models")
-SOURCES = [os.path.join(_KERNELS, name) for name in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp")] + [
-    os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
+SOURCES = [*(os.path.join(_KERNELS, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp")),
+           os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
@@ -92,11 +92,11 @@ class Build:
             failure = f"not built ({text.splitlines()[-1] if text else type(exc).__name__})"
         if failure is None:
             self.module = module
-            logger.info("CPU extension ready (%.1f s): decode attention and batch-1 decode in C++",
-                        time.monotonic() - start)
+            logger.info("CPU extension ready (%.1f s): decode attention, int4 matmul, RMSNorm and "
+                        "batch-1 decode in C++", time.monotonic() - start)
         else:
-            logger.warning("CPU extension %s: decode attention by the torch reference, decoding "
-                           "in Python", failure)
+            logger.warning("CPU extension %s: torch's ops for decode attention, int4 and RMSNorm, "
+                           "decoding in Python", failure)
         self.done.set()
 
 

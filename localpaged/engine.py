@@ -2,9 +2,9 @@
 
 One step: the scheduler picks the batch, the model runner moves blocks and runs the model, then
 `output_processor` samples, forks parallel samples after the prompt, runs beam search,
-detokenizes and applies stop rules. What that decided (forks, frees, finished groups) is a `StepResult` that the
-scheduler's one post-step update applies (`Scheduler.update_from_output`); abort and the
-out-of-memory path finish groups through the same update. The engine is single-threaded;
+detokenizes and applies stop rules. What that decided (forks, frees, finished groups) is a
+`StepResult` that the scheduler's one post-step update applies (`Scheduler.update_from_output`);
+abort and the out-of-memory path finish groups through the same update. The engine is single-threaded;
 `async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
 
 Names: `block_manager` is the KVCacheManager (block tables, in block ids); `kv_cache` holds the

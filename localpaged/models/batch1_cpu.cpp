@@ -1,10 +1,10 @@
 // The decoder layers of one decode step at batch 1 on CPU (see batch1_cpu.py).
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
-// models/llama.py (RMSNorm in float32: F.rms_norm or kernels/cpu_norm.cpp, rotate, Attention, MLP, DecoderLayer), models/linear.py
-// (Linear), quant/cpu.py (CpuInt4Weight.matmul), quant/cpu_tiles.py (CpuInt4Tiles.matmul, the
-// kernel of kernels/cpu_int4.cpp) and kernels/cpu_ops.py (write_kv, then the
-// decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
+// models/llama.py (RMSNorm in float32: F.rms_norm or kernels/cpu_norm.cpp; rotate, Attention,
+// MLP, DecoderLayer), models/linear.py (Linear), quant/cpu.py (CpuInt4Weight.matmul),
+// quant/cpu_tiles.py (CpuInt4Tiles.matmul, the kernel of kernels/cpu_int4.cpp) and
+// kernels/cpu_ops.py (write_kv, then the decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
 // `cpu` attention backend; only the interpreter between the calls is gone. A change to any of
 // those functions must be made here too (tests/test_batch1_cpu.py compares the two).
 

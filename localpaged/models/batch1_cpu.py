@@ -13,8 +13,8 @@ the background: steps decode in Python until it is ready, so the first reply nev
 
 Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls the same decode
 kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
-CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles) or float32 (models/linear.py: Linear, threaded split included) without bias, no
-q/k norms. Anything else decodes in Python.
+CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles) or float32 (models/linear.py: Linear, threaded
+split included) without bias, no q/k norms. Anything else decodes in Python.
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from localpaged.attention import AttentionMetadata, PagedAttention
 from localpaged.kernels import cpu_ops
 from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
-from localpaged.quant.cpu import CpuInt4Weight
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
-from localpaged.quant.linear import QuantLinear
+from localpaged.quant.linear import CPU_INT4, QuantLinear
 
 
 def _linears(layer) -> tuple:
@@ -43,7 +42,7 @@ LINEAR, SPLIT, INT4_TORCH, INT4_TILES = range(4)
 def _supported(linear) -> bool:
     """int4 (either CPU form) or float32 Linear, without bias."""
     if isinstance(linear, QuantLinear):
-        return isinstance(linear.packed, (CpuInt4Weight, CpuInt4Tiles)) and linear.bias is None
+        return isinstance(linear.packed, CPU_INT4) and linear.bias is None
     return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
 
 
@@ -92,7 +91,8 @@ class Batch1Decoder:
 
     def can_run(self, meta: AttentionMetadata) -> bool:
         """A step of one decoding sequence, once the build is ready."""
-        return meta.num_decode_tokens == meta.slot_mapping.shape[0] == 1 and cpu_extension.BUILD.module is not None
+        one = meta.num_decode_tokens == meta.slot_mapping.shape[0] == 1
+        return one and cpu_extension.BUILD.module is not None
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:
