@@ -31,8 +31,10 @@ import time
 
 import torch
 
-from localpaged import LLM, SamplingParams, loader, output_processor
-from localpaged.sampling_params import BACKGROUND
+from localpaged import LLM, SamplingParams
+from localpaged.core.sampling_params import BACKGROUND
+from localpaged.engine import output_processor
+from localpaged.runner import loader
 
 USER_TURNS = ["Hi! Can you explain how a CPU cache works?",
               "What is the difference between L1 and L2 caches?",

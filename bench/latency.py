@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from localpaged import LLM, SamplingParams  # noqa: E402
-from localpaged.loader import bundled_gguf_path  # noqa: E402
+from localpaged.runner.loader import bundled_gguf_path  # noqa: E402
 
 # aten::bmm: models.linear's float32 one-row path; localpaged::int4_matmul: the CPU extension's
 # int4 kernel. Decode attention (a C++ kernel or SDPA) counts as outside the matmuls.
@@ -75,7 +75,7 @@ def lp_breakdown(llm: LLM, prompt: list[int], steps: int) -> dict:
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
     result: dict = {}
     try:
-        from localpaged.model_runner import StepTimings
+        from localpaged.runner.model_runner import StepTimings
     except ImportError:                       # an engine without the timing hook
         StepTimings = None
     if StepTimings is not None:
@@ -113,8 +113,8 @@ def api_ttft(llm: LLM, messages: list[dict], repeats: int = 3) -> dict:
     Only the engine thread touches the engine here; each request is a new prompt (cold)."""
     import httpx
 
-    from localpaged.async_engine import AsyncEngine
-    from localpaged.server import build_app, make_server, start_in_thread
+    from localpaged.api.server import build_app, make_server, start_in_thread
+    from localpaged.engine.async_engine import AsyncEngine
     engine = AsyncEngine(llm.engine)
     server = make_server(build_app(engine, "m"), "127.0.0.1", 0, log_level="warning")
     start_in_thread(server)

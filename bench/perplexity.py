@@ -17,8 +17,9 @@ import time
 
 import torch
 
-from localpaged import LLM, loader
-from localpaged.prompt_logprobs import perplexity
+from localpaged import LLM
+from localpaged.runner import loader
+from localpaged.runner.prompt_logprobs import perplexity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TEXT = os.path.join(HERE, "..", "tests", "data", "paragraph.txt")

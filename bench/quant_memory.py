@@ -74,8 +74,8 @@ def child(model: str, quantization: str) -> dict:
     import torch
     import transformers  # noqa: F401 - imported before the baseline is taken
 
-    from localpaged import loader
     from localpaged.quant.linear import weights_summary
+    from localpaged.runner import loader
 
     phases: list[dict] = []
     loader.AutoConfig = SimpleNamespace(
@@ -116,7 +116,7 @@ def main() -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.model is None:
-        from localpaged import loader
+        from localpaged.runner import loader
         args.model = loader.bundled_gguf_path()
     if args.child:
         print(json.dumps(child(args.model, args.child)))

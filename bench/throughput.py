@@ -23,8 +23,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import peers  # noqa: E402
 import workload  # noqa: E402
 
-from localpaged import LLM, SamplingParams, loader, output_processor  # noqa: E402
-from localpaged.request import BeamParams  # noqa: E402
+from localpaged import LLM, SamplingParams  # noqa: E402
+from localpaged.core.request import BeamParams  # noqa: E402
+from localpaged.engine import output_processor
+from localpaged.runner import loader
 
 PAPER = {"parallel_sampling_saving": "6.1-30.5%", "beam_saving": "37.6-66.3%",
          "kv_utilization_paged": ">96%", "kv_utilization_contiguous": "20.4-38.2%"}

@@ -1,7 +1,7 @@
 """The `cpu` attention backend: the torch reference, with decode attention in C++.
 
 `paged_decode_attention` runs kernels/cpu_decode.cpp (flash-decoding over the block tables,
-vectorized, on torch's threads) once the CPU extension is built (localpaged/cpu_extension.py),
+vectorized, on torch's threads) once the CPU extension is built (kernels/cpu_extension.py),
 for float32 caches with a head size that is a multiple of 16 (at most 256); otherwise, and until
 then, the reference. Writing K/V, prefill attention and block copies are the reference's.
 The kernel's result for a sequence does not depend on the batch around it or the thread count.
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from localpaged import cpu_extension
-from localpaged.kernels import reference
+from localpaged.kernels import cpu_extension, reference
 from localpaged.kernels.reference import copy_blocks, paged_prefill_attention, write_kv
 
 __all__ = ["write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_blocks",

@@ -182,7 +182,7 @@ def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tenso
     """dst[block_mapping[p, 1]] = src[block_mapping[p, 0]] for every pair p.
 
     src and dst share a device and a block shape; they may be the same tensor (copy-on-write).
-    Swapping between devices stages through a contiguous buffer (see localpaged.kv_cache).
+    Swapping between devices stages through a contiguous buffer (see localpaged.runner.kv_cache).
     """
     if block_mapping.numel() == 0:
         return

@@ -24,7 +24,7 @@ log = logging.getLogger("localpaged")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from localpaged.loader import DEFAULT_MODEL
+    from localpaged.runner.loader import DEFAULT_MODEL
     p = argparse.ArgumentParser(prog="localpaged", description="The localpaged chat app: a "
                                 "local LLM chat UI on a PagedAttention engine, with an "
                                 "OpenAI-compatible API at /v1.")
@@ -80,7 +80,7 @@ def build(args: argparse.Namespace):
 
     from localpaged.api.guard import guard_app
     from localpaged.instance_lock import InstanceLock
-    from localpaged.loader import DEFAULT_MODEL
+    from localpaged.runner.loader import DEFAULT_MODEL
     from localpaged.ui.app import CSS, THEME, build_demo
     from localpaged.ui.controller import ChatController
     from localpaged.ui.models import ModelManager, local_factory
@@ -128,7 +128,7 @@ def _guard_policy(args: argparse.Namespace):
 
 def _remote_factory(url: str, api_key: str | None):
     def build(name: str | None, progress):
-        from localpaged.remote import RemoteChatBackend
+        from localpaged.chat.remote import RemoteChatBackend
         progress("connecting", url)
         return RemoteChatBackend(url, api_key=api_key, model=name or None)
     return build
@@ -142,9 +142,9 @@ def _api_app(args: argparse.Namespace, backend):
         return FastAPI(title="localpaged")
     try:
         from localpaged.api import resolve_api_key
-        from localpaged.server import build_app
+        from localpaged.api.server import build_app
     except ImportError:                    # the API is optional for the chat UI
-        log.warning("localpaged.server is unavailable: serving the chat UI without /v1")
+        log.warning("localpaged.api.server is unavailable: serving the chat UI without /v1")
         return FastAPI(title="localpaged")
     return build_app(engine, backend.model_name, resolve_api_key(args.api_key))
 

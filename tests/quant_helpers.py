@@ -1,7 +1,7 @@
 """Logits of every position of a token sequence from an engine's model (one fresh prefill).
 
 Used for teacher-forced comparisons (perplexity goes through prompt logprobs:
-localpaged.prompt_logprobs.perplexity); needs an engine with no request running
+localpaged.runner.prompt_logprobs.perplexity); needs an engine with no request running
 (the prefill writes blocks 0.. of its KV cache).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from localpaged.attention import AttentionMetadata
+from localpaged.models.attention import AttentionMetadata
 
 
 @torch.inference_mode()

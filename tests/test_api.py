@@ -22,10 +22,10 @@ import pytest
 
 from localpaged import LLM, SamplingParams
 from localpaged.api import APIError, ServedModel, check_bind_safety, resolve_api_key
-from localpaged.async_engine import AsyncEngine
-from localpaged.llm import apply_chat_template
-from localpaged.remote import RemoteChatBackend
-from localpaged.server import build_app, make_server, start_in_thread
+from localpaged.api.server import build_app, make_server, start_in_thread
+from localpaged.chat.remote import RemoteChatBackend
+from localpaged.engine.async_engine import AsyncEngine
+from localpaged.engine.llm import apply_chat_template
 
 MODEL = "tiny-llama"
 API_KEY = "sk-test-123"
@@ -646,8 +646,9 @@ def test_api_beside_gradio(engine):
 
 # ---- a model switch in the UI moves the API along -----------------------------------------------
 def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
-    from localpaged.ui.models import ModelManager, local_factory
     from tiny_models import build
+
+    from localpaged.ui.models import ModelManager, local_factory
     mm = ModelManager(local_factory(num_kv_blocks=64))
     assert mm.load(tiny_llama).done.wait(60) and mm.job.error is None
     first = mm.backend

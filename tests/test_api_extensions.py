@@ -13,9 +13,9 @@ from engine_helpers import greedy
 from test_api import MODEL, make_engine, start_server, stop_server, wait_idle, words
 
 from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
+from localpaged.chat.context_window import ContextWindow
 from localpaged.cli import parse_args
-from localpaged.context_window import ContextWindow
+from localpaged.engine.async_engine import AsyncEngine
 
 
 @pytest.fixture(scope="module")

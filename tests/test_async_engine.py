@@ -7,7 +7,7 @@ import time
 from engine_helpers import greedy, prompts
 
 from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
+from localpaged.engine.async_engine import AsyncEngine
 
 
 def wait_idle(engine: AsyncEngine, timeout: float = 10.0):

@@ -9,9 +9,11 @@ import pytest
 import tiny_models
 from engine_helpers import greedy, prompts
 
-from localpaged import LLM, cpu_extension
+from localpaged import LLM
+from localpaged.kernels import cpu_extension
 from localpaged.kernels.reference import decode_runs
 from localpaged.quant import cpu_tiles
+
 
 def outputs(llm, batch, params):
     return [(c.token_ids, [lp.logprob for lp in c.logprobs]) for o in llm.generate(batch, params)
@@ -84,10 +86,10 @@ def test_a_failed_build_or_check_is_one_log_line_and_python_decoding(tiny_llama,
     else:                                         # built, but its kernel "differs" from the reference
         monkeypatch.setattr(cpu_extension, "CHECK_TOLERANCE", -1.0)
     monkeypatch.setattr(cpu_extension, "BUILD", cpu_extension.Build())
-    with caplog.at_level(logging.WARNING, logger="localpaged.cpu_extension"):
+    with caplog.at_level(logging.WARNING, logger="localpaged.kernels.cpu_extension"):
         llm = LLM(tiny_llama, quantization="int4", num_kv_blocks=64)
         assert llm.engine.runner.batch1.wait(600) is False
-    lines = [r.getMessage() for r in caplog.records if r.name == "localpaged.cpu_extension"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "localpaged.kernels.cpu_extension"]
     assert len(lines) == 1 and "decoding in Python" in lines[0]
     assert ("not built" if broken == "build" else "failed its check") in lines[0]
     python = LLM(tiny_llama, quantization="int4", num_kv_blocks=64, attention_backend="torch",

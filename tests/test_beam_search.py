@@ -1,8 +1,8 @@
 """Beam search in the engine equals transformers' beam search, and beams share blocks."""
 
 import pytest
-import torch
 import tiny_models
+import torch
 from engine_helpers import hf_model, prompts
 
 from localpaged import LLM
@@ -37,8 +37,8 @@ def test_beams_share_blocks(tiny_llama):
     llm = LLM(tiny_llama, num_kv_blocks=128, debug_checks=True)
     engine = llm.engine
     prompt = prompts(1, seed=4, lo=60, hi=61)[0]
-    from localpaged.request import BeamParams
     from localpaged import SamplingParams
+    from localpaged.core.request import BeamParams
     group = engine.make_group(prompt, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True),
                               beam=BeamParams(4))
     engine.add_group(group)

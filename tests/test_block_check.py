@@ -1,12 +1,12 @@
 """KVCacheManager.check() catches broken block accounting, and the engine's debug flag runs it
-every step (the invariants of localpaged/kv_cache_manager.py and block_pool.py)."""
+every step (the invariants of localpaged/core/kv_cache_manager.py and block_pool.py)."""
 
 import pytest
 from engine_helpers import greedy, prompts
 
 from localpaged import LLM
-from localpaged.kv_cache_manager import InvariantError, KVCacheManager, hash_block
-from localpaged.request import Sequence
+from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager, hash_block
+from localpaged.core.request import Sequence
 
 
 def forked_pair() -> tuple[KVCacheManager, Sequence, Sequence]:

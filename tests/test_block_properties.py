@@ -2,12 +2,13 @@
 sequences keep the invariants of docs/architecture.md §3 (I1-I5), checked both here
 (independently) and by KVCacheManager.check()."""
 
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from localpaged.block_pool import BlockOpKind, BlockPool
-from localpaged.kv_cache_manager import KVCacheManager, hash_block
-from localpaged.request import Sequence
+from localpaged.core.block_pool import BlockOpKind, BlockPool
+from localpaged.core.kv_cache_manager import KVCacheManager, hash_block
+from localpaged.core.request import Sequence
 
 B = 4
 NUM_BLOCKS = 24

@@ -8,9 +8,14 @@ import random
 import pytest
 from engine_helpers import greedy
 
-from localpaged import LLM, loader
-from localpaged.context_window import (ContextOverflowError, ContextWindow,
-                                       SystemPromptTooLongError, split_turns)
+from localpaged import LLM
+from localpaged.chat.context_window import (
+    ContextOverflowError,
+    ContextWindow,
+    SystemPromptTooLongError,
+    split_turns,
+)
+from localpaged.runner import loader
 
 WORDS = ("the king walked into a castle where many knights , waited for news of war ; é 中 "
          "  \n\n 42 <|im_start|> café").split(" ")

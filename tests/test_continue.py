@@ -6,7 +6,11 @@ import pytest
 from engine_helpers import greedy, hf_greedy, prompts
 
 from localpaged import LLM
-from localpaged.continuation import continue_request, continued_text, stop_explanation
+from localpaged.chat.continuation import (
+    continue_request,
+    continued_text,
+    stop_explanation,
+)
 
 BLOCK = 16
 

@@ -7,8 +7,8 @@ kernel does not serve."""
 import pytest
 import torch
 
-from localpaged import cpu_extension
-from localpaged.kernels import cpu_ops, reference
+from localpaged.kernels import cpu_extension, cpu_ops, reference
+
 
 @pytest.fixture(scope="module")
 def kernel(cpu_ext):

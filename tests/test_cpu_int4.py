@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from localpaged import cpu_extension
+from localpaged.kernels import cpu_extension
 from localpaged.quant import cpu_tiles
 from localpaged.quant.cpu import CpuInt4Weight, for_cpu
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.layout import quantize_int4
 from localpaged.quant.linear import quant_linear
+
 
 @pytest.fixture(scope="module")
 def tiles_ready(cpu_ext):

@@ -6,8 +6,10 @@ import pytest
 import tiny_models
 import torch
 
-from localpaged import LLM, cpu_extension
+from localpaged import LLM
+from localpaged.kernels import cpu_extension
 from localpaged.models.llama import RMSNorm
+
 
 @pytest.fixture(scope="module")
 def kernel(cpu_ext):

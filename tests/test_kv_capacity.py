@@ -29,7 +29,7 @@ def test_request_outgrowing_the_cache_mid_decode(tiny_llama, caplog):
     num_blocks = 8                                   # 128 token slots for everything
     llm = LLM(tiny_llama, num_kv_blocks=num_blocks, block_size=BLOCK)
     engine = llm.engine
-    with caplog.at_level(logging.WARNING, logger="localpaged.engine"):
+    with caplog.at_level(logging.WARNING, logger="localpaged.engine.llm_engine"):
         engine.add_request("long", long_prompt, greedy(400))
         for i, p in enumerate(short):
             engine.add_request(f"short-{i}", p, greedy(10))
@@ -80,7 +80,7 @@ def test_n_samples_that_never_fit_end_with_length(tiny_llama, caplog):
     params = _samples(7, 40)
     big = LLM(tiny_llama, num_kv_blocks=256, block_size=BLOCK).generate([prompt], params)[0]
     llm = LLM(tiny_llama, num_kv_blocks=6, block_size=BLOCK)  # 4 x (20 + 40) tokens need > 12
-    with caplog.at_level(logging.WARNING, logger="localpaged.engine"):
+    with caplog.at_level(logging.WARNING, logger="localpaged.engine.llm_engine"):
         out = llm.generate([prompt], params)[0]
     assert _warned(caplog, out.request_id)
     for cut, full in zip(out.outputs, big.outputs):

@@ -11,14 +11,23 @@ import types
 
 import pytest
 import torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
-
 from engine_helpers import greedy, hf_greedy, prompts, token_ids
-from localpaged import LLM, startup_check
-from localpaged.cuda_graphs import StaticDecodeBuffers, capture_sizes, padded_size
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+from localpaged import LLM
 from localpaged.kernels import reference
 from localpaged.models.llama import RMSNorm, Rotary, apply_rotary
+from localpaged.runner import startup_check
+from localpaged.runner.cuda_graphs import (
+    StaticDecodeBuffers,
+    capture_sizes,
+    padded_size,
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -190,7 +199,7 @@ def test_select_backend_falls_back_when_triton_fails(monkeypatch, caplog):
     def raising(*args):
         raise RuntimeError("injected failure")
     monkeypatch.setattr(triton_ops, "write_kv", raising)
-    with caplog.at_level(logging.WARNING, logger="localpaged.startup_check"):
+    with caplog.at_level(logging.WARNING, logger="localpaged.runner.startup_check"):
         backend, graphs_ok = startup_check.select_backend("triton", cpu, torch.float32, 16, 16,
                                                           force_check=True)
     assert backend.name == "torch" and not graphs_ok
@@ -202,7 +211,7 @@ def test_select_backend_falls_back_when_triton_fails(monkeypatch, caplog):
 
 
 def test_step_timings_cover_every_phase(tiny_llama):
-    from localpaged.model_runner import StepTimings
+    from localpaged.runner.model_runner import StepTimings
     llm = LLM(tiny_llama, num_kv_blocks=32)
     eng, timings = llm.engine, StepTimings()
     eng.add_request("r", prompts(1, seed=2)[0], greedy(5))

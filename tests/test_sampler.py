@@ -6,8 +6,8 @@ import torch
 from engine_helpers import greedy
 
 from localpaged import LLM, SamplingParams
-from localpaged.request import Sequence
-from localpaged.sampler import sample
+from localpaged.core.request import Sequence
+from localpaged.engine.sampler import sample
 
 
 def draw_many(logits, params, n=400, tokens=(0,)):

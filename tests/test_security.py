@@ -20,7 +20,7 @@ import pytest
 from localpaged import cli
 from localpaged.api.guard import CSP, GuardPolicy, host_name
 from localpaged.api.security import login_secrets, require_login_for_bind
-from localpaged.server import make_server, start_in_thread
+from localpaged.api.server import make_server, start_in_thread
 
 PASSWORD = "correct horse"
 API_KEY = "sk-test-key"

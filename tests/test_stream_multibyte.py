@@ -21,8 +21,8 @@ import pytest
 import torch
 
 from localpaged import LLM, SamplingParams
-from localpaged.async_engine import AsyncEngine
-from localpaged.server import build_app, make_server, start_in_thread
+from localpaged.api.server import build_app, make_server, start_in_thread
+from localpaged.engine.async_engine import AsyncEngine
 
 pytestmark = pytest.mark.slow        # loads the tokenizer from the bundled SmolLM2 GGUF
 
@@ -107,7 +107,7 @@ def test_engine_stream_decodes_as_tokenizer(engine, tokenizer, chain, n):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))    # cumulative
     assert not any("\ufffd" in t for t in texts[:-1])
     # An incomplete character is held back until the token completing it arrives
-    # (localpaged/detokenizer.py); a request that ends first flushes it, so the final text is
+    # (localpaged/engine/detokenizer.py); a request that ends first flushes it, so the final text is
     # exactly the decode of every output id (an unfinished character as U+FFFD).
     whole = max(k for k in range(len(ids) + 1) if not tokenizer.decode(ids[:k]).endswith("\ufffd"))
     assert (whole == len(ids)) == (n % len(chain) == 0)
@@ -138,7 +138,7 @@ def test_api_streams_whole_characters(client, tokenizer, chain):
 
 
 def test_ui_controller_streams_whole_characters(engine, tokenizer, chain, tmp_path):
-    from localpaged.chat_backend import LocalChatBackend
+    from localpaged.chat.backend import LocalChatBackend
     from localpaged.ui.controller import ChatController
     from localpaged.ui.store import Store
     n = 2 * len(chain)

@@ -10,16 +10,15 @@ import threading
 import time
 
 import pytest
+from tiny_models import build
 
 from localpaged import LLM, ModelNotFoundError
-from localpaged.async_engine import AsyncEngine
-from localpaged.chat_backend import LocalChatBackend
+from localpaged.chat.backend import LocalChatBackend
+from localpaged.engine.async_engine import AsyncEngine
 from localpaged.ui import kvmap, render
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
 from localpaged.ui.store import Store
-
-from tiny_models import build
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 24}

@@ -1,8 +1,8 @@
 """The chat UI driven against a second localpaged server as its remote backend, end to end.
 
-A real API server (localpaged/server.py over a tiny random model, tests/tiny_models.py) runs on
+A real API server (localpaged/api/server.py over a tiny random model, tests/tiny_models.py) runs on
 127.0.0.1 in a background thread; the UI's controller (ui/controller.py) talks to it only through
-`localpaged.remote.RemoteChatBackend`, as `localpaged --backend URL` does: a conversation, a
+`localpaged.chat.remote.RemoteChatBackend`, as `localpaged --backend URL` does: a conversation, a
 regenerate (two sibling replies, navigation between them), a three-column comparison and a pick,
 and the engine panel saying it has nothing to show for a remote engine. Greedy decoding is
 deterministic on the server, which is what the replies are compared on; at the end the server's
@@ -14,15 +14,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
-from localpaged.remote import RemoteChatBackend
-from localpaged.server import build_app, make_server, start_in_thread
-from localpaged.ui import kvmap, render
-
 from tiny_models import build
 from ui_helpers import controller, run
+
+from localpaged import LLM
+from localpaged.api.server import build_app, make_server, start_in_thread
+from localpaged.chat.remote import RemoteChatBackend
+from localpaged.engine.async_engine import AsyncEngine
+from localpaged.ui import kvmap, render
 
 MODEL = "tiny-remote"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"

@@ -7,14 +7,14 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
-from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
-from localpaged.chat_backend import LocalChatBackend
-from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
-
 import ui_helpers
 from tiny_models import build
 from ui_helpers import run  # noqa: F401 (shared with the tests importing it from here)
+
+from localpaged import LLM
+from localpaged.chat.backend import LocalChatBackend
+from localpaged.engine.async_engine import AsyncEngine
+from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 24}

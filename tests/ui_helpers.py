@@ -4,8 +4,8 @@ model with the fallback chat template, a ChatController on a fresh store, and `r
 from __future__ import annotations
 
 from localpaged import LLM
-from localpaged.async_engine import AsyncEngine
-from localpaged.chat_backend import LocalChatBackend
+from localpaged.chat.backend import LocalChatBackend
+from localpaged.engine.async_engine import AsyncEngine
 from localpaged.ui.controller import ChatController
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
 from localpaged.ui.store import Store

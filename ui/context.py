@@ -1,7 +1,7 @@
 """The conversation against the model's context window, for the chat app: what the context gauge
 shows (`ContextUsage`), which messages a request sends (`fit_prompt`, per-conversation policy
 "drop_oldest" | "error"), and the request that continues a reply stopped early
-(`continue_prompt`). Thin over `localpaged.context_window` and `localpaged.continuation`; the
+(`continue_prompt`). Thin over `localpaged.chat.context_window` and `localpaged.chat.continuation`; the
 controller calls these, the Gradio side renders `ContextUsage` (context_ui.py).
 
 Only a local backend has a context window (`backend.context_window()`); for a remote one every
@@ -13,10 +13,15 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from localpaged.context_window import (DEFAULT_REPLY_RESERVE, ContextOverflowError,
-                                       ContextWindow, SystemPromptTooLongError, split_turns)
-from localpaged.continuation import ContinueRequest, continue_request
-from localpaged.sampling_params import SamplingParams
+from localpaged.chat.context_window import (
+    DEFAULT_REPLY_RESERVE,
+    ContextOverflowError,
+    ContextWindow,
+    SystemPromptTooLongError,
+    split_turns,
+)
+from localpaged.chat.continuation import ContinueRequest, continue_request
+from localpaged.core.sampling_params import SamplingParams
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
                  "error": "Stop and ask me"}

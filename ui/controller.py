@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localpaged.chat_backend import ChatBackend, is_local
+from localpaged.chat.backend import ChatBackend, is_local
 
 from . import context
 from .controller_context import ChatError, ContextFeatures, chat_prompt

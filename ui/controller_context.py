@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import uuid
 
-from localpaged.chat_backend import ChatBackend
-from localpaged.outputs import NATURAL_ENDS
+from localpaged.chat.backend import ChatBackend
+from localpaged.engine.outputs import NATURAL_ENDS
 
 from . import context
 from .context import ContextUsage

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from localpaged.outputs import RequestOutput
+from localpaged.engine.outputs import RequestOutput
 
 from .store import Store
 

@@ -14,7 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from localpaged.outputs import EngineStats
+from localpaged.engine.outputs import EngineStats
 
 from .controller import Branch, ChatController, chat_prompt
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from localpaged.chat_backend import ChatBackend
+from localpaged.chat.backend import ChatBackend
 from localpaged.quant import QUANTIZATION_CHOICES
 
 if TYPE_CHECKING:
@@ -161,9 +161,9 @@ class LocalFactory:
 
     def __call__(self, name: str, progress: Progress,
                  quantization: str | None = None) -> ChatBackend:
-        from localpaged import LLM
-        from localpaged.async_engine import AsyncEngine
-        from localpaged.chat_backend import LocalChatBackend
+        from localpaged.chat.backend import LocalChatBackend
+        from localpaged.engine.async_engine import AsyncEngine
+        from localpaged.engine.llm import LLM
         progress("resolving", name)
         if _looks_like_hub_id(name):
             _download(name, progress)
@@ -195,7 +195,7 @@ def _download(repo_id: str, progress: Progress) -> None:
     from huggingface_hub import constants, snapshot_download
     from tqdm.auto import tqdm
 
-    from localpaged.loader import HUB_PATTERNS
+    from localpaged.runner.loader import HUB_PATTERNS
     if constants.HF_HUB_OFFLINE:
         return
 

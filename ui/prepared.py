@@ -1,5 +1,5 @@
 """Alternatives ready before you ask (issue 10): when a reply finishes, the app generates k more
-replies to the same prompt at *background* priority (localpaged/scheduler.py: they only use
+replies to the same prompt at *background* priority (localpaged/core/scheduler.py: they only use
 capacity interactive work leaves) and stores them as siblings marked prepared. Regenerate and
 ‹ › then show one without a new request.
 
@@ -31,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from localpaged.chat_backend import is_local
+from localpaged.chat.backend import is_local
 
 from . import context
 from .generation import LiveReply, Turn

@@ -19,7 +19,7 @@ import re
 import time
 from typing import Any
 
-from localpaged.outputs import FINISH_DETAILS, NATURAL_ENDS
+from localpaged.engine.outputs import FINISH_DETAILS, NATURAL_ENDS
 
 from .controller import View
 from .generation import LiveReply

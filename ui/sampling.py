@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.sampling_params import SamplingParams
 
 # Order matters: it is the order of the settings fields on a chat tab and a compare column.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")

@@ -6,7 +6,7 @@
     install_error_handlers(app)
     # then: gr.mount_gradio_app(app, demo, path="/")
 
-`localpaged.server.build_app` does exactly this. With a `ServedModel(engine, "my-model")` in
+`localpaged.api.server.build_app` does exactly this. With a `ServedModel(engine, "my-model")` in
 place of the engine and name, `served.swap(engine2, "other")` switches the model while serving.
 `app.state.metrics.record_request(out.metrics)` adds a request run outside the API (the UI's)
 to the /metrics histograms of that app.

@@ -16,9 +16,13 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
 
-from localpaged.outputs import EngineStats, RequestMetrics
+from localpaged.engine.outputs import EngineStats, RequestMetrics
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 PREFIX = "localpaged"

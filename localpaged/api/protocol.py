@@ -10,7 +10,7 @@ prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allo
 Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our own extension
 `context_overflow` ("error" | "drop_oldest") fits a chat that is too long for the context
-(localpaged.context_window); without it nothing is ever dropped.
+(localpaged.chat.context_window); without it nothing is ever dropped.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from localpaged.api.errors import APIError
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.sampling_params import SamplingParams
 
 # Below this a temperature is greedy: dividing logits by ~0 would overflow to inf/NaN.
 

@@ -17,13 +17,18 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.concurrency import run_in_threadpool
 
-from localpaged.api.errors import APIError, from_value_error, model_not_found, route_class
+from localpaged.api.errors import (
+    APIError,
+    from_value_error,
+    model_not_found,
+    route_class,
+)
 from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served import Model, ServedModel, as_served
 from localpaged.api.serving import Generation, SSEResponse, chat_prompt
-from localpaged.async_engine import AsyncEngine
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.async_engine import AsyncEngine
 
 
 def create_api(engine: AsyncEngine | ServedModel, model_name: str | None = None,

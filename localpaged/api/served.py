@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from localpaged.api.errors import APIError
 from localpaged.api.serving import TokenText
-from localpaged.async_engine import AsyncEngine, RequestStream
+from localpaged.engine.async_engine import AsyncEngine, RequestStream
 
 
 @dataclass(frozen=True, eq=False)

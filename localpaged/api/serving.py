@@ -25,11 +25,14 @@ from starlette.types import Receive, Scope, Send
 from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.protocol import ChatCompletionRequest, Echo
-from localpaged.async_engine import RequestStream
-from localpaged.context_window import (DEFAULT_REPLY_RESERVE, ContextOverflowError,
-                                       ContextWindow)
-from localpaged.outputs import CompletionOutput, RequestOutput
-from localpaged.request import TokenLogprob
+from localpaged.chat.context_window import (
+    DEFAULT_REPLY_RESERVE,
+    ContextOverflowError,
+    ContextWindow,
+)
+from localpaged.core.request import TokenLogprob
+from localpaged.engine.async_engine import RequestStream
+from localpaged.engine.outputs import CompletionOutput, RequestOutput
 
 logger = logging.getLogger(__name__)
 

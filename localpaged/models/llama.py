@@ -20,7 +20,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from localpaged.attention import AttentionMetadata, PagedAttention
+from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.models.linear import Linear
 
 logger = logging.getLogger(__name__)

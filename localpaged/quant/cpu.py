@@ -27,10 +27,10 @@ from typing import ClassVar
 
 import torch
 
-from localpaged.memory import trim_heap
 from localpaged.quant import cpu_tiles
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int8
+from localpaged.quant.memory import trim_heap
 
 INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
 

@@ -6,8 +6,7 @@ block of 32 output rows, float16 scales and mins as the GGUF stores them and a f
 (see the .cpp). The layout is chosen once per model load, never switched while a model serves:
 a row's value then never depends on when it was computed.
 
-Layout: packed int32 [N / 32, K / 8, 2, 16] (the .cpp says which bits hold which weight);
-scales and mins float16 [K / G, N]: w[n, k] = q[n, k] * scales[k // G, n] + mins[k // G, n].
+The layout and its packing: kernels/cpu_int4_layout.py.
 """
 
 from __future__ import annotations
@@ -17,19 +16,15 @@ from typing import ClassVar
 
 import torch
 
-from localpaged import cpu_extension
+from localpaged.kernels import cpu_extension, cpu_int4_layout
 from localpaged.quant.layout import PackedWeight
 
-BLOCK, CHUNK = 32, 8                 # output rows per block, inputs per 32-bit word
-# bit offset of weight j (0..7) of a chunk in its word: pairs (2p, 2p + 1) at 4p and 16 + 4p
-_SHIFTS = torch.tensor([0, 16, 4, 20, 8, 24, 12, 28], dtype=torch.int64)
 _ROWS_PER_PACK = 4096                # rows packed at a time: bounded temporaries at load
 
 
 def fits(pw: PackedWeight) -> bool:
     """Whether the kernel takes this int4 weight's shape and group size."""
-    N, K = pw.shape
-    return pw.bits == 4 and N % BLOCK == 0 and pw.group_size % CHUNK == 0 and K % pw.group_size == 0
+    return pw.bits == 4 and cpu_int4_layout.fits(*pw.shape, pw.group_size)
 
 
 def available() -> bool:
@@ -37,14 +32,6 @@ def available() -> bool:
     being loaded from its cache; a first build on this machine is not waited for)."""
     module = cpu_extension.BUILD.module_if_cached()
     return module is not None and module.int4_vectorized()
-
-
-def pack(q: torch.Tensor) -> torch.Tensor:
-    """q [N, K] int (0..15) -> packed int32 [N / 32, K / 8, 2, 16]."""
-    N, K = q.shape
-    blocks = q.view(N // BLOCK, 2, 16, K // CHUNK, CHUNK).permute(0, 3, 1, 2, 4)
-    words = (blocks.to(torch.int64) << _SHIFTS).sum(-1)          # disjoint bit fields: an OR
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 @dataclass
@@ -60,7 +47,7 @@ class CpuInt4Tiles:
     @classmethod
     def from_packed(cls, pw: PackedWeight) -> CpuInt4Tiles:
         N = pw.shape[0]
-        parts = [pack(pw.int_values(torch.arange(i, min(i + _ROWS_PER_PACK, N))))
+        parts = [cpu_int4_layout.pack(pw.int_values(torch.arange(i, min(i + _ROWS_PER_PACK, N))))
                  for i in range(0, N, _ROWS_PER_PACK)]
         return cls(pw.group_size, torch.cat(parts), pw.scales.t().to(torch.float16).contiguous(),
                    pw.mins.t().to(torch.float16).contiguous(), pw.shape)

@@ -22,9 +22,15 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from localpaged.memory import trim_heap
-from localpaged.quant.layout import (PackedWeight, cat_rows, pack_int4, permute_rows, quantize_int4,
-                                     quantize_int8)
+from localpaged.quant.layout import (
+    PackedWeight,
+    cat_rows,
+    pack_int4,
+    permute_rows,
+    quantize_int4,
+    quantize_int8,
+)
+from localpaged.quant.memory import trim_heap
 
 logger = logging.getLogger(__name__)
 

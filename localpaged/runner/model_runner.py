@@ -16,15 +16,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localpaged import prompt_logprobs
-from localpaged.attention import AttentionMetadata, PagedAttention
-from localpaged.cuda_graphs import DecodeGraphRunner
+from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
 from localpaged.kernels.reference import decode_runs
-from localpaged.kv_cache import KVCache
-from localpaged.kv_cache_manager import KVCacheManager
 from localpaged.models import LlamaForCausalLM
-from localpaged.models.batch1_cpu import Batch1Decoder
-from localpaged.scheduler import ScheduledSeq, SchedulerOutput
+from localpaged.models.attention import AttentionMetadata, PagedAttention
+from localpaged.runner import prompt_logprobs
+from localpaged.runner.batch1_cpu import Batch1Decoder
+from localpaged.runner.cuda_graphs import DecodeGraphRunner
+from localpaged.runner.kv_cache import KVCache
 
 
 @dataclass

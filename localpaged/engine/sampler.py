@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from localpaged.request import Sequence, TokenLogprob
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.request import Sequence, TokenLogprob
+from localpaged.core.sampling_params import SamplingParams
 
 
 @dataclass

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from localpaged.request import TokenLogprob
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.request import TokenLogprob
+from localpaged.core.sampling_params import SamplingParams
 
 ROWS_PER_SLICE = 256       # bounds the [rows, vocab] logits held at once
 

@@ -6,12 +6,12 @@ from dataclasses import fields
 
 from tqdm.auto import tqdm
 
-from localpaged.config import EngineConfig
-from localpaged.engine import LLMEngine
-from localpaged.loader import DEFAULT_MODEL
-from localpaged.outputs import EngineStats, RequestOutput
-from localpaged.request import BeamParams
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.config import EngineConfig
+from localpaged.core.request import BeamParams
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.llm_engine import LLMEngine
+from localpaged.engine.outputs import EngineStats, RequestOutput
+from localpaged.runner.loader import DEFAULT_MODEL
 
 Prompt = str | list[int]
 Messages = list[dict]

@@ -12,8 +12,8 @@ import logging
 
 import torch
 
-from localpaged.attention import AttentionBackend
-from localpaged.block_pool import BlockOp, BlockOpKind
+from localpaged.core.block_pool import BlockOp, BlockOpKind
+from localpaged.models.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
 

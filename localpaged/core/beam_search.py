@@ -2,7 +2,7 @@
 
 The beams of a request are the sequences of one SequenceGroup; what carries over between steps
 (logits of beams computed so far this round, the finished hypotheses, whether a running beam can
-still win) lives in the group's typed `BeamState`. Each step, once every running beam has its
+still win) lives in the group's typed `BeamState` (request.py). Each step, once every running beam has its
 next-token logits, the best `2 * width` continuations (more with several EOS ids) are ranked by
 accumulated log-probability. Continuations that end (EOS or max_tokens) among the top `width`
 become finished hypotheses, scored `logprob / length ** length_penalty`; the best `width` others
@@ -18,26 +18,12 @@ applies through the scheduler's post-step update.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from localpaged.request import Sequence, SequenceGroup
-from localpaged.scheduler import Fork
-
-
-@dataclass
-class FinishedBeam:
-    score: float              # cumulative log-probability / length ** length_penalty
-    token_ids: list[int]      # the output tokens, the final one included
-    last_token: int
-
-
-@dataclass
-class BeamState:
-    pending_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> logits
-    finished: list[FinishedBeam] = field(default_factory=list)   # best first, at most width
-    improvable: bool = True                                       # a running beam may still win
+from localpaged.core.request import BeamState, FinishedBeam, Sequence, SequenceGroup
+from localpaged.core.scheduler import Fork
 
 
 @dataclass

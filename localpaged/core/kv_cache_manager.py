@@ -23,8 +23,8 @@ from __future__ import annotations
 import hashlib
 import struct
 
-from localpaged.block_pool import Block, BlockOp, BlockOpKind, BlockPool
-from localpaged.request import Sequence
+from localpaged.core.block_pool import Block, BlockOp, BlockOpKind, BlockPool
+from localpaged.core.request import Sequence
 
 
 class InvariantError(AssertionError):

@@ -17,10 +17,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 
-from localpaged.engine import LLMEngine
-from localpaged.outputs import EngineStats, RequestOutput
-from localpaged.request import SequenceGroup
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.request import SequenceGroup
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.llm_engine import LLMEngine
+from localpaged.engine.outputs import EngineStats, RequestOutput
 
 logger = logging.getLogger(__name__)
 

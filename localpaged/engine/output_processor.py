@@ -15,13 +15,14 @@ import time
 
 import torch
 
-from localpaged import beam_search
-from localpaged.detokenizer import detokenize, find_stop, visible_text
-from localpaged.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from localpaged.request import Sequence, SequenceGroup, make_generator
-from localpaged.sampler import record, sample as sample_rows
-from localpaged.sampling_params import SamplingParams
-from localpaged.scheduler import Fork, SchedulerOutput, StepResult
+from localpaged.core import beam_search
+from localpaged.core.request import Sequence, SequenceGroup, make_generator
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
+from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
+from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from localpaged.engine.sampler import record
+from localpaged.engine.sampler import sample as sample_rows
 
 
 def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, int],

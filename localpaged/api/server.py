@@ -10,7 +10,7 @@ UI, Gradio at "/"), served by uvicorn.
 `guard_app(app, GuardPolicy.for_bind(host, ...))` puts the Host/Origin checks, the login and the
 security headers in front of every route (localpaged.api.guard).
 
-`python -m localpaged.server --model PATH` serves the API alone.
+`python -m localpaged.api.server --model PATH` serves the API alone.
 """
 
 from __future__ import annotations
@@ -23,13 +23,23 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from localpaged.api import (MetricsRecorder, ServedModel, check_bind_safety, create_api,
-                            install_error_handlers, resolve_api_key)
+from localpaged.api import (
+    MetricsRecorder,
+    ServedModel,
+    check_bind_safety,
+    create_api,
+    install_error_handlers,
+    resolve_api_key,
+)
 from localpaged.api.guard import GuardPolicy, guard_app
-from localpaged.api.security import (OPEN_FLAG, login_secrets, require_login_for_bind,
-                                     resolve_password)
+from localpaged.api.security import (
+    OPEN_FLAG,
+    login_secrets,
+    require_login_for_bind,
+    resolve_password,
+)
 from localpaged.api.served import as_served
-from localpaged.async_engine import AsyncEngine
+from localpaged.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +86,8 @@ def start_in_thread(server: uvicorn.Server, timeout: float = 30.0) -> threading.
 
 
 def main(argv: list[str] | None = None) -> None:
-    from localpaged.llm import LLM
-    from localpaged.loader import DEFAULT_MODEL
+    from localpaged.engine.llm import LLM
+    from localpaged.runner.loader import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(description="Serve the OpenAI-compatible API alone.")
     parser.add_argument("--model", default=DEFAULT_MODEL)

@@ -10,7 +10,7 @@ included, as U+FFFD).
 
 from __future__ import annotations
 
-from localpaged.request import Sequence
+from localpaged.core.request import Sequence
 
 
 def start_offsets(prompt_len: int) -> tuple[int, int]:

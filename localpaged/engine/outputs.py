@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from localpaged.request import TokenLogprob
+from localpaged.core.request import TokenLogprob
 
 # Why an output finished, finer than OpenAI's finish_reason (which stays "stop" / "length" /
 # "abort"): the UI shows it, and offers Continue for every detail but the natural ends.

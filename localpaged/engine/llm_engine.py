@@ -22,18 +22,19 @@ import time
 
 import torch
 
-from localpaged import beam_search, loader, output_processor, prompt_logprobs, startup_check
-from localpaged.config import EngineConfig
-from localpaged.detokenizer import detokenize, start_offsets
-from localpaged.kv_cache import KVCache, available_memory, bytes_per_block
-from localpaged.kv_cache_manager import InvariantError, KVCacheManager
-from localpaged.model_runner import ModelRunner, StepTimings, phase_of
-from localpaged.models.batch1_cpu import Batch1Decoder
-from localpaged.outputs import EngineStats, RequestOutput
+from localpaged.core.config import EngineConfig
+from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
+from localpaged.core.request import BeamParams, BeamState, Sequence, SequenceGroup, make_generator
+from localpaged.core.sampling_params import SamplingParams, check_priority
+from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
+from localpaged.engine import output_processor
+from localpaged.engine.detokenizer import detokenize, start_offsets
+from localpaged.engine.outputs import EngineStats, RequestOutput
 from localpaged.quant.linear import weights_summary
-from localpaged.request import BeamParams, Sequence, SequenceGroup, make_generator
-from localpaged.sampling_params import SamplingParams, check_priority
-from localpaged.scheduler import Scheduler, SchedulerOutput, StepResult
+from localpaged.runner import loader, prompt_logprobs, startup_check
+from localpaged.runner.batch1_cpu import Batch1Decoder
+from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
+from localpaged.runner.model_runner import ModelRunner, StepTimings, phase_of
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class LLMEngine:
         seq.detok_state = start_offsets(len(ids))
         group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
                               self.max_model_len, beam, column_params=column_params,
-                              beam_state=beam_search.BeamState() if beam else None,
+                              beam_state=BeamState() if beam else None,
                               priority=priority)
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "

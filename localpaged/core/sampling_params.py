@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
 GREEDY_EPSILON = 1e-5
 
 INTERACTIVE = "interactive"

@@ -7,7 +7,7 @@ arguments as the Python path, so its output is bitwise the Python path's; measur
 this project's 2-core machine, side by side: int4 128-131 -> 165-188 tok/s, float32 41 -> 44-47,
 the same tokens and logprobs. The embedding, rotary table, final norm and logits stay in Python.
 
-The loop is part of the CPU extension (localpaged/cpu_extension.py), built once per machine in
+The loop is part of the CPU extension (kernels/cpu_extension.py), built once per machine in
 the background: steps decode in Python until it is ready, so the first reply never waits for it.
 `EngineConfig.enforce_eager` (`--eager`) turns the loop off.
 
@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from localpaged import cpu_extension
-from localpaged.attention import AttentionMetadata, PagedAttention
-from localpaged.kernels import cpu_ops
+from localpaged.kernels import cpu_extension, cpu_ops
+from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
 from localpaged.quant.cpu_tiles import CpuInt4Tiles

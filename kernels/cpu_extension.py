@@ -1,7 +1,7 @@
 """The compiled CPU extension: decode attention, int4 matmul, RMSNorm, the batch-1 decode loop.
 
 One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
-attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul, quant/cpu_tiles.py),
+attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in cpu_int4_layout.py),
 kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
 batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
 per machine and source version (~40 s), then it is cached under ~/.cache/torch_extensions, named
@@ -28,14 +28,13 @@ import time
 import torch
 
 from localpaged.kernels import reference
+from localpaged.kernels.cpu_int4_layout import pack
 
 logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_KERNELS = os.path.dirname(reference.__file__)
-_MODELS = os.path.join(_HERE, "models")
-SOURCES = [*(os.path.join(_KERNELS, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp")),
-           os.path.join(_MODELS, "batch1_cpu.cpp"), os.path.join(_HERE, "cpu_extension.cpp")]
+SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp",
+                                             "batch1_cpu.cpp", "cpu_extension.cpp")]
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
@@ -114,7 +113,7 @@ def _built_before() -> bool:
 
 def _compile():
     from torch.utils.cpp_extension import load
-    return load(_name(), SOURCES, extra_include_paths=[_KERNELS, _MODELS],
+    return load(_name(), SOURCES, extra_include_paths=[_HERE],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                 verbose=False)
 
@@ -133,7 +132,6 @@ def self_check(module) -> str | None:
     got = module.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     want = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     failures = [_differs("decode attention", got, want, CHECK_TOLERANCE)]
-    from localpaged.quant.cpu_tiles import pack        # quant imports this module
     ints = torch.randint(0, 16, (64, 96), generator=gen)
     scales, mins = torch.rand(3, 64, generator=gen).half() / 8, -torch.rand(3, 64, generator=gen).half()
     x = torch.randn(3, 96, generator=gen)

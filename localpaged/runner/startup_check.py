@@ -13,8 +13,13 @@ import logging
 
 import torch
 
-from localpaged.attention import AttentionBackend, AttentionMetadata, PagedAttention, get_backend
-from localpaged.cuda_graphs import DecodeGraphRunner, capture_sizes
+from localpaged.models.attention import (
+    AttentionBackend,
+    AttentionMetadata,
+    PagedAttention,
+    get_backend,
+)
+from localpaged.runner.cuda_graphs import DecodeGraphRunner, capture_sizes
 
 logger = logging.getLogger(__name__)
 

@@ -45,10 +45,10 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from localpaged.block_pool import BlockOp
-from localpaged.kv_cache_manager import KVCacheManager
-from localpaged.request import GroupStatus, Sequence, SequenceGroup
-from localpaged.sampling_params import BACKGROUND, INTERACTIVE
+from localpaged.core.block_pool import BlockOp
+from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.request import GroupStatus, Sequence, SequenceGroup
+from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
 
 logger = logging.getLogger(__name__)
 

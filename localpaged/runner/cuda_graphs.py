@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from localpaged.attention import AttentionMetadata, PagedAttention
+from localpaged.models.attention import AttentionMetadata, PagedAttention
 
 logger = logging.getLogger(__name__)
 

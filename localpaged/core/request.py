@@ -12,14 +12,10 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from localpaged.sampling_params import INTERACTIVE, SamplingParams
-
-if TYPE_CHECKING:
-    from localpaged.beam_search import BeamState
+from localpaged.core.sampling_params import INTERACTIVE, SamplingParams
 
 _seq_ids = itertools.count()
 
@@ -88,6 +84,21 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.text, child.detok_state = self.text, self.detok_state
         return child
+
+
+@dataclass
+class FinishedBeam:
+    score: float              # cumulative log-probability / length ** length_penalty
+    token_ids: list[int]      # the output tokens, the final one included
+    last_token: int
+
+
+@dataclass
+class BeamState:
+    """What beam search carries over between steps (core/beam_search.py decides)."""
+    pending_logits: dict[int, torch.Tensor] = field(default_factory=dict)  # seq_id -> logits
+    finished: list[FinishedBeam] = field(default_factory=list)   # best first, at most width
+    improvable: bool = True                                       # a running beam may still win
 
 
 @dataclass

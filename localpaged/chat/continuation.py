@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from localpaged.outputs import FINISH_DETAILS, CompletionOutput
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.outputs import FINISH_DETAILS, CompletionOutput
 
 
 @dataclasses.dataclass

@@ -2,7 +2,7 @@
 
 The UI speaks only this interface: chat messages in, a stream of RequestOutput out (one output
 per column), plus engine stats when the engine is local. `LocalChatBackend` wraps the in-process
-AsyncEngine; `localpaged.remote.RemoteChatBackend` talks to any OpenAI-compatible server.
+AsyncEngine; `localpaged.chat.remote.RemoteChatBackend` talks to any OpenAI-compatible server.
 What needs the engine itself (request priorities, beam search, a prefix-cache preview) is only
 on `LocalChatBackend`: the UI checks `is_local(backend)` before it offers it.
 Only a local backend knows its tokenizer, so only it offers `context_window()` (exact counts,
@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from localpaged.async_engine import AsyncEngine
-from localpaged.context_window import ContextWindow
-from localpaged.llm import apply_chat_template
-from localpaged.outputs import EngineStats, RequestOutput
-from localpaged.request import BeamParams
-from localpaged.sampling_params import SamplingParams
+from localpaged.chat.context_window import ContextWindow
+from localpaged.core.request import BeamParams
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.async_engine import AsyncEngine
+from localpaged.engine.llm import apply_chat_template
+from localpaged.engine.outputs import EngineStats, RequestOutput
 
 
 class ChatBackend(Protocol):
@@ -69,7 +69,7 @@ class LocalChatBackend:
     def chat(self, messages: list[dict], params: list[SamplingParams],
              request_id: str | None = None,
              priority: str | None = None) -> Iterator[RequestOutput]:
-        """priority: "interactive" (default) or "background" (see localpaged/scheduler.py)."""
+        """priority: "interactive" (default) or "background" (see localpaged/core/scheduler.py)."""
         ids = self.prompt_ids(messages)
         if len(params) == 1:
             return iter(self.engine.submit(ids, params[0], request_id, priority=priority))

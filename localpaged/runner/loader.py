@@ -22,8 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
-from localpaged import cpu_extension
-from localpaged.memory import trim_heap
+from localpaged.kernels import cpu_extension
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
 from localpaged.quant import QUANTIZATION_CHOICES
@@ -31,6 +30,7 @@ from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.gguf import read_gguf
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
+from localpaged.quant.memory import trim_heap
 
 logger = logging.getLogger(__name__)
 

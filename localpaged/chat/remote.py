@@ -21,8 +21,13 @@ from dataclasses import replace
 
 import openai
 
-from localpaged.outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
-from localpaged.sampling_params import SamplingParams
+from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.outputs import (
+    CompletionOutput,
+    EngineStats,
+    RequestMetrics,
+    RequestOutput,
+)
 
 _ids = itertools.count()
 
