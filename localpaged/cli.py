@@ -24,6 +24,7 @@ log = logging.getLogger("localpaged")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from localpaged.core import config
     from localpaged.runner.loader import DEFAULT_MODEL
     p = argparse.ArgumentParser(prog="localpaged", description="The localpaged chat app: a "
                                 "local LLM chat UI on a PagedAttention engine, with an "
@@ -42,12 +43,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                    help="cap the context (prompt plus reply) at TOKENS, to save memory "
                         "(default: the model's own context length)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+    p.add_argument("--dtype", default=config.default("dtype"), choices=config.DTYPES,
                    help="weights and KV cache (default auto: float32 on CPU)")
-    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8", "int4"],
+    p.add_argument("--quantization", default=config.default("quantization"),
+                   choices=config.QUANTIZATION,
                    help="weight-only quantization (default auto: a GGUF keeps its bit width, "
                         "Q4 as int4 and Q8 as int8; safetensors load as is)")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "cpu", "triton"],
+    p.add_argument("--attention-backend", default=config.default("attention_backend"),
+                   choices=config.ATTENTION_BACKENDS,
                    help="paged-attention kernels (default auto: triton on CUDA, checked at "
                         "start-up with a fallback to torch; on CPU cpu, the torch reference "
                         "with decode attention in C++)")

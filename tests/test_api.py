@@ -72,7 +72,7 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
         if s.blocks_in_use == 0 and s.num_running == 0 and s.num_waiting == 0:
             return
         if time.monotonic() > deadline:
-            sched = engine.engine.scheduler
+            sched = engine._engine.scheduler
             groups = [(g.request_id, g.status, g.width, len(g.seqs), g.params)
                       for g in list(sched.waiting) + list(sched.running)]
             raise AssertionError(f"engine not idle: {s}; {groups}")

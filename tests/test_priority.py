@@ -176,7 +176,7 @@ def test_priority_is_validated(tiny_llama):
     with pytest.raises(ValueError, match="priority must be one of"):
         eng.add_request(None, [1, 5, 6], greedy(2), priority="low")
     assert not eng.has_unfinished_requests()
-    with pytest.raises(ValueError, match="background_batch must be 'auto', 'share' or 'idle'"):
+    with pytest.raises(ValueError, match="background_batch must be one of 'auto', 'share', 'idle', got"):
         EngineConfig(model=tiny_llama, background_batch="always")
     assert eng.scheduler.background_shares_batch is (eng.device.type == "cuda")    # auto
 

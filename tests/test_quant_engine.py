@@ -63,7 +63,7 @@ def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
 
 
 def test_bad_quantization_is_a_clear_error(tiny_llama, tmp_path):
-    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4, got 'int3'"):
+    with pytest.raises(ValueError, match="quantization must be one of 'auto', 'none', 'int8', 'int4', got 'int3'"):
         LLM(tiny_llama, quantization="int3")
     import tiny_models
     from transformers import AutoModelForCausalLM, LlamaConfig

@@ -169,7 +169,7 @@ def test_a_reply_stopped_for_memory_is_marked_and_the_next_gets_replies(ctl, bac
 
 
 def test_prefill_progress_while_a_long_prompt_is_read(ctl, backend):
-    if backend.engine.engine.config.max_num_batched_tokens > 64:
+    if backend.engine.info.max_num_batched_tokens > 64:
         pytest.skip("this backend prefills in one chunk")
     cid = ctl.new_conversation().id
     ctl.update_settings(cid, "", GREEDY)

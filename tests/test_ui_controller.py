@@ -323,8 +323,8 @@ def test_model_picker_quantization_and_the_header_format(tiny_root):
     path = build("llama-gqa", tiny_root)
     mm = ModelManager(local_factory(num_kv_blocks=32, quantization="int8"))
     assert mm.quantization == "int8" and mm.weights_format == ""
-    with pytest.raises(ValueError, match="quantization must be one of auto, none, int8, int4, "
-                                         "got 'int3'"):
+    with pytest.raises(ValueError, match="quantization must be one of 'auto', 'none', 'int8', "
+                                         "'int4', got 'int3'"):
         mm.load(path, "int3")
     sizes = {}
     for choice, fmt in ((None, "int8 ·"), ("int4", "int4 g32 ·"), ("none", "float32 ·")):

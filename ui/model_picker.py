@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from . import render
-from localpaged.quant import QUANTIZATION_CHOICES
+from localpaged.core.config import QUANTIZATION, default
 
+from . import render
 from .models import ModelManager
 from .queues import GEN, QUICK
 from .style import BRAND
@@ -41,8 +41,8 @@ def build_model_panel(models: ModelManager, header_html: gr.HTML) -> ModelPicker
     with gr.Accordion("Model", open=True, elem_id="model-acc"):
         name = gr.Textbox(value=models.model_name or "", label="Hub id or local path",
                           elem_id="model-name")
-        quant = gr.Dropdown([(QUANT_LABELS[q], q) for q in QUANTIZATION_CHOICES],
-                            value=models.quantization or "auto", label="Weights",
+        quant = gr.Dropdown([(QUANT_LABELS[q], q) for q in QUANTIZATION],
+                            value=models.quantization or default("quantization"), label="Weights",
                             elem_id="model-quant", visible=models.quantization is not None)
         load = gr.Button("Load model", elem_id="model-load", size="sm")
         status_md = gr.Markdown(status(models), elem_id="model-status")

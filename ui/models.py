@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from localpaged.chat.backend import ChatBackend
-from localpaged.quant import QUANTIZATION_CHOICES
+from localpaged.core.config import QUANTIZATION, check_choice, default
 
 if TYPE_CHECKING:
     from localpaged.api import ServedModel
@@ -85,15 +85,13 @@ class ModelManager:
 
     def load(self, name: str, quantization: str | None = None) -> LoadJob:
         """Start loading `name` in the background (the running job, if one is running), with
-        `quantization` (one of QUANTIZATION_CHOICES; None: the factory's default)."""
+        `quantization` (one of config.QUANTIZATION; None: the factory's default)."""
         name = name.strip()
         if quantization is not None:
             if self.quantization is None:
                 raise ValueError("quantization: this backend loads no weights itself (remote); "
                                  "leave it unset")
-            if quantization not in QUANTIZATION_CHOICES:
-                raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, "
-                                 f"got {quantization!r}")
+            check_choice("quantization", quantization, QUANTIZATION)
         with self._lock:
             if self.loading():
                 return self.job
@@ -155,8 +153,8 @@ class LocalFactory:
     `engine_options`: further EngineConfig fields (max_model_len, attention_backend,
     enforce_eager); None leaves a field at its default."""
     num_kv_blocks: int | None = None
-    dtype: str = "auto"
-    quantization: str = "auto"
+    dtype: str = default("dtype")
+    quantization: str = default("quantization")
     engine_options: dict = field(default_factory=dict)
 
     def __call__(self, name: str, progress: Progress,
@@ -178,10 +176,11 @@ class LocalFactory:
         return LocalChatBackend(AsyncEngine(llm.engine))
 
 
-def local_factory(num_kv_blocks: int | None = None, dtype: str = "auto",
+def local_factory(num_kv_blocks: int | None = None, dtype: str = default("dtype"),
                   quantization: str | None = None, **engine_options) -> LocalFactory:
-    """A LocalFactory; `quantization` None means "auto" (EngineConfig's default)."""
-    return LocalFactory(num_kv_blocks, dtype, quantization or "auto", engine_options)
+    """A LocalFactory; `quantization` None means EngineConfig's default."""
+    return LocalFactory(num_kv_blocks, dtype, quantization or default("quantization"),
+                        engine_options)
 
 
 def _looks_like_hub_id(name: str) -> bool:

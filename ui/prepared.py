@@ -75,7 +75,7 @@ def default_alternatives(backend) -> int:
     0 over a remote backend (no priorities there)."""
     if not is_local(backend):
         return 0
-    return 1 if backend.engine.engine.device.type == "cuda" else 0
+    return 1 if backend.engine.info.device == "cuda" else 0
 
 
 class PreparedReplies:

@@ -66,7 +66,7 @@ class _API:
     @staticmethod
     def _model_card(model: Model) -> dict:
         return {"id": model.name, "object": "model", "created": model.created,
-                "owned_by": "localpaged", "max_model_len": model.engine.engine.max_model_len}
+                "owned_by": "localpaged", "max_model_len": model.engine.info.max_model_len}
 
     async def list_models(self) -> dict:
         return {"object": "list", "data": [self._model_card(self.served.current())]}
@@ -156,7 +156,7 @@ class _API:
 
 def _check_limits(model: Model, ids: list[int], params: SamplingParams, max_tokens_param: str,
                   prompt_param: str) -> None:
-    max_len = model.engine.engine.max_model_len
+    max_len = model.engine.info.max_model_len
     if params.max_tokens is not None and len(ids) + params.max_tokens > max_len:
         raise APIError(
             f"This model's maximum context length is {max_len} tokens. However, you "
@@ -165,7 +165,7 @@ def _check_limits(model: Model, ids: list[int], params: SamplingParams, max_toke
             f"length of the {prompt_param} or the completion.",
             param=max_tokens_param if len(ids) < max_len else prompt_param,
             code="context_length_exceeded")
-    max_seqs = model.engine.engine.config.max_num_seqs
+    max_seqs = model.engine.info.max_num_seqs
     if params.n > max_seqs:
         raise APIError(f"n is {params.n}; this server runs at most {max_seqs} sequences "
                        "at once.", param="n", code="invalid_value")

@@ -47,7 +47,7 @@ class LocalChatBackend:
         self.engine = engine
         # The name the user asked for (what API clients send back), not the resolved source:
         # the offline fallback to the bundled GGUF is still "HuggingFaceTB/SmolLM2-135M-Instruct".
-        self.model_name = engine.engine.config.model
+        self.model_name = engine.info.model
         # One window for the backend's life: its piece-count cache makes the gauge cheap.
         self._window = ContextWindow(engine.tokenizer, engine.context_limit())
 
@@ -82,9 +82,8 @@ class LocalChatBackend:
         penalty 1, transformers' heuristic stopping): the running beams while it runs, then the
         `beam_width` hypotheses, best first, each score in `cumulative_logprob`."""
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-        group = self.engine.engine.make_group(self.prompt_ids(messages), params, request_id,
-                                              beam=BeamParams(beam_width, 1.0, False))
-        return iter(self.engine.submit_group(group))
+        return iter(self.engine.submit(self.prompt_ids(messages), params, request_id,
+                                       beam=BeamParams(beam_width, 1.0, False)))
 
     def cached_prefix_tokens(self, messages: list[dict]) -> tuple[int, int]:
         """(prompt tokens a request for this conversation would reuse from the prefix cache
@@ -103,7 +102,7 @@ class LocalChatBackend:
 
     def cached_blocks(self, token_ids: list[int]) -> list[int]:
         """Cached KV block ids holding a prefix of these prompt token ids."""
-        return self.engine.engine.cached_prefix_blocks(token_ids)
+        return self.engine.cached_prefix_blocks(token_ids)
 
 
 def is_local(backend: ChatBackend | None) -> bool:

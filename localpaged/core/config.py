@@ -1,15 +1,42 @@
-"""EngineConfig: every knob of the engine in one validated place."""
+"""EngineConfig: every knob of the engine in one validated place, and the choices it offers.
+
+Each choice (quantization, dtype, preemption mode, attention backend, background batching) is
+declared once here; the CLI, the UI and the loader read the tuples below, and `check_choice` is
+the one check (EngineConfig runs it for every choice field when it is built). Request-level
+choices (the priority) are declared in sampling_params.py, which uses the same check.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
+
+QUANTIZATION = ("auto", "none", "int8", "int4")     # auto: a GGUF keeps its bit width (loader)
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU, bf16/fp16 on CUDA
+PREEMPTION_MODES = ("recompute", "swap")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # auto: triton on CUDA, cpu on CPU
+BACKGROUND_BATCH = ("auto", "share", "idle")        # auto: share on CUDA, idle on CPU
+CHOICES = {"quantization": QUANTIZATION, "preemption_mode": PREEMPTION_MODES,
+           "attention_backend": ATTENTION_BACKENDS, "background_batch": BACKGROUND_BATCH}
+
+
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    """value when it is one of choices, else a ValueError naming the field and the choices."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
+def default(name: str) -> Any:
+    """EngineConfig's default for a field (what the CLI and the UI start from)."""
+    return next(f.default for f in fields(EngineConfig) if f.name == name)
 
 
 @dataclass
 class EngineConfig:
     model: str
     device: str = "auto"                 # "auto": cuda when available, else cpu
-    dtype: str = "auto"                  # auto: float32 on CPU, bfloat16/float16 on GPU
+    dtype: str = "auto"                  # DTYPES (or a torch.dtype); checked by loader.resolve_dtype
     block_size: int = 16
     num_kv_blocks: int | None = None     # None: size the cache from free memory
     kv_cache_memory_fraction: float = 0.3   # of available memory, when num_kv_blocks is None
@@ -18,14 +45,14 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None     # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    preemption_mode: str = "recompute"   # or "swap"
+    preemption_mode: str = "recompute"   # PREEMPTION_MODES
     swap_space_gb: float = 1.0           # CPU block pool for preemption_mode="swap"
-    attention_backend: str = "auto"      # "auto" | "torch" | "cpu" | "triton"
+    attention_backend: str = "auto"      # ATTENTION_BACKENDS
     enforce_eager: bool = False          # True: no CUDA graphs (CUDA), no C++ batch-1 loop (CPU)
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
-    quantization: str = "auto"           # "auto" | "none" | "int8" | "int4"; auto: a GGUF keeps its
-                                         # bit width, safetensors load as is (loader.load)
+    quantization: str = "auto"           # QUANTIZATION; auto: a GGUF keeps its bit width,
+                                         # safetensors load as is (loader.load)
     # Background requests in steps with interactive work: "share" (the leftover budget; cheap
     # where batch rows are nearly free, GPUs), "idle" (only steps without interactive work; on
     # CPUs a batch row costs about as much as a lone request), "auto": share on CUDA, else idle.
@@ -43,12 +70,7 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if self.preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {self.preemption_mode!r}")
-        if self.quantization not in ("auto", "none", "int8", "int4"):
-            raise ValueError(f"quantization must be one of auto, none, int8, int4, got {self.quantization!r}")
-        if self.background_batch not in ("auto", "share", "idle"):
-            raise ValueError(f"background_batch must be 'auto', 'share' or 'idle', "
-                             f"got {self.background_batch!r}")
+        for name, choices in CHOICES.items():
+            check_choice(name, getattr(self, name), choices)
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")

@@ -22,9 +22,23 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from dataclasses import dataclass
 
 from localpaged.core.block_pool import Block, BlockOp, BlockOpKind, BlockPool
 from localpaged.core.request import Sequence
+
+
+@dataclass(frozen=True)
+class BlockUsage:
+    """A snapshot of the pools (device, and CPU for swap), in blocks."""
+    num_blocks: int
+    in_use: int              # ref_count > 0
+    cached: int              # ref_count == 0, still findable by the prefix cache
+    free: int                # ref_count == 0, no cached content
+    shared: int              # ref_count > 1
+    table_entries: int       # what the tables would hold if nothing were shared
+    num_cpu_blocks: int
+    cpu_in_use: int
 
 
 class InvariantError(AssertionError):
@@ -266,8 +280,14 @@ class KVCacheManager:
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, [])]
 
-    def num_shared_blocks(self) -> int:
-        return sum(1 for b in self.pool.blocks if b.ref_count > 1)
+    def usage(self) -> BlockUsage:
+        """How the device and CPU pools' blocks are used now."""
+        held = [b for b in self.pool.blocks if b.ref_count > 0]
+        cached = self.pool.num_cached_free
+        cpu = self.cpu_pool
+        return BlockUsage(self.pool.num_blocks, len(held), cached, self.pool.num_free - cached,
+                          sum(1 for b in held if b.ref_count > 1), self.num_table_entries(),
+                          cpu.num_blocks if cpu else 0, cpu.num_blocks - cpu.num_free if cpu else 0)
 
     def num_stored_tokens(self, seqs: list[Sequence]) -> int:
         """Slots of held device blocks that store a computed token (a shared block counts once)."""

@@ -8,19 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localpaged.core.config import check_choice
+
 GREEDY_EPSILON = 1e-5
 
 INTERACTIVE = "interactive"
 BACKGROUND = "background"
 PRIORITIES = (INTERACTIVE, BACKGROUND)     # scheduling classes; see scheduler.py for what they mean
-_PRIORITY_RULE = f"must be one of {', '.join(map(repr, PRIORITIES))}"
 
 
 def check_priority(priority: object) -> str:
     """Return priority if it is a supported scheduling class, else raise a ValueError naming them."""
-    if priority not in PRIORITIES:
-        raise ValueError(f"priority {_PRIORITY_RULE}, got {priority!r}")
-    return priority  # type: ignore[return-value]
+    return check_choice("priority", priority, PRIORITIES)
 
 
 @dataclass
@@ -80,10 +79,10 @@ class SamplingParams:
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
         ]
-        checks.append(("priority", self.priority in PRIORITIES, _PRIORITY_RULE))
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(self, name)!r}")
+        check_choice("SamplingParams.priority", self.priority, PRIORITIES)
 
     @property
     def greedy(self) -> bool:

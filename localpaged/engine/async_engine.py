@@ -17,10 +17,10 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 
-from localpaged.core.request import SequenceGroup
+from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
-from localpaged.engine.outputs import EngineStats, RequestOutput
+from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +70,12 @@ class RequestStream:
 
 
 class AsyncEngine:
+    """The engine's boundary for the UI and the API: submit / abort / stats / info, and read-only
+    prefix-cache previews. The LLMEngine itself stays private to the engine thread."""
+
     def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
+        self._engine = engine
+        self.info: EngineInfo = engine.info()
         self._commands: queue.Queue = queue.Queue()
         self._streams: dict[str, RequestStream] = {}
         self._lock = threading.Lock()          # guards _streams and the stats snapshot
@@ -82,28 +86,25 @@ class AsyncEngine:
 
     @property
     def tokenizer(self):
-        return self.engine.tokenizer
+        return self._engine.tokenizer
 
     def context_limit(self) -> int:
-        """The most tokens one request may hold, prompt plus reply (LLMEngine.context_limit);
-        fixed for the engine's life, so callers in any thread may read it."""
-        return self.engine.context_limit()
+        """The most tokens one request may hold, prompt plus reply (LLMEngine.context_limit)."""
+        return self.info.context_limit
 
     # ---- callers ------------------------------------------------------------------------------
     def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
                request_id: str | None = None,
                column_params: list[SamplingParams] | None = None,
-               priority: str | None = None) -> RequestStream:
+               priority: str | None = None, beam: BeamParams | None = None) -> RequestStream:
         """Validate and queue a request; raises ValueError on bad input.
 
         With column_params, one output per entry, decoded together over the shared prompt.
         priority: "interactive" | "background" (default: params.priority); see scheduler.py.
+        With beam, a beam search (the running beams stream, then the hypotheses, best first).
         """
-        group = self.engine.make_group(prompt, params, request_id, column_params=column_params,
-                                       priority=priority)
-        return self.submit_group(group)
-
-    def submit_group(self, group: SequenceGroup) -> RequestStream:
+        group = self._engine.make_group(prompt, params, request_id, beam=beam,
+                                        column_params=column_params, priority=priority)
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -127,7 +128,12 @@ class AsyncEngine:
         """Tokens of this prompt in the prefix cache now (a preview: the engine thread may evict
         or add blocks before a request for it is admitted). Only dict lookups, so safe to call
         from any thread."""
-        return self.engine.cached_prefix_tokens(token_ids)
+        return self._engine.cached_prefix_tokens(token_ids)
+
+    def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
+        """Ids of the cached blocks holding a prefix of these tokens now (the UI's KV map; a
+        preview, like cached_prefix_tokens)."""
+        return self._engine.cached_prefix_blocks(token_ids)
 
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""
@@ -142,11 +148,11 @@ class AsyncEngine:
     # ---- the engine thread --------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopped.is_set():
-            self._drain(block=not self.engine.has_unfinished_requests())
-            if not self.engine.has_unfinished_requests():
+            self._drain(block=not self._engine.has_unfinished_requests())
+            if not self._engine.has_unfinished_requests():
                 continue
             try:
-                outputs = self.engine.step()
+                outputs = self._engine.step()
             except Exception as exc:  # noqa: BLE001 - fail every request, keep serving
                 logger.exception("engine step failed")
                 self._fail_all(exc)
@@ -171,11 +177,11 @@ class AsyncEngine:
     def _apply(self, kind: str, arg) -> None:
         if kind == "add":
             try:
-                self.engine.add_group(arg)
+                self._engine.add_group(arg)
             except ValueError as exc:
                 self._deliver_error(arg.request_id, exc)
         elif kind == "abort":
-            out = self.engine.abort(arg)
+            out = self._engine.abort(arg)
             if out is not None:
                 self._deliver(out)
 
@@ -193,11 +199,11 @@ class AsyncEngine:
             stream.put(exc)
 
     def _fail_all(self, exc: BaseException) -> None:
-        for request_id in list(self.engine.groups):
-            self.engine.abort(request_id)
+        for request_id in list(self._engine.groups):
+            self._engine.abort(request_id)
             self._deliver_error(request_id, RuntimeError(f"engine error: {exc}"))
 
     def _snapshot(self) -> None:
-        stats = self.engine.stats(with_block_tables=True)
+        stats = self._engine.stats(with_block_tables=True)
         with self._lock:
             self._stats = stats

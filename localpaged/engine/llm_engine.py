@@ -29,7 +29,7 @@ from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.engine import output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
-from localpaged.engine.outputs import EngineStats, RequestOutput
+from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput
 from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
@@ -238,25 +238,25 @@ class LLMEngine:
         context (max_model_len, which follows EngineConfig.max_model_len) and the KV cache."""
         return min(self.max_model_len, self.kv_capacity_tokens)
 
+    def info(self) -> EngineInfo:
+        c = self.config
+        return EngineInfo(c.model, self.device.type, self.max_model_len, self.context_limit(),
+                          c.max_num_seqs, c.max_num_batched_tokens, c.block_size)
+
     def stats(self, with_block_tables: bool = False) -> EngineStats:
         kv, sched = self.block_manager, self.scheduler
-        pool = kv.pool
-        in_use = [b for b in pool.blocks if b.ref_count > 0]
-        free_cached = pool.num_cached_free
-        tokens = kv.num_stored_tokens([s for g in sched.running for s in g.unfinished_seqs()])
+        blocks = kv.usage()
+        running = [s for g in sched.running for s in g.unfinished_seqs()]
         tables = {}
         if with_block_tables:
             tables = {g.request_id: [kv.block_ids(s) for s in g.unfinished_seqs()] for g in sched.running}
-        cpu = kv.cpu_pool
         return EngineStats(
-            num_blocks=pool.num_blocks, block_size=kv.block_size, blocks_in_use=len(in_use),
-            blocks_cached=free_cached, blocks_free=pool.num_free - free_cached,
-            blocks_shared=sum(1 for b in in_use if b.ref_count > 1),
-            blocks_without_sharing=kv.num_table_entries(), tokens_in_use=tokens,
+            num_blocks=blocks.num_blocks, block_size=kv.block_size, blocks_in_use=blocks.in_use,
+            blocks_cached=blocks.cached, blocks_free=blocks.free, blocks_shared=blocks.shared,
+            blocks_without_sharing=blocks.table_entries, tokens_in_use=kv.num_stored_tokens(running),
             prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=sched.num_preemptions, num_swapped_out=sched.num_swapped_out,
-            num_cpu_blocks=cpu.num_blocks if cpu else 0,
-            cpu_blocks_in_use=(cpu.num_blocks - cpu.num_free) if cpu else 0,
+            num_cpu_blocks=blocks.num_cpu_blocks, cpu_blocks_in_use=blocks.cpu_in_use,
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped), block_tables=tables,
             weights_bytes=self.weights_bytes, weights_format=self.weights_format)

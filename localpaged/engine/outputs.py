@@ -76,6 +76,18 @@ class RequestOutput:
         return not self.finished and self.num_computed_prompt_tokens < self.num_prompt_tokens
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine serves, fixed for its life: callers in any thread may read it."""
+    model: str                         # the name asked for (EngineConfig.model), not the file
+    device: str                        # "cpu" or "cuda"
+    max_model_len: int                 # the model's context, capped by EngineConfig.max_model_len
+    context_limit: int                 # prompt + reply of one request: max_model_len or the cache
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+
+
 @dataclass
 class EngineStats:
     """Public view of the KV cache and scheduler; the UI and /metrics read only this."""

@@ -22,9 +22,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from localpaged.core.config import ATTENTION_BACKENDS, check_choice
+
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "torch", "cpu", "triton")
 
 
 @dataclass
@@ -107,8 +108,7 @@ class PagedAttention:
 
 
 def get_backend(name: str, device: torch.device) -> PagedAttention:
-    if name not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {name!r}")
+    check_choice("attention_backend", name, ATTENTION_BACKENDS)
     if name == "auto":
         name = "triton" if device.type == "cuda" else "cpu"
     if name == "cpu" and device.type != "cpu":

@@ -22,10 +22,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
+from localpaged.core.config import QUANTIZATION, check_choice
 from localpaged.kernels import cpu_extension
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
-from localpaged.quant import QUANTIZATION_CHOICES
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.gguf import read_gguf
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
@@ -143,8 +143,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | None = None,
          quantization: str = "auto") -> LoadedModel:
-    if quantization not in QUANTIZATION_CHOICES:
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}")
+    check_choice("quantization", quantization, QUANTIZATION)
     source = resolve(name, revision)
     stamp = _file_stamp(source)
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
