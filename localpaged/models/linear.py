@@ -1,10 +1,9 @@
 """Linear: nn.Linear whose float32 one-row products (batch-1 decode) use every CPU thread.
 
 torch's CPU float32 `F.linear` on a single row (a GEMV) runs on one thread whatever
-`torch.get_num_threads()` says. Measured on this project's 2-core machine (3072x576, weights
-cold in DRAM as in a decode step): 15 GB/s with 1 or 2 threads. The same product taken as a
-batched matmul over P blocks of the weight's rows (`bmm`, one block per thread, no copy: the
-blocks are views) reads 28 GB/s, so a float32 decode step's matmuls take about half the time.
+`torch.get_num_threads()` says. The same product taken as a batched matmul over P blocks of the
+weight's rows (`bmm`, one block per thread, no copy: the blocks are views) streams the weights
+on every thread (docs/architecture.md §10 has the measured bandwidths).
 bfloat16 `F.linear` is threaded already (the split gains nothing there) and keeps its path.
 
 Each output element is still one dot product over the same inputs, and for the shapes of real

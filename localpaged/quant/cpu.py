@@ -1,13 +1,9 @@
 """Packed weights in the form torch's CPU weight-only kernels read, and the choice of that form.
 
-Measured on this project's 2-core AVX-512 CPU (torch 2.13, one thread, SmolLM2 shapes, M = 1):
-`aten._weight_int4pack_mm_for_cpu` with bf16 activations is 1.7-1.9x faster than float32
-`linear` on the layers (960x576 16.6 vs 31.0 us, 3072x576 50 vs 190 us, 576x1536 25 vs 45 us)
-and 11x on the 49152x576 lm_head (0.84 vs 9.3 ms); `aten._weight_int8pack_mm` (bf16 activations)
-is 2-4x faster. Both stay faster than float32 up to M = 256 (prefill chunks), so one kernel
-serves every batch size: a row's value does not depend on what else is in the batch. With
-float32 activations both ops are 10-100x slower: activations are cast to bf16 first (llama.cpp
-likewise quantizes activations to 8 bits for its dot products).
+torch's `aten._weight_int4pack_mm_for_cpu` and `aten._weight_int8pack_mm` take bf16
+activations (with float32 ones they are many times slower): activations are cast to bf16 first.
+One kernel serves every batch size, decode and prefill chunks alike, so a row's value does not
+depend on what else is in the batch (docs/architecture.md §9 has the measured speeds).
 
 The forms:
 - int4 where the CPU extension is built with AVX-512 BF16 (N divisible by 32, group a multiple

@@ -1,11 +1,10 @@
 """Batch1Decoder: one conversation's decode step on CPU, the loop over the layers in C++.
 
-At batch 1 an int4 step of a small model is mostly Python: ~40 small ATen calls per layer and the
-interpreter between them, against ~3.7 ms of weight reads (SmolLM2-135M, 2 cores). The loop over
-the decoder layers (`batch1_cpu.cpp`) makes the same ATen calls, in the same order, with the same
-arguments as the Python path, so its output is bitwise the Python path's; measured on SmolLM2 on
-this project's 2-core machine, side by side: int4 128-131 -> 165-188 tok/s, float32 41 -> 44-47,
-the same tokens and logprobs. The embedding, rotary table, final norm and logits stay in Python.
+At batch 1 a step of a small model spends much of its time in the interpreter between ~40 small
+ATen calls per layer. The loop over the decoder layers (kernels/batch1_cpu.cpp) makes the same
+ATen calls, in the same order, with the same arguments as the Python path, so its tokens and
+logprobs are bitwise the Python path's (docs/architecture.md §10 has the measured gain). The
+embedding, rotary table, final norm and logits stay in Python.
 
 The loop is part of the CPU extension (kernels/cpu_extension.py), built once per machine in
 the background: steps decode in Python until it is ready, so the first reply never waits for it.
