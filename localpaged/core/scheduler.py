@@ -46,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from localpaged.core.block_pool import BlockOp
+from localpaged.core.config import PREEMPTION_MODES, check_choice
 from localpaged.core.kv_cache_manager import KVCacheManager
 from localpaged.core.request import GroupStatus, Sequence, SequenceGroup
 from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
@@ -96,8 +97,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, block_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", background_shares_batch: bool = True) -> None:
-        if preemption_mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption_mode must be 'recompute' or 'swap', got {preemption_mode!r}")
+        check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
-from localpaged.core.config import QUANTIZATION, check_choice
 from localpaged.kernels import cpu_extension
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
@@ -143,7 +142,8 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
 
 def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | None = None,
          quantization: str = "auto") -> LoadedModel:
-    check_choice("quantization", quantization, QUANTIZATION)
+    """The model named `name` on `device`; `quantization` is one of config.QUANTIZATION, checked
+    by EngineConfig (the engine's one way in)."""
     source = resolve(name, revision)
     stamp = _file_stamp(source)
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
