@@ -5,6 +5,7 @@ import threading
 import time
 
 from engine_helpers import greedy, prompts
+from step_gate import StepGate, shared_step
 
 from localpaged import LLM
 from localpaged.engine.async_engine import AsyncEngine
@@ -21,32 +22,36 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0):
 
 
 def test_eight_concurrent_streams_and_one_cancel(tiny_llama):
-    llm = LLM(tiny_llama, num_kv_blocks=128)
+    llm = LLM(tiny_llama, num_kv_blocks=128, record_steps=True)
     batch = prompts(8, seed=11)
     expected = [o.outputs[0].token_ids for o in llm.generate(batch, greedy(30))]
     engine = AsyncEngine(llm.engine)
-    max_running = []
+    gate = StepGate(llm.engine)         # the first step waits until all eight are submitted
 
-    async def consume(i):
+    async def consume(i, stream):
         chunks, tokens = 0, []
-        async for out in engine.submit(batch[i], greedy(30)):
+        async for out in stream:
             chunks += 1
             tokens = out.outputs[0].token_ids
-            max_running.append(engine.stats().num_running)
             if i == 3 and len(tokens) >= 5:
                 break                                     # cancel mid-way
         return chunks, tokens
 
     async def main():
-        return await asyncio.gather(*[consume(i) for i in range(8)])
+        streams = [engine.submit(p, greedy(30)) for p in batch]
+        gate.release()
+        return streams, await asyncio.gather(*[consume(i, s) for i, s in enumerate(streams)])
 
-    results = asyncio.run(main())
+    streams, results = asyncio.run(main())
+    gate.close()
     for i, (chunks, tokens) in enumerate(results):
         if i == 3:
             assert 5 <= len(tokens) < 30
         else:
             assert tokens == expected[i] and chunks > 1           # streamed, not one final blob
-    assert max(max_running) > 1                                    # they ran in one batch
+    # They ran in one batch: the step after the held one runs every request (submitted while
+    # it was held, none finished by then).
+    assert shared_step(engine.step_records(), [s.request_id for s in streams])
     wait_idle(engine)
     engine.shutdown()
 

@@ -51,6 +51,8 @@ class EngineConfig:
     enforce_eager: bool = False          # True: no CUDA graphs (CUDA), no C++ batch-1 loop (CPU)
     revision: str | None = None
     debug_checks: bool = False           # check the block invariants after every step (slow)
+    record_steps: bool = False           # keep a StepRecord per step (LLMEngine.step_records;
+                                         # grows by one per step: for tests and tracing)
     quantization: str = "auto"           # QUANTIZATION; auto: a GGUF keeps its bit width,
                                          # safetensors load as is (loader.load)
     # Background requests in steps with interactive work: "share" (the leftover budget; cheap

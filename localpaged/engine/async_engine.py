@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Iterator
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
-from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput
+from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, StepRecord
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +134,16 @@ class AsyncEngine:
         """Ids of the cached blocks holding a prefix of these tokens now (the UI's KV map; a
         preview, like cached_prefix_tokens)."""
         return self._engine.cached_prefix_blocks(token_ids)
+
+    def step_records(self) -> list[StepRecord]:
+        """The engine's steps so far, oldest first: which requests ran together and how many
+        tokens each computed (EngineConfig.record_steps; a RuntimeError when it is off). A
+        step's record is kept before its outputs are delivered, so a caller that has seen an
+        output also sees the step that made it."""
+        records = self._engine.step_records
+        if records is None:
+            raise RuntimeError("step records are off: build the engine with record_steps=True")
+        return list(records)          # a copy: the engine thread appends to the original
 
     def stats(self) -> EngineStats:
         """The snapshot taken after the latest step (never blocks on the engine)."""

@@ -29,7 +29,7 @@ from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.engine import output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
-from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput
+from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, SeqStep, StepRecord
 from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
@@ -75,6 +75,8 @@ class LLMEngine:
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
+        # With EngineConfig.record_steps: one StepRecord per step (what ran together), else None.
+        self.step_records: list[StepRecord] | None = [] if config.record_steps else None
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
                     loaded.source.description, self.device, self.dtype, num_blocks,
@@ -90,16 +92,28 @@ class LLMEngine:
         return min(limit, self.config.max_model_len or limit)
 
     def _num_blocks(self) -> tuple[int, int]:
+        """(device blocks, CPU swap blocks). Device: num_kv_blocks when set, else
+        floor(budget / bytes_per_block) with budget = kv_cache_memory_fraction x available_memory
+        (on CPU at most max_kv_cache_gb); a budget that holds no block is a ValueError."""
         c, mc = self.config, self.model_config
         per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads,
                                     self.model.head_dim, self.dtype)
         cpu_blocks = int(c.swap_space_gb * 2**30 // per_block) if c.preemption_mode == "swap" else 0
         if c.num_kv_blocks is not None:
             return c.num_kv_blocks, cpu_blocks
-        budget = available_memory(self.device) * c.kv_cache_memory_fraction
-        if self.device.type == "cpu" and c.max_kv_cache_gb:
+        available = available_memory(self.device)
+        budget = available * c.kv_cache_memory_fraction
+        capped = self.device.type == "cpu" and bool(c.max_kv_cache_gb)   # the cap is CPU's
+        if capped:
             budget = min(budget, c.max_kv_cache_gb * 2**30)
-        return max(1, int(budget // per_block)), cpu_blocks
+        if budget < per_block:
+            cap = f", capped at max_kv_cache_gb={c.max_kv_cache_gb}" if capped else ""
+            raise ValueError(
+                f"the automatic KV cache size (kv_cache_memory_fraction="
+                f"{c.kv_cache_memory_fraction} of {available / 2**20:.1f} MiB available{cap}) "
+                f"does not hold one block of {per_block:,} bytes; raise the fraction or the cap, "
+                f"or set num_kv_blocks")
+        return int(budget // per_block), cpu_blocks
 
     # ---- requests -----------------------------------------------------------------------------
     def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -185,6 +199,9 @@ class LLMEngine:
         logits, rows, prompt_lps = self.runner.execute(out, timings)
         prompt_logprobs.record(out.scheduled, prompt_lps)
         self.num_tokens_computed += out.num_tokens
+        if self.step_records is not None:
+            self.step_records.append(StepRecord(len(self.step_records), tuple(
+                SeqStep(it.group.request_id, it.seq.seq_id, it.num_tokens) for it in out.scheduled)))
         result = StepResult()
         with phase("sample+finish"):
             touched = output_processor.sample(out, logits, rows, result, self.tokenizer)

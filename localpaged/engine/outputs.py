@@ -120,3 +120,27 @@ class EngineStats:
     @property
     def prefix_hit_rate(self) -> float:
         return self.prefix_cache_hits / max(1, self.prefix_cache_queries)
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's part of an engine step."""
+    request_id: str
+    seq_id: int
+    num_tokens: int                    # tokens run through the model: a prompt chunk, 1 to decode
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one engine step ran (EngineConfig.record_steps): every scheduled sequence, in
+    scheduling order. Requests in one record shared that step's batch."""
+    index: int                         # the step's number in this engine, from 0
+    seqs: tuple[SeqStep, ...]
+
+    @property
+    def request_ids(self) -> set[str]:
+        return {s.request_id for s in self.seqs}
+
+    def num_tokens(self, request_id: str) -> int:
+        """Tokens this step computed for the request, over all its sequences."""
+        return sum(s.num_tokens for s in self.seqs if s.request_id == request_id)
