@@ -31,17 +31,63 @@ def sequence_logits(llm, ids: list[int]) -> torch.Tensor:
 
 def compare_where_margins_allow(ref_llm, llm, prompt: list[int], ref_ids: list[int], got: list[int],
                                 margin: float) -> int:
-    """Greedy `got` equals the reference's `ref_ids` up to the first step whose reference top-2
-    logit margin is below `margin`, and teacher-forced over prompt + reply every clear reference
-    winner stays the winner; the logits differ by < margin / 2. Returns how many tokens were
-    compared (so a caller can check the rule left real ones)."""
+    """`margin_rule` with both engines' teacher-forced logits over prompt + the reference's
+    greedy `ref_ids`. Returns how many generated tokens were compared."""
     lf, lq = sequence_logits(ref_llm, prompt + ref_ids), sequence_logits(llm, prompt + ref_ids)
+    return margin_rule(lf, lq, len(prompt), ref_ids, got, margin)
+
+
+def margin_rule(lf: torch.Tensor, lq: torch.Tensor, prompt_len: int, ref_ids: list[int],
+                got: list[int], margin: float) -> int:
+    """The greedy-margin rule. `lf` (reference) and `lq` are teacher-forced logits over prompt +
+    `ref_ids` (the reference's greedy tokens); they differ by < margin / 2, so a winner can change
+    only where the reference's top-2 margin is below `margin`. Greedy `got` equals `ref_ids` up to
+    their first difference, which must fall at such a near-tie (the contexts differ after it);
+    teacher-forced over prompt + reply, every clear reference winner stays the winner. Returns how
+    many generated tokens were compared (equal before the first difference), so that a caller can
+    check the rule left real ones."""
     assert (lf - lq).abs().max() < margin / 2
-    top2 = lf[len(prompt) - 1:-1].topk(2, dim=-1).values
-    close = ((top2[:, 0] - top2[:, 1]) < margin).nonzero()
-    upto = int(close[0]) if len(close) else len(ref_ids)
-    assert got[:upto] == ref_ids[:upto]
+    top2 = lf[prompt_len - 1:-1].topk(2, dim=-1).values
+    gaps = (top2[:, 0] - top2[:, 1]).tolist()
+    same = next((i for i, (a, b) in enumerate(zip(got, ref_ids)) if a != b), len(ref_ids))
+    if same < len(ref_ids):
+        assert gaps[same] < margin, (f"greedy token {same} differs ({got[same]} vs {ref_ids[same]}) "
+                                     f"where the reference's top-2 margin is {gaps[same]:.4g}")
     top2 = lf.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) >= margin
     assert torch.equal(lf.argmax(-1)[clear], lq.argmax(-1)[clear])
-    return upto + int(clear.sum())
+    return same
+
+
+@torch.inference_mode()
+def hf_sequence_logits(model, ids: list[int]) -> torch.Tensor:
+    """Logits of every position of `ids` from a transformers model (one forward pass), float32."""
+    return model(torch.tensor([ids])).logits[0].float()
+
+
+def dequantized_hf_model(llm, path: str):
+    """transformers' model of `path` holding the weights `llm` (a quantized engine) holds, each
+    dequantized to float32 from the form it is stored in (q/k/v and gate/up split back out of
+    the fused rows). Norms and biases stay the checkpoint's floats, as the engine keeps them."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ours = llm.engine.model
+    weights = {}
+    for name, module in ours.named_modules():
+        if hasattr(module, "packed"):
+            weights[name] = module.packed.dequantize().float()
+        elif isinstance(getattr(module, "weight", None), torch.Tensor) and module.weight.dim() == 2:
+            weights[name] = module.weight.detach().float()
+    state = model.state_dict()
+    for name, w in weights.items():
+        prefix, last = name.rsplit(".", 1) if "." in name else ("", name)
+        parts = {"qkv_proj": ["q_proj", "k_proj", "v_proj"],
+                 "gate_up_proj": ["gate_proj", "up_proj"]}.get(last, [last])
+        keys = [f"{prefix}.{part}.weight" if prefix else f"{part}.weight" for part in parts]
+        sizes = [state[k].shape[0] for k in keys]
+        assert sum(sizes) == w.shape[0], (name, sizes, w.shape)
+        for k, rows in zip(keys, w.split(sizes)):
+            assert state[k].shape == rows.shape, (k, state[k].shape, rows.shape)
+            state[k] = rows
+    model.load_state_dict(state)
+    return model

@@ -1,13 +1,18 @@
 """models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4 or float32 weights) gives
 bitwise the tokens and logprobs of the Python path (the engine with enforce_eager, the same `cpu`
-attention backend), over one run of blocks and over several; models it cannot run, a failed
-build and a failed self-check decode in Python."""
+attention backend), over one run of blocks and over several; its greedy tokens equal
+transformers' (float32: `generate` on the same weights, token for token; int4: transformers on
+the engine's int4 weights dequantized, by the greedy-margin rule of tests/quant_helpers.py, since
+the int4 kernels round activations to bf16); models it cannot run, a failed build and a failed
+self-check decode in Python."""
 
 import logging
 
 import pytest
 import tiny_models
-from engine_helpers import greedy, prompts
+import torch
+from engine_helpers import greedy, hf_greedy, prompts
+from quant_helpers import dequantized_hf_model, hf_sequence_logits, margin_rule, sequence_logits
 
 from localpaged import LLM
 from localpaged.kernels import cpu_extension
@@ -68,6 +73,33 @@ def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(engines,
     params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
     assert outputs(fast, pair, params) == outputs(python, pair, params)
     assert max(calls) > 1
+
+
+MARGIN = 0.004     # logits; int4 vs transformers on its dequantized weights: measured < 0.001
+
+
+def test_greedy_tokens_equal_transformers(engines, calls, tiny_llama):
+    """The C++ loop against transformers, not only against our own Python loop."""
+    fast, _ = engines
+    batch, n = prompts(3, seed=5), 24
+    outs = [fast.generate([p], greedy(n, logprobs=1))[0].outputs[0] for p in batch]
+    assert calls and set(calls) == {1}
+    if fast.engine.config.quantization == "none":
+        assert [o.token_ids for o in outs] == [hf_greedy(tiny_llama, p, n) for p in batch]
+        return
+    hf = dequantized_hf_model(fast, tiny_llama)
+    compared = 0
+    for p, out in zip(batch, outs):
+        with torch.inference_mode():
+            ref = hf.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+        lf = hf_sequence_logits(hf, p + ref)
+        same = margin_rule(lf, sequence_logits(fast, p + ref), len(p), ref, out.token_ids, MARGIN)
+        want = torch.log_softmax(lf[len(p) - 1:-1], -1)          # the decode steps' logprobs
+        for i, lp in enumerate(out.logprobs[:same]):
+            assert abs(lp.logprob - float(want[i, lp.token_id])) < MARGIN, i
+        compared += same
+    assert compared >= len(batch) * n // 2           # the rule leaves real tokens to compare
 
 
 @pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "int4"), ("qwen3", "none"),

@@ -1,21 +1,19 @@
 """Penalties and logprobs against an independent computation.
 
 The oracle re-runs transformers' model on the whole sequence at every step (no KV cache, no
-engine code), applies the penalties as their definitions say (repetition: transformers'
-RepetitionPenaltyLogitsProcessor over prompt and output; presence/frequency: OpenAI's, over the
-output), takes the argmax, and computes logprobs as `log_softmax` of the raw logits (vLLM's
-convention: before penalties). Tolerance: logprobs within 1e-4 absolute (fp32, two different
+engine code), applies the penalties as their definitions say (engine_helpers.penalized;
+repetition: transformers' RepetitionPenaltyLogitsProcessor over prompt and output;
+presence/frequency: OpenAI's, over the output), takes the argmax, and computes logprobs as
+`log_softmax` of the raw logits (vLLM's convention: before penalties). Tolerance: logprobs within 1e-4 absolute (fp32, two different
 attention implementations); tokens equal (greedy on random tiny models has wide margins, and
 transformers' own generate with repetition_penalty is checked too).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
-from engine_helpers import greedy, hf_model, prompts
+from engine_helpers import greedy, hf_model, penalized, prompts
 
 from localpaged import LLM
 
@@ -31,13 +29,7 @@ def reference(path: str, prompt: list[int], rep: float, presence: float, frequen
         with torch.inference_mode():
             raw = model(torch.tensor([ids])).logits[0, -1].double()
         logprobs = torch.log_softmax(raw, dim=-1)
-        scores = raw.clone()
-        output = ids[len(prompt):]
-        for t in set(ids):                               # repetition: prompt and output
-            scores[t] = scores[t] * rep if scores[t] < 0 else scores[t] / rep
-        for t, count in Counter(output).items():         # presence / frequency: output only
-            scores[t] -= frequency * count + presence
-        token = int(torch.argmax(scores))
+        token = int(torch.argmax(penalized(raw, prompt, ids, rep, presence, frequency)))
         top = torch.topk(logprobs, TOP)
         ids.append(token)
         chosen.append(float(logprobs[token]))

@@ -1,7 +1,8 @@
 """Quantized weights keep the engine's guarantees (DESIGN.md §1) on a tiny random Llama.
 
 Batching, prefix hits and preemption change no greedy token with int8 or int4 weights. Greedy
-int8 equals fp32 up to the first step where fp32's own top-2 logit margin is below MARGIN: int8
+int8 equals fp32 up to their first difference, which must fall at a step where fp32's own top-2
+logit margin is below MARGIN (tests/quant_helpers.py: margin_rule): int8
 weights (per-channel, error <= scale/2) and bf16 activations move a tiny model's logits by a few
 thousandths (measured max |delta| ~0.0025, asserted < MARGIN / 2), so a closer race may legitimately flip.
 """
@@ -59,7 +60,7 @@ def test_greedy_int8_equals_fp32_where_margins_allow(tiny_llama, batch):
         ref = fp.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
         got = i8.generate([p], greedy(N_NEW))[0].outputs[0].token_ids
         compared += compare_where_margins_allow(fp, i8, p, ref, got, MARGIN)
-    assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
+    assert compared >= len(batch) * 8        # generated tokens compared: half, at least
 
 
 def test_bad_quantization_is_a_clear_error(tiny_llama, tmp_path):

@@ -148,8 +148,9 @@ def test_greedy_equals_fp32_of_the_same_weights(checkpoint):
     """"none" (dequantized floats) equals the fp32 model token for token. "auto" keeps int4 and
     runs torch's packed CPU op, which takes bf16 activations and bf16 scales: logits move by
     ~0.0004 (measured, all variants; asserted < MARGIN / 2) while this random model's top-2
-    margins go down to 0.0000, so greedy int4 equals fp32 up to the first step whose fp32 margin
-    is below MARGIN, and at every teacher-forced position with a clear fp32 winner."""
+    margins go down to 0.0000, so greedy int4 equals fp32 up to their first difference, which
+    must fall at a step whose fp32 margin is below MARGIN, and at every teacher-forced position
+    with a clear fp32 winner."""
     variant, path, deq, ref = checkpoint
     batch = prompts(6, seed=5)
     fp = LLM(ref, num_kv_blocks=64)
@@ -165,7 +166,7 @@ def test_greedy_equals_fp32_of_the_same_weights(checkpoint):
     assert token_ids(int4.generate(batch, greedy(N_NEW))) == alone  # batch invariance: exact
     compared = sum(compare_where_margins_allow(fp, int4, p, ref_ids, got[0], MARGIN)
                    for p, ref_ids, got in zip(batch, want, alone))
-    assert compared >= len(batch) * 8        # the rule leaves real tokens to compare
+    assert compared >= len(batch) * 8        # generated tokens compared: two in three, at least
 
 
 def test_biased_model_keeps_its_biases(tiny_root, tmp_path):
