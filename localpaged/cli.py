@@ -8,8 +8,8 @@ engine (no /v1 API of our own then; `--api-key` is that server's key). Without i
 
 Security (localpaged.api.guard): every route refuses foreign Host headers and foreign origins;
 a non-loopback --host needs a login (--password, or --api-key) unless
---no-login-i-know-this-is-public is given. One app per data dir (localpaged.instance_lock): a
-second start exits with the running one's URL.
+--no-login-i-know-this-is-public is given. One app per data dir
+(localpaged.ui.store.instance_lock): a second start exits with the running one's URL.
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def build(args: argparse.Namespace):
     import gradio as gr
 
     from localpaged.api.guard import guard_app
-    from localpaged.instance_lock import InstanceLock
     from localpaged.runner.loader import DEFAULT_MODEL
     from localpaged.ui.app import CSS, THEME, build_demo
     from localpaged.ui.controller import ChatController
     from localpaged.ui.models import ModelManager, local_factory
     from localpaged.ui.store import DB_FILENAME, Store, default_data_dir
+    from localpaged.ui.store.instance_lock import InstanceLock
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
-    from localpaged.instance_lock import InstanceRunning
+    from localpaged.ui.store.instance_lock import InstanceRunning
     try:
         policy = _guard_policy(args)
         from localpaged.api.security import require_login_for_bind

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from localpaged.instance_lock import LOCK_FILENAME, InstanceLock, InstanceRunning, read_owner
+from localpaged.ui.store.instance_lock import (LOCK_FILENAME, InstanceLock, InstanceRunning,
+                                               read_owner)
 
 REPO = Path(__file__).resolve().parents[1]
 # Holds the lock in a child process (the module alone: no torch import) until stdin closes.
@@ -28,7 +29,7 @@ HOLDER = ("import importlib.util, sys\n"
 
 
 def _hold(data_dir: Path, url: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO / "localpaged" /
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO / "ui" / "store" /
                              "instance_lock.py"), str(data_dir), url],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"          # blocks until the lock is taken

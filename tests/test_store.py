@@ -17,7 +17,7 @@ import pytest
 
 from localpaged.ui import store as store_module
 from localpaged.ui.store import DB_FILENAME, Store, StoreError, default_data_dir
-from localpaged.ui.store_schema import SCHEMA_VERSION
+from localpaged.ui.store.schema import SCHEMA_VERSION
 
 
 @pytest.fixture

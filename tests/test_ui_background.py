@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from localpaged.ui import render
-from localpaged.ui.prepared import clean_options
+from localpaged.ui.prepared.logic import clean_options
 from localpaged.ui.store import Store
 
 from test_store import v1_store

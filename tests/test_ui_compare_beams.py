@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from localpaged.ui import kvmap
-from localpaged.ui.compare import NEW_CONVERSATION, CompareEvents
+from localpaged.ui import engine_panel as kvmap
+from localpaged.ui.compare.events import CompareEvents
+from localpaged.ui.compare.view import NEW_CONVERSATION
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.store import Store
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from localpaged.ui import render
-from localpaged.ui.context import ContextError, reply_reserve
-from localpaged.ui.context_ui import gauge_html
+from localpaged.ui.context.logic import ContextError, reply_reserve
+from localpaged.ui.context.view import gauge_html
 
 from tiny_models import build
 from ui_helpers import controller, run, tiny_backend

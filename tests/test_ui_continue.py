@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from localpaged.ui import render
-from localpaged.ui.context import ContextError
+from localpaged.ui.context.logic import ContextError
 from localpaged.ui.controller import ChatError
 
 from tiny_models import build

@@ -15,7 +15,8 @@ from tiny_models import build
 from localpaged import LLM, ModelNotFoundError
 from localpaged.chat.backend import LocalChatBackend
 from localpaged.engine.async_engine import AsyncEngine
-from localpaged.ui import kvmap, render
+from localpaged.ui import engine_panel as kvmap
+from localpaged.ui import render
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
 from localpaged.ui.store import Store
@@ -319,7 +320,7 @@ def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
 def test_model_picker_quantization_and_the_header_format(tiny_root):
     """A load uses the chosen weight format (the factory's default, i.e. the CLI flag, when none
     is chosen); the header shows the engine's own stats: format and megabytes."""
-    from localpaged.ui.model_picker import header
+    from localpaged.ui.models.view import header
     path = build("llama-gqa", tiny_root)
     mm = ModelManager(local_factory(num_kv_blocks=32, quantization="int8"))
     assert mm.quantization == "int8" and mm.weights_format == ""
@@ -345,9 +346,10 @@ def test_model_picker_quantization_and_the_header_format(tiny_root):
 def test_event_handlers_open_close_restore_and_send(ctl):
     """The Gradio adapters (ui/tabset.py, ui/chat_events.py): which tab shows what, and a
     streamed send."""
-    from localpaged.ui.chat_events import ChatEvents
-    from localpaged.ui.sampling import SAMPLING_KEYS
-    from localpaged.ui.tabset import N_SLOTS, TabSet
+    from localpaged.ui.chat.events import ChatEvents
+    from localpaged.ui.settings.logic import SAMPLING_KEYS
+    from localpaged.ui.tabs.events import TabSet
+    from localpaged.ui.tabs.view import N_SLOTS
     from localpaged.ui.values import KEEP
     tabs = TabSet(ctl)
     ev = ChatEvents(ctl, tabs)
@@ -376,7 +378,7 @@ def test_event_handlers_open_close_restore_and_send(ctl):
 def test_download_is_skipped_offline(monkeypatch):
     from huggingface_hub import constants
 
-    from localpaged.ui import models
+    from localpaged.ui.models import logic as models
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     seen = []
     models._download("owner/name", lambda phase, detail: seen.append(phase))
@@ -387,9 +389,10 @@ def test_download_is_skipped_offline(monkeypatch):
 def test_compare_handler_with_own_settings_per_column(ctl):
     """ui/compare.py's run handler: each column decodes with its own fields; the streamed
     CompareValues end with each column's text, equal to the same prompt answered alone."""
-    from localpaged.ui.compare import NEW_CONVERSATION, CompareEvents
-    from localpaged.ui.controller import MAX_COLUMNS
-    from localpaged.ui.sampling import SAMPLING_KEYS
+    from localpaged.ui.compare.events import CompareEvents
+    from localpaged.ui.compare.logic import MAX_COLUMNS
+    from localpaged.ui.compare.view import NEW_CONVERSATION
+    from localpaged.ui.settings.logic import SAMPLING_KEYS
     alone = run(ctl.send(ctl.new_conversation().id, P1)).replies[0].text
     short = {**GREEDY, "max_tokens": 5}
     per_column = [tuple(GREEDY[k] for k in SAMPLING_KEYS), tuple(short[k] for k in SAMPLING_KEYS)]
@@ -406,7 +409,7 @@ def test_compare_handler_with_own_settings_per_column(ctl):
 def test_export_writes_markdown_and_the_whole_tree(ctl):
     import json
 
-    from localpaged.ui.export import export_files
+    from localpaged.ui.export.events import export_files
     cid = ctl.new_conversation("Ŀŀ notes").id
     first = run(ctl.send(cid, P1)).replies[0].message_id
     run(ctl.regenerate(first))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from localpaged.ui import edit_preview
+from localpaged.ui.edit_preview import events as edit_preview
 
 from tiny_chat import P1, P2, controller, engine_backend, run
 

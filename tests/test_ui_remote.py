@@ -21,7 +21,8 @@ from localpaged import LLM
 from localpaged.api.server import build_app, make_server, start_in_thread
 from localpaged.chat.remote import RemoteChatBackend
 from localpaged.engine.async_engine import AsyncEngine
-from localpaged.ui import kvmap, render
+from localpaged.ui import engine_panel as kvmap
+from localpaged.ui import render
 
 MODEL = "tiny-remote"
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -137,7 +138,7 @@ def test_compare_stats_are_per_column_over_a_remote_server(ctl):
 def test_remote_backend_has_no_weights_format_or_quantization_choice(base_url, server_engine):
     """The header shows the weights' format only for our own engine: a remote server's weights
     are not ours to describe (even when, as here, the server is a localpaged with a format)."""
-    from localpaged.ui.model_picker import header
+    from localpaged.ui.models.view import header
     from localpaged.ui.models import ModelManager
     backend = RemoteChatBackend(base_url)
     mm = ModelManager(lambda name, progress: RemoteChatBackend(base_url, model=name),

@@ -9,10 +9,10 @@ import dataclasses
 import gradio as gr
 import pytest
 
-from localpaged.ui.chat_tab import ChatTabUI, TabValues, build_chat_tab
-from localpaged.ui.compare import CompareValues, build_compare
-from localpaged.ui.sampling import SAMPLING_KEYS
-from localpaged.ui.tabset import N_SLOTS, PageUI, PageValues
+from localpaged.ui.chat.view import ChatTabUI, TabValues, build_chat_tab
+from localpaged.ui.compare.view import CompareValues, build_compare
+from localpaged.ui.settings.logic import SAMPLING_KEYS
+from localpaged.ui.tabs.view import N_SLOTS, PageUI, PageValues
 from localpaged.ui.values import KEEP, flatten, outputs
 
 
@@ -75,7 +75,7 @@ def test_compare_values_and_a_wrong_count(page):
 
 
 def test_sampling_fields_in_key_order():
-    from localpaged.ui.sampling import from_fields
+    from localpaged.ui.settings.logic import from_fields
     assert from_fields((0.5, 0.9, 3, 0.1, 7, 9)) == {
         "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "seed": 7, "max_tokens": 9}
     with pytest.raises(ValueError, match="temperature, top_p"):

@@ -1,20 +1,37 @@
-"""The chat app's Gradio Blocks: lays out the page and lets each feature module build and wire
-its own part. One module per feature, each owning its components, handlers and wiring:
+"""The chat app's Gradio Blocks: lays out the page and lets each feature build and wire its part.
 
-  sidebar.py       new chat, search, the conversation list, rename, delete
-  tabset.py        which conversation each chat tab shows; open, close, restore (PageValues)
-  chat_tab.py      a chat tab's components and what it shows (TabValues)
-  chat_events.py   a chat tab's handlers: send, regenerate, edit, switch, fork, stop, settings
-  context_ui.py    the context gauge, the context policy, Continue, the first screen's focus
-  export.py        a tab's Markdown + JSON export
-  compare.py       the side-by-side compare tab (CompareValues)
-  engine_panel.py  the KV-cache panel and its timer (drawing in kvmap.py)
-  model_picker.py  the header badge and the model panel
-  prepared.py      alternatives prepared in the background (its options: prepared_fields.py)
-  edit_preview.py  the cost preview under the Edit box (reused vs prefilled tokens)
-Shared by them: `values.py` (the only place handler results become Gradio outputs), `queues.py`
-(concurrency groups), `toasts.py` (user messages), `sampling_fields.py` (settings fields), and,
-below the UI, `controller.py` (every handler reads and writes through it).
+The layout rule: one folder per feature, each with the same three modules, by what they own:
+  view.py    its components (a `...UI` dataclass and `build_...`), the values its handlers
+             return (a `...Values` dataclass) and what it shows (text, HTML, values read from
+             the controller); no events
+  events.py  its handlers (a `...Events` class or functions) and their wiring (`wire_...`)
+  logic.py   its part of the controller, plain Python (no Gradio), given what it needs: the
+             turn registry, the store, a backend provider, the settings reader
+(a feature without one of them has no such file). The features:
+
+  chat/          a chat tab: send, regenerate, edit, select, switch, fork, close, stop (TabValues)
+  tabs/          which conversation each tab shows; open, close, restore (PageValues)
+  sidebar/       new chat, search, the conversation list, rename, delete
+  settings/      a conversation's system prompt and sampling fields, checked when saved
+  context/       the context gauge, the context policy, Continue, the first screen's focus
+  prepared/      alternatives prepared in the background, and their options
+  edit_preview/  the cost preview under the Edit box (reused vs prefilled tokens)
+  export/        a tab's Markdown + JSON export
+  compare/       the side-by-side compare tab (CompareValues)
+  engine_panel/  the KV-cache panel and its timer
+  models/        the header's model badge, the model panel, loading and swapping the model
+  store/         the conversation store (SQLite) and the one-app-per-data-directory lock
+
+Shared, at the top: `controller.py` (ChatController, every handler reads and writes through it;
+it composes the features' logic), `turns.py` (Turn, and the TurnRegistry of running turns),
+`values.py` (the only place handler results become Gradio outputs), `render.py` (messages and
+labels as the components show them), `queues.py` (concurrency groups), `toasts.py` (user
+messages), `style.py` (theme and CSS). Views and events import the controller and the shared
+modules; the controller imports the logic it composes; no logic module imports Gradio.
+
+A new per-tab output goes into `chat/view.py` alone: its component in `build_chat_tab`, a
+field of the same name in `ChatTabUI` and in `TabValues`, its value in `tab_values`; a handler
+sets it by returning `TabValues(name=...)`, and `values.py` maps it (no output lists to edit).
 
 `build_demo(controller, models)` returns the Blocks; `localpaged.cli` mounts it on the FastAPI
 app. `THEME` and `CSS` go to `mount_gradio_app`/`launch`.
@@ -24,18 +41,23 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .chat_events import ChatEvents, wire_chat_tab
-from .chat_tab import build_chat_tab
-from .compare import CompareEvents, build_compare, wire_compare
-from .context_ui import ContextEvents, wire_context, wire_first_screen
+from .chat.events import ChatEvents, wire_chat_tab
+from .chat.view import build_chat_tab
+from .compare.events import CompareEvents, wire_compare
+from .compare.view import build_compare
+from .context.events import ContextEvents, wire_context, wire_first_screen
 from .controller import ChatController
-from .engine_panel import build_engine_panel, wire_engine_panel
-from .model_picker import build_header, build_model_panel, wire_model_picker
-from .models import ModelManager
+from .engine_panel.events import wire_engine_panel
+from .engine_panel.view import build_engine_panel
+from .models.events import wire_model_picker
+from .models.logic import ModelManager
+from .models.view import build_header, build_model_panel
 from .queues import QUICK
-from .sidebar import SidebarEvents, build_sidebar, wire_sidebar
+from .sidebar.events import SidebarEvents, wire_sidebar
+from .sidebar.view import build_sidebar
 from .style import CSS, THEME
-from .tabset import N_SLOTS, Page, PageUI, TabSet
+from .tabs.events import Page, TabSet
+from .tabs.view import N_SLOTS, PageUI
 
 __all__ = ["build_demo", "CSS", "THEME"]
 

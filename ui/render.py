@@ -22,8 +22,8 @@ from typing import Any
 from localpaged.engine.outputs import FINISH_DETAILS, NATURAL_ENDS
 
 from .controller import View
-from .generation import LiveReply
 from .store import Conversation, Message
+from .turns import LiveReply
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)

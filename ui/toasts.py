@@ -9,8 +9,8 @@ import html
 
 import gradio as gr
 
-from .controller import ChatError
 from .store import StoreError
+from .turns import ChatError
 
 # What a handler reports as a toast instead of failing: bad input, a refused action, a store
 # that cannot be written, a conversation or message deleted meanwhile.

@@ -1,0 +1,204 @@
+"""The handlers of a chat tab and their wiring: send, regenerate, edit (toolbar and inline),
+retry, select a message, switch siblings, fork, close, stop; the tab's other features (settings,
+export, edit preview, prepared options) are wired here by their own `events.py`. Thin adapters
+from component values to ChatController calls; each returns `TabValues` (or PageValues for what
+changes the tab set), rendering is `render.py`'s job.
+
+A turn starts from the tab's settings fields: they are saved first, and the send uses the
+sampling settings that save checked (`_settings`), so one send checks them once. A streaming
+handler starts a Turn and then follows it; `follow` re-attaches a tab to a turn that is already
+running (after a reload, say). The turn outlives the event (see turns.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import gradio as gr
+
+from ..controller import ChatController
+from ..edit_preview.events import wire_edit_cost
+from ..export.events import wire_export
+from ..prepared.events import wire_prepare_fields
+from ..queues import GEN, QUICK
+from ..settings.events import wire_settings
+from ..settings.logic import Sampling, from_fields
+from ..tabs.events import Page, TabSet
+from ..tabs.view import N_SLOTS, PageValues
+from ..toasts import USER_ERRORS, info, warn, why
+from .view import ChatTabUI, TabValues, tab_values
+
+log = logging.getLogger(__name__)
+
+
+class ChatEvents:
+    """Handlers of chat tab i (`slots[i]` is its conversation)."""
+
+    def __init__(self, ctl: ChatController, tabset: TabSet) -> None:
+        self.ctl, self.tabset = ctl, tabset
+
+    def chat(self, cid: int | None, sel: int | None = None) -> TabValues:
+        """The chat part of a tab (not its settings)."""
+        return tab_values(self.ctl, cid, sel, settings=False)
+
+    def _settings(self, cid: int, system: str, sampling: tuple) -> Sampling:
+        """Save the tab's settings fields; the sampling settings, checked, for the turn."""
+        return self.ctl.update_settings(cid, system or "", from_fields(sampling))
+
+    def send(self, slots: list, i: int, text: str, system: str, *sampling) -> Iterator[TabValues]:
+        cid = slots[i]
+        try:
+            turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling))
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            yield self.chat(cid)
+            return
+        first = self.chat(cid)
+        first.msg = ""
+        yield first
+        yield from self._follow(cid, turn)
+
+    def regenerate(self, slots: list, i: int, sel: int | None, system: str,
+                   *sampling) -> Iterator[TabValues]:
+        return self.start_turn(slots[i], self.ctl.regenerate, sel, system, sampling)
+
+    def edit(self, slots: list, i: int, sel: int | None, text: str, system: str,
+             *sampling) -> Iterator[TabValues]:
+        return self.start_turn(slots[i], lambda m, s: self.ctl.edit(m, text, s), sel, system,
+                               sampling)
+
+    def start_turn(self, cid: int, start, sel: int | None, system: str,
+                   sampling) -> Iterator[TabValues]:
+        """`start(message_id, sampling)` on the selected message, after saving the settings
+        fields (their check's result is `sampling`), then follow the turn it returns."""
+        try:
+            checked = self._settings(cid, system, sampling)
+            turn = start(self.ctl.message_at(cid, sel).id, checked)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            yield self.chat(cid, sel)
+            return
+        yield from self._follow(cid, turn)
+
+    def follow(self, slots: list, i: int) -> Iterator[TabValues]:
+        """Re-attach tab i to its conversation's running turn, if any."""
+        cid = (slots or [None] * N_SLOTS)[i]
+        turn = self.ctl.turn(cid) if cid is not None else None
+        if turn is None or turn.done:
+            yield TabValues()
+            return
+        yield from self._follow(cid, turn)
+
+    def _follow(self, cid: int, turn) -> Iterator[TabValues]:
+        for t in turn.updates():
+            if t.done and t.error:
+                warn(f"Generation stopped: {t.error}")
+            yield self.chat(cid)
+
+    def stop(self, slots: list, i: int) -> None:
+        if slots[i] is not None:
+            self.ctl.stop(slots[i])
+
+    def select(self, slots: list, i: int, index) -> TabValues:
+        index = index if isinstance(index, int) else (index or [None])[0]
+        chat = self.chat(slots[i], index)
+        return TabValues(sel_md=chat.sel_md, sel=chat.sel)
+
+    def switch(self, slots: list, i: int, sel: int | None, step: int) -> TabValues:
+        try:
+            self.ctl.switch(self.ctl.message_at(slots[i], sel).id, step)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+        return self.chat(slots[i], sel)
+
+    def edit_open(self, slots: list, i: int, sel: int | None) -> TabValues:
+        """Show the edit box with the selected user message."""
+        try:
+            msg = self.ctl.message_at(slots[i], sel)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return TabValues()
+        if msg.role != "user":
+            warn("Select one of your own messages to edit it (click it in the chat).")
+            return TabValues()
+        return TabValues(edit_row=gr.Group(visible=True), edit_box=msg.content)
+
+    def fork(self, slots: list, current: int, i: int, sel: int | None) -> PageValues:
+        try:
+            conv = self.ctl.fork(self.ctl.message_at(slots[i], sel).id)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return self.tabset.open(slots, current, None)
+        info("Forked into a new conversation: it is open in a new tab.")
+        return self.tabset.open(slots, current, conv.id)
+
+
+def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
+    """The events of chat tab `ui.index`."""
+    i, slots, current = ui.index, page.ui.slots, page.ui.current
+    settings, out = [ui.system, *ui.sampling], ui.outputs()
+    hidden = TabValues(edit_row=gr.Group(visible=False))
+
+    # Streaming handlers must be real generator functions; event-data handlers spell out
+    # their parameters (Gradio injects event data by annotation).
+    def send(slot_cids, text, system, *sampling) -> Iterator[list]:
+        for v in events.send(slot_cids, i, text, system, *sampling):
+            yield ui.flatten(v)
+
+    def regenerate(slot_cids, sel, system, *sampling) -> Iterator[list]:
+        for v in events.regenerate(slot_cids, i, sel, system, *sampling):
+            yield ui.flatten(v)
+
+    def retry(slot_cids, system, temperature, top_p, top_k, min_p, seed, max_tokens,
+              evt: gr.RetryData) -> Iterator[list]:
+        for v in events.regenerate(slot_cids, i, evt.index, system, temperature, top_p, top_k,
+                                   min_p, seed, max_tokens):
+            yield ui.flatten(v)
+
+    def edit(slot_cids, sel, text, system, *sampling) -> Iterator[list]:
+        for v in events.edit(slot_cids, i, sel, text, system, *sampling):
+            yield ui.flatten(v)
+
+    def edit_inline(slot_cids, system, temperature, top_p, top_k, min_p, seed, max_tokens,
+                    evt: gr.EditData) -> Iterator[list]:
+        for v in events.edit(slot_cids, i, evt.index, evt.value, system, temperature, top_p,
+                             top_k, min_p, seed, max_tokens):
+            yield ui.flatten(v)
+
+    def follow(slot_cids) -> Iterator[list]:
+        for v in events.follow(slot_cids, i):
+            yield ui.flatten(v)
+
+    def select(slot_cids, evt: gr.SelectData) -> list:
+        return ui.flatten(events.select(slot_cids, i, evt.index))
+
+    for trigger in (ui.send.click, ui.msg.submit):
+        page.refresh_after(trigger(send, [slots, ui.msg, *settings], out, **GEN))
+    page.refresh_after(ui.regen.click(regenerate, [slots, ui.sel, *settings], out, **GEN))
+    ui.chatbot.retry(retry, [slots, *settings], out, **GEN)
+    ui.chatbot.edit(edit_inline, [slots, *settings], out, **GEN)
+    ui.chatbot.select(select, slots, out, **QUICK)
+    ui.stop.click(lambda c: events.stop(c, i), slots, None, **QUICK)
+    def switch(step: int):
+        return lambda c, sel: ui.flatten(events.switch(c, i, sel, step))
+
+    ui.prev.click(switch(-1), [slots, ui.sel], out, **QUICK)
+    ui.next.click(switch(1), [slots, ui.sel], out, **QUICK)
+    ui.edit.click(lambda c, sel: ui.flatten(events.edit_open(c, i, sel)), [slots, ui.sel], out,
+                  **QUICK)
+    ui.edit_save.click(lambda: ui.flatten(hidden), None, out, **QUICK)
+    ui.edit_save.click(edit, [slots, ui.sel, ui.edit_box, *settings], out, **GEN)
+    ui.edit_cancel.click(lambda: ui.flatten(hidden), None, out, **QUICK)
+    forked = ui.fork.click(page.handler(lambda c, cur, sel: events.fork(c, cur, i, sel)),
+                           [slots, current, ui.sel], page.ui.outputs(), **QUICK)
+    page.refresh_after(forked)
+    ui.close.click(page.handler(lambda c: events.tabset.close(c, i)), slots, page.ui.outputs(),
+                   **QUICK)
+    ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
+                  page.ui.outputs(), **QUICK)
+    wire_export(ui.export, events.ctl, slots, i, **QUICK)
+    wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
+    wire_prepare_fields(ui.prepare, events.ctl, slots, i)
+    wire_settings(ui.system, ui.sampling, events.ctl, slots, i)
+    page.followers.append((follow, out))

@@ -1,0 +1,125 @@
+"""A chat tab's turns, in plain Python: send, regenerate and edit, each a `Turn` in the registry
+(at most one per conversation), and `generate`, the one way a reply is asked for (compare uses
+it too). Every request is fitted to the model's context first (the conversation's policy, see
+`context/logic.py`): a message that cannot be sent is not stored, and a reply records how many
+older messages it left out. The sampling params come ready-made: a tab's send passes those its
+fields were checked into; without them, the conversation's stored settings make them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from localpaged.chat.backend import ChatBackend
+from localpaged.core.sampling_params import SamplingParams
+
+from ..context.logic import fit_prompt, prompt_messages
+from ..prepared.logic import PreparedReplies
+from ..settings.logic import ConversationSettings, Sampling, sampling_record
+from ..store import Message, Store
+from ..turns import ChatError, LiveReply, Turn, TurnRegistry
+
+NEW_TITLE = "New chat"
+
+
+class ChatTurns:
+    def __init__(self, turns: TurnRegistry, store: Store,
+                 backend: Callable[[], ChatBackend | None], settings: ConversationSettings,
+                 prepared: PreparedReplies) -> None:
+        self.turns, self.store, self.backend, self.settings = turns, store, backend, settings
+        self.prepared = prepared
+
+    def params(self, cid: int, sampling: Sampling | None, k: int = 1) -> list[SamplingParams]:
+        """The params of k replies: from `sampling` (checked already) or the stored settings."""
+        return (sampling or self.settings.sampling(cid)).columns(k)
+
+    def send(self, cid: int, text: str, sampling: Sampling | None = None) -> Turn:
+        """Add the user's message at the end of the shown path and answer it. With empty text,
+        answer the last message if it is the user's (a reply that failed before)."""
+        path = self.store.active_path(cid)
+        if not text.strip():
+            if path and path[-1].role == "user":
+                return self.generate(cid, path[-1].id, self.params(cid, sampling))
+            raise ChatError("type a message first")
+        params = self.params(cid, sampling)                   # bad settings: nothing written
+        self.turns.check_idle(cid)
+        return self.generate(cid, path[-1].id if path else None, params, user_text=text)
+
+    def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
+        """A new reply beside this one (the old one stays as a sibling); for a user message,
+        a new reply to it. A reply prepared in the background is shown instead, at once, when
+        there is one (no new request)."""
+        m = self.store.get_message(message_id)
+        parent = m.id if m.role == "user" else m.parent_id
+        if parent is None:
+            raise ChatError("this reply has no user message to answer")
+        self.turns.check_idle(m.conversation_id)
+        ready = self.prepared.reveal(parent)
+        if ready is None:
+            cid = m.conversation_id
+            return self.generate(cid, parent, self.params(cid, sampling))
+        return ready
+
+    def edit(self, message_id: int, text: str, sampling: Sampling | None = None) -> Turn:
+        """A new version of an earlier user message, answered: a new branch beside the old."""
+        m = self.store.get_message(message_id)
+        if m.role != "user":
+            raise ChatError("only your own messages can be edited")
+        if not text.strip():
+            raise ChatError("the edited message is empty")
+        params = self.params(m.conversation_id, sampling)
+        self.turns.check_idle(m.conversation_id)
+        return self.generate(m.conversation_id, m.parent_id, params, user_text=text)
+
+    def generate(self, cid: int, parent_id: int | None, params: list[SamplingParams],
+                 user_text: str | None = None, beam: int = 0) -> Turn:
+        """One reply per params to `parent_id` (a beam search of width `beam` if set); with
+        `user_text`, to a new user message under it, stored only once the request is known to
+        fit the context (else ContextError, nothing stored). The registry cancels the
+        conversation's background alternatives first (see prepared/logic.py)."""
+        if user_text is not None and self.backend() is None:
+            self._add_user(cid, parent_id, user_text)      # kept: a later empty send answers it
+        return self.turns.launch(cid, self.backend(),
+                                 lambda b: self._start(b, cid, parent_id, params, user_text, beam))
+
+    def _add_user(self, cid: int, parent_id: int | None, text: str) -> Message:
+        if self.store.get_conversation(cid).title == NEW_TITLE:
+            self.store.rename_conversation(cid, _title_from(text))
+        return self.store.add_message(cid, parent_id, "user", text)
+
+    def _start(self, backend: ChatBackend, cid: int, parent_id: int | None,
+               params: list[SamplingParams], user_text: str | None, beam: int = 0) -> Turn:
+        conv = self.store.get_conversation(cid)
+        prompt = prompt_messages(self.store, cid, parent_id)
+        if user_text is not None:
+            prompt.append({"role": "user", "content": user_text})
+        sent = fit_prompt(backend, prompt, params[0].max_tokens, conv.context_policy)
+        request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
+        if beam:                                        # ValueError: bad input
+            stream = backend.beam_search(sent.messages, beam, params[0].max_tokens, request_id)
+        else:
+            stream = backend.chat(sent.messages, params, request_id=request_id)
+        user = None
+        try:
+            if user_text is not None:
+                user = self._add_user(cid, parent_id, user_text)
+                parent_id = user.id
+            stats = {"context_dropped": sent.dropped} if sent.dropped else {}
+            replies = [LiveReply(self.store.add_message(
+                cid, parent_id, "assistant", "", sampling_record(p), status="streaming",
+                stats=stats).id) for p in params]
+            self.store.set_active(replies[0].message_id)
+        except BaseException:
+            backend.abort(request_id)
+            if user is not None:
+                self.store.delete_message(user.id)          # no orphan message
+            raise
+        after = self.prepared.after if len(params) == 1 and not beam else None
+        return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
+                    beam=bool(beam))
+
+
+def _title_from(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= 48 else line[:47].rstrip() + "…"

@@ -1,0 +1,151 @@
+"""A chat tab: its components (`ChatTabUI`), the values a handler returns for it (`TabValues`)
+and `tab_values`, which reads one conversation into them.
+
+The page has N_SLOTS chat tabs made up front (Gradio does not keep a Chatbot's value across
+dynamic re-renders), shown and hidden as conversations open and close. Every handler of a tab
+(`events.py`, and the other features' events) and of the page (`tabs/events.py`) updates a tab
+through TabValues: to show something new on every tab, add a component in `build_chat_tab`
+(made by the feature's own `view.py` builder when it belongs to one), a field of the same name
+in ChatTabUI and in TabValues, and its value in `tab_values` (all here); `values.py` maps it.
+
+Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel{i}`, `prev{i}`,
+`next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
+`cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), ...
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+
+from .. import render
+from ..context.view import GAUGE_EMPTY, build_continue, build_gauge, build_policy, gauge_value
+from ..controller import ChatController
+from ..edit_preview.view import build_edit_cost
+from ..export.view import ExportUI, build_export
+from ..prepared.view import build_prepare_fields, prepare_values
+from ..settings.logic import SAMPLING_KEYS
+from ..settings.view import sampling_fields
+from ..values import KEEP, flatten, outputs
+
+
+@dataclass
+class TabValues:
+    """What a handler sets on one chat tab; KEEP leaves a component as it is."""
+    tab: Any = KEEP                   # gr.Tab(label=..., visible=...)
+    chatbot: Any = KEEP               # the messages of the shown path
+    sel_md: Any = KEEP                # which message the toolbar acts on (Markdown)
+    sel: Any = KEEP                   # its index on the path (None: none)
+    msg: Any = KEEP                   # the message box ("" after a send)
+    edit_row: Any = KEEP              # the edit box's group (visibility)
+    edit_box: Any = KEEP              # the text being edited
+    system: Any = KEEP                # the conversation's system prompt
+    sampling: Any = KEEP              # its sampling settings, in SAMPLING_KEYS order
+    prepare: Any = KEEP               # its prepared-alternatives options (prepared/view.py)
+    gauge: Any = KEEP                 # the context gauge (HTML)
+    policy: Any = KEEP                # the conversation's context policy
+
+
+@dataclass
+class ChatTabUI:
+    index: int
+    tab: gr.Tab
+    chatbot: gr.Chatbot
+    sel_md: gr.Markdown
+    sel: gr.State
+    prev: gr.Button
+    next: gr.Button
+    regen: gr.Button
+    edit: gr.Button
+    fork: gr.Button
+    close: gr.Button
+    edit_row: gr.Group
+    edit_box: gr.Textbox
+    edit_save: gr.Button
+    edit_cancel: gr.Button
+    msg: gr.Textbox
+    send: gr.Button
+    stop: gr.Button
+    system: gr.Textbox
+    sampling: list = field(default_factory=list)       # one field per SAMPLING_KEYS
+    export: ExportUI | None = None
+    prepare: list = field(default_factory=list)        # prepared.view.build_prepare_fields
+    edit_cost: Any = None                              # edit_preview.view.build_edit_cost
+    gauge: Any = None                 # context/view.py: gauge, policy, Continue
+    policy: Any = None
+    cont: Any = None
+
+    def outputs(self) -> list:
+        return outputs(self, TabValues)
+
+    def flatten(self, values: TabValues) -> list:
+        return flatten(self, values)
+
+
+def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
+               settings: bool = True) -> TabValues:
+    """Tab values for conversation cid (a hidden tab for None); `sel` (default: the last
+    message) is the selected message; `settings` also fills the system prompt and sampling."""
+    if cid is None:
+        return TabValues(tab=gr.Tab(visible=False), chatbot=[], sel_md="", sel=None)
+    view = ctl.view(cid)
+    sel = len(view.path) - 1 if sel is None or sel >= len(view.path) else sel
+    sel = None if sel < 0 else sel
+    values = TabValues(tab=gr.Tab(label=render.tab_label(view.conversation, view.busy),
+                                  visible=True),
+                       chatbot=render.chat_messages(view),
+                       sel_md=render.selection_label(view, sel), sel=sel)
+    if settings:
+        values.system, sampling = ctl.settings(cid)
+        values.sampling = [sampling[k] for k in SAMPLING_KEYS]
+        values.prepare = prepare_values(ctl, cid)
+        values.policy = view.conversation.context_policy
+        values.gauge = GAUGE_EMPTY if view.busy else gauge_value(ctl, cid)
+    return values
+
+
+def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
+    """Chat tab i; `sel` (made outside gr.Tabs, which takes only Tab children) holds the
+    index of the selected message."""
+    with gr.Tab(f"Chat {i + 1}", id=f"slot{i}", visible=False, elem_id=f"tab{i}") as tab:
+        chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
+                             buttons=["copy", "copy_all"], editable="user", sanitize_html=True,
+                             allow_tags=False, render_markdown=True, layout="bubble",
+                             feedback_options=None, elem_classes="lp-chat",
+                             placeholder="**Start the conversation below.**\n\nReplies stream "
+                                         "in; every regenerate and edit is kept as a branch.")
+        with gr.Row(elem_classes="lp-toolbar", equal_height=True):
+            sel_md = gr.Markdown(elem_id=f"sel{i}", elem_classes="lp-sel")
+            prev = gr.Button("‹", size="sm", elem_id=f"prev{i}", min_width=34, scale=0)
+            nxt = gr.Button("›", size="sm", elem_id=f"next{i}", min_width=34, scale=0)
+            regen = gr.Button("↻ Regenerate", size="sm", elem_id=f"regen{i}", scale=0, min_width=110)
+            edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
+            fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
+            cont = build_continue(i)
+            close = gr.Button("✕ Close tab", size="sm", elem_id=f"close{i}", scale=0, min_width=96)
+        with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
+            edit_box = gr.Textbox(label="Edit your message: the old version stays as a branch",
+                                  lines=2, max_lines=12, elem_id=f"editbox{i}")
+            edit_cost = build_edit_cost(i)
+            with gr.Row(elem_classes="lp-tight"):
+                edit_save = gr.Button("Save as a new branch", size="sm", variant="primary",
+                                      elem_id=f"editsave{i}")
+                edit_cancel = gr.Button("Cancel", size="sm", elem_id=f"editcancel{i}")
+        with gr.Row(elem_classes="lp-composer", equal_height=True):
+            msg = gr.Textbox(placeholder="Message…  (Enter sends, Shift+Enter for a new line)",
+                             show_label=False, lines=1, max_lines=10, scale=8,
+                             elem_id=f"msg{i}", container=False)
+            send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id=f"send{i}")
+            stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id=f"stop{i}")
+        gauge = build_gauge(i)
+        with gr.Accordion("Conversation settings", open=False, elem_id=f"settings{i}"):
+            system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
+            policy = build_policy(i)
+            sampling = sampling_fields(f"s{i}-")
+            prepare = build_prepare_fields(i)
+            export = build_export(i)
+    return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
+                     edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
+                     sampling, export, prepare, edit_cost, gauge, policy, cont)

@@ -1,0 +1,90 @@
+"""The context features' handlers and wiring on a chat tab: the gauge, the policy setting,
+Continue, and the first screen (the cursor starts in the message box, which is first in the tab
+order). The gauge follows the draft as the user types (the message box's `.change` with
+trigger_mode="always_last": keystrokes that arrive while a count runs collapse into one, a
+debounce that never drops the last one), and every change of the chat (a reply streamed, a
+branch switched, a tab opened), skipped while the conversation is generating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gradio as gr
+
+from ..controller import ChatController
+from ..queues import GEN, QUICK
+from ..settings.logic import SAMPLING_KEYS
+from ..toasts import USER_ERRORS, warn, why
+from .view import gauge_value
+
+# Focus the shown chat's message box and put every message box first in the tab order.
+FOCUS_JS = """() => { setTimeout(() => {
+  const boxes = [...document.querySelectorAll("[id^='msg'] textarea")];
+  boxes.forEach((t) => t.setAttribute("tabindex", "1"));
+  const shown = boxes.find((t) => t.offsetParent !== null);
+  if (shown) shown.focus();
+}, 0); }"""
+
+
+class ContextEvents:
+    """Handlers of the context features of chat tab i (`slots[i]` is its conversation)."""
+
+    def __init__(self, ctl: ChatController, chat_events) -> None:
+        self.ctl, self.chat_events = ctl, chat_events
+
+    def gauge(self, slots: list, i: int, draft: str, system: str | None = None,
+              max_tokens=None):
+        cid = (slots or [None] * (i + 1))[i]
+        if cid is not None and self.ctl.busy(cid):
+            return gr.skip()                    # the reply's end updates it
+        return gauge_value(self.ctl, cid, draft, system, max_tokens)
+
+    def set_policy(self, slots: list, i: int, policy: str) -> None:
+        if slots[i] is None:
+            return
+        try:
+            self.ctl.set_context_policy(slots[i], policy)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+
+    def continue_reply(self, slots: list, i: int, sel: int | None, system: str,
+                       *sampling) -> Iterator:
+        """Continue the selected reply (or the last one when a user message is selected)."""
+        cid = slots[i]
+        try:
+            msg = self.ctl.message_at(cid, sel)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return iter(())
+        if msg.role != "assistant":
+            sel = None
+        return self.chat_events.start_turn(cid, self.ctl.continue_reply, sel, system, sampling)
+
+
+def wire_context(ui, page, events: ContextEvents) -> None:
+    """The gauge, the policy setting and Continue of chat tab `ui.index`."""
+    i, slots = ui.index, page.ui.slots
+    settings, out = [ui.system, *ui.sampling], ui.outputs()
+
+    def continue_(slot_cids, sel, system, *sampling) -> Iterator[list]:
+        for v in events.continue_reply(slot_cids, i, sel, system, *sampling):
+            yield ui.flatten(v)
+
+    def gauge(slot_cids, draft, system, max_tokens):
+        return events.gauge(slot_cids, i, draft, system, max_tokens)
+
+    gauge_in = [slots, ui.msg, ui.system, ui.sampling[SAMPLING_KEYS.index("max_tokens")]]
+
+    ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
+    for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, ui.chatbot.change,
+                    gauge_in[-1].input):
+        trigger(gauge, gauge_in, ui.gauge, trigger_mode="always_last", **QUICK)
+    ui.policy.input(lambda c, p: events.set_policy(c, i, p), [slots, ui.policy], None,
+                    **QUICK).then(gauge, gauge_in, ui.gauge, **QUICK)
+    ui.tab.select(None, None, None, js=FOCUS_JS)
+
+
+def wire_first_screen(loaded) -> None:
+    """After the page's tabs are restored: the cursor in the shown chat's message box."""
+    loaded.then(None, None, None, js=FOCUS_JS)

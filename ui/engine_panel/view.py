@@ -1,0 +1,135 @@
+"""The engine panel's components (an accordion holding one HTML block, the HTML last sent, a
+one-second timer) and its drawing: `render_panel` turns a `KvSnapshot` (logic.py) into HTML +
+SVG built from numbers only; titles are the one piece of user text and are escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+import gradio as gr
+
+from .logic import BranchRow, KvSnapshot
+
+REFRESH_S = 1.0
+MAX_ROW_CELLS = 96        # per branch row
+POOL_CELLS = 256
+COLORS = {"shared": "#8b5cf6", "live": "#10b981", "held": "#3b82f6", "none": "#e5e7eb"}
+
+
+@dataclass
+class EnginePanelUI:
+    html: gr.HTML
+    last: gr.State                    # the HTML last sent to this page
+    timer: gr.Timer
+
+
+def build_engine_panel() -> EnginePanelUI:
+    with gr.Accordion("Engine", open=True, elem_id="engine-acc"):
+        panel = gr.HTML("", elem_id="engine-panel", js_on_load=None)
+    return EnginePanelUI(panel, gr.State(""), gr.Timer(REFRESH_S))
+
+
+def render_panel(snap: KvSnapshot) -> str:
+    if not snap.available:
+        return f'<div class="lp-engine"><p class="lp-muted">{snap.note}</p></div>'
+    s = snap.stats
+    saved = max(0, s.blocks_without_sharing - s.blocks_in_use)
+    tiles = [("In use", s.blocks_in_use), ("Cached", s.blocks_cached), ("Free", s.blocks_free),
+             ("Shared", s.blocks_shared), ("Prefix hits", f"{100 * s.prefix_hit_rate:.0f}%"),
+             ("Preemptions", s.num_preemptions),
+             ("Running / waiting", f"{s.num_running} / {s.num_waiting}"),
+             ("Saved by sharing", saved)]
+    parts = ['<div class="lp-engine">', '<div class="lp-tiles">']
+    parts += [f'<div class="lp-tile"><b>{v}</b><span>{k}</span></div>' for k, v in tiles]
+    parts.append("</div>")
+    held = (f" · {s.blocks_without_sharing} block references held in {s.blocks_in_use} blocks"
+            if s.blocks_in_use else "")
+    parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
+    sharing = snap.sharing()
+    live = {b for r in snap.rows if r.live for b in r.blocks}
+    parts.append(_pool_svg(s.num_blocks, sharing, live))
+    parts.append(_legend())
+    parts.append(_rows_html(snap.rows, sharing))
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:
+    if sharing.get(block, 0) > 1:
+        return "shared"
+    if block in live:
+        return "live"
+    return "held" if block in sharing else "none"
+
+
+def _pool_svg(num_blocks: int, sharing: dict[int, int], live: set[int]) -> str:
+    """Every block of the pool (grouped when there are many), coloured by its busiest state."""
+    cells = min(num_blocks, POOL_CELLS)
+    group = -(-num_blocks // cells)
+    rank = {"none": 0, "held": 1, "live": 2, "shared": 3}
+    state = ["none"] * cells
+    for b in set(sharing) | live:
+        c = min(b // group, cells - 1)
+        st = _state(b, sharing, live)
+        if rank[st] > rank[state[c]]:
+            state[c] = st
+    per_row, size = 32, 9
+    rects = [f'<rect x="{(i % per_row) * (size + 2)}" y="{(i // per_row) * (size + 2)}" '
+             f'width="{size}" height="{size}" rx="2" fill="{COLORS[st]}"><title>blocks '
+             f'{i * group}-{min(num_blocks, (i + 1) * group) - 1}: {st}</title></rect>'
+             for i, st in enumerate(state)]
+    h = -(-cells // per_row) * (size + 2)
+    caption = "the block pool" + (f" ({group} blocks per cell)" if group > 1 else "")
+    return (f'<div class="lp-caption">{caption}</div>{_svg(per_row * (size + 2), h, rects, "lp-pool")}')
+
+
+def _legend() -> str:
+    names = {"shared": "shared by branches", "live": "generating", "held": "one branch",
+             "none": "free / other"}
+    return '<div class="lp-legend">' + "".join(
+        f'<span><i style="background:{COLORS[k]}"></i>{v}</span>' for k, v in names.items()) + "</div>"
+
+
+def _rows_html(rows: list[BranchRow], sharing: dict[int, int]) -> str:
+    if not rows:
+        return '<p class="lp-muted">Open a conversation to see its blocks.</p>'
+    out, conv = ['<div class="lp-rows">'], None
+    for r in rows:
+        if r.conversation_id != conv:
+            conv = r.conversation_id
+            out.append(f'<div class="lp-conv">{html.escape(r.title)}</div>')
+        shared = sum(1 for b in r.blocks if sharing.get(b, 0) > 1)
+        mark = ("● " if r.live else "") + ("★ " if r.active else "")
+        detail = (f"{len(r.blocks)} blocks: {shared} shared, {len(r.blocks) - shared} its own"
+                  if r.blocks else "not in the cache (its prefill would run again)")
+        out.append(f'<div class="lp-row" data-conv="{r.conversation_id}" data-shared="{shared}">'
+                   f'<div class="lp-row-label">{mark}branch {r.branch}/{r.branches} '
+                   f'<span class="lp-muted">· {detail}</span></div>')
+        if r.blocks:
+            out.append(_strip_svg(r, sharing))
+        out.append("</div>")
+    out.append('<p class="lp-muted">★ the branch shown · ● generating now</p></div>')
+    return "".join(out)
+
+
+def _strip_svg(row: BranchRow, sharing: dict[int, int]) -> str:
+    blocks, size, per_line = row.blocks[:MAX_ROW_CELLS], 9, 32
+    live = set(row.blocks) if row.live else set()
+    rects = []
+    for i, b in enumerate(blocks):
+        st, n = _state(b, sharing, live), sharing.get(b, 0)
+        rects.append(f'<rect x="{(i % per_line) * (size + 2)}" y="{(i // per_line) * (size + 2)}" '
+                     f'width="{size}" height="{size}" rx="2" fill="{COLORS[st]}">'
+                     f'<title>block {b}: {n} branch{"es" if n != 1 else ""}</title></rect>')
+    more = len(row.blocks) - len(blocks)
+    h = max(1, -(-len(blocks) // per_line)) * (size + 2)
+    tail = f'<span class="lp-muted"> +{more} more</span>' if more > 0 else ""
+    return _svg(per_line * (size + 2), h, rects, "lp-strip") + tail
+
+
+def _svg(w: int, h: int, rects: list[str], cls: str) -> str:
+    """An SVG that shrinks to the panel's width (viewBox), never grows past its own size."""
+    return (f'<svg class="{cls}" viewBox="0 0 {w} {h}" width="100%" style="max-width:{w}px" '
+            f'role="img">{"".join(rects)}</svg>')

@@ -1,0 +1,1 @@
+"""Export of a chat tab's conversation: Markdown (the shown path) and JSON (the whole tree)."""

@@ -1,0 +1,30 @@
+"""Saving a chat tab's settings as they are edited: each field (the system prompt on blur, a
+sampling field on input) saves itself and only itself, through `ChatController.update_setting`;
+a value the engine refuses is reported and nothing is saved."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ..controller import ChatController
+from ..queues import QUICK
+from ..toasts import USER_ERRORS, warn, why
+from .logic import SAMPLING_KEYS
+
+
+def save_setting(ctl: ChatController, slots: list, i: int, key: str, value) -> None:
+    """Tab i's field `key` was edited: keep it, and only it (the other fields' values sent with
+    the event may lag behind the page)."""
+    if slots[i] is None:
+        return
+    try:
+        ctl.update_setting(slots[i], key, value)
+    except USER_ERRORS as exc:
+        warn(why(exc))
+
+
+def wire_settings(system: gr.Textbox, sampling: list, ctl: ChatController, slots: gr.State,
+                  i: int) -> None:
+    for key, f in zip(("system_prompt", *SAMPLING_KEYS), (system, *sampling)):
+        edited = f.blur if f is system else f.input
+        edited(lambda c, v, key=key: save_setting(ctl, c, i, key, v), [slots, f], None, **QUICK)

@@ -1,0 +1,1 @@
+"""The sidebar: new chat, search, the list of conversations, rename and delete."""

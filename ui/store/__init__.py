@@ -1,0 +1,17 @@
+"""The chat app's conversation store and the guard of its data directory. No UI, no engine.
+
+  store.py          Store: conversations (create, list/search, rename, update, delete)
+  tree.py           MessageTree: messages (add, update, delete, siblings, active path)
+  export.py         ExportImport: fork, export to JSON / Markdown, import
+  db.py             StoreBase: the connection, the lock, transactions, errors
+  schema.py         the DDL, migrations, row dataclasses, tree queries
+  instance_lock.py  InstanceLock: one app per data directory (taken before the store opens)
+
+The names below are what the rest of the app imports (`from localpaged.ui.store import Store`).
+"""
+
+from .store import (DB_FILENAME, EXPORT_FORMAT, ROLES, STATS_KEYS, STATUSES, Conversation, Message,
+                    Store, StoreError, default_data_dir)
+
+__all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
+           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]

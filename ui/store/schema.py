@@ -1,0 +1,220 @@
+"""Data model of the conversation store (`store.py`): the DDL of the current version, the
+migrations that bring an older file up to it, the row dataclasses, and the tree queries.
+
+The version lives in `PRAGMA user_version`:
+  0  a new, empty file: the current schema is created directly.
+  1  first release: `messages` had no `status` and no `stats` column.
+  2  `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
+     `messages.stats` (JSON: prompt_tokens, generated_tokens, ttft_s, tokens_per_s,
+     prefix_tokens_reused, finish_reason).
+  3  current: `messages.prepared` (NULL: an ordinary message; 'unseen': a reply prepared in the
+     background that the user has not opened; 'seen': one they opened, see `ui/prepared/logic.py`),
+     `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`),
+     `messages.token_ids` (JSON list of a reply's token ids, exactly as generated, so
+     Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
+     `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
+     conversation no longer fits the model's context).
+
+Branch points: `messages.active_child_id` names the child shown on the active path and
+`conversations.active_root_id` names the shown root (a conversation may hold several roots when
+the first user message was edited). Invariant kept by the store: every message that has children
+has exactly one active child, which is one of its children, and every conversation with roots has
+one active root, which is one of its roots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlite_utils import Database
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 3
+ROLES = ("system", "user", "assistant")
+STATUSES = ("complete", "streaming", "stopped", "interrupted")
+PREPARED = (None, "unseen", "seen")     # messages.prepared
+# Keys the app writes into Message.stats (others are kept as given).
+STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
+              "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped")
+CONTEXT_POLICIES = ("drop_oldest", "error")
+
+
+class StoreError(Exception):
+    """The database file cannot be used: locked by another writer, damaged, not a SQLite
+    database, or written by a newer version. The message names the file and what to do."""
+
+
+_STATUS_CHECK = "CHECK (status IN ('complete', 'streaming', 'stopped', 'interrupted'))"
+_PREPARED_CHECK = "CHECK (prepared IS NULL OR prepared IN ('unseen', 'seen'))"
+
+# Times are Unix seconds (REAL); sampling, stats are JSON text.
+CREATE_CURRENT = [
+    """CREATE TABLE conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        created REAL NOT NULL,
+        updated REAL NOT NULL,
+        system_prompt TEXT NOT NULL DEFAULT '',
+        model TEXT,
+        sampling TEXT NOT NULL DEFAULT '{}',
+        active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+        options TEXT NOT NULL DEFAULT '{}',
+        context_policy TEXT NOT NULL DEFAULT 'drop_oldest'
+    )""",
+    f"""CREATE TABLE messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+        content TEXT NOT NULL,
+        created REAL NOT NULL,
+        sampling TEXT,
+        active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+        status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
+        stats TEXT NOT NULL DEFAULT '{{}}',
+        prepared TEXT {_PREPARED_CHECK},
+        token_ids TEXT
+    )""",
+    "CREATE INDEX messages_conversation ON messages(conversation_id)",
+    "CREATE INDEX messages_parent ON messages(parent_id)",
+    "CREATE INDEX messages_status ON messages(status)",
+]
+
+# Tree queries (recursive CTEs, no depth limit): the active path of conversation ?, from its
+# active root down the active children; the path from the root down to message ?; the ids of
+# message ? and all its descendants.
+ACTIVE_PATH_SQL = """
+    WITH RECURSIVE p(id, depth) AS (
+        SELECT active_root_id, 0 FROM conversations WHERE id = ? AND active_root_id IS NOT NULL
+        UNION ALL SELECT m.active_child_id, p.depth + 1 FROM messages m JOIN p ON m.id = p.id
+        WHERE m.active_child_id IS NOT NULL)
+    SELECT messages.* FROM p JOIN messages ON messages.id = p.id ORDER BY p.depth"""
+PATH_TO_SQL = """
+    WITH RECURSIVE p(id, depth) AS (
+        SELECT ?, 0
+        UNION ALL SELECT m.parent_id, p.depth + 1 FROM messages m JOIN p ON m.id = p.id
+        WHERE m.parent_id IS NOT NULL)
+    SELECT messages.* FROM p JOIN messages ON messages.id = p.id ORDER BY p.depth DESC"""
+SUBTREE_SQL = """
+    WITH RECURSIVE t(id) AS (
+        SELECT ? UNION ALL SELECT m.id FROM messages m JOIN t ON m.parent_id = t.id)
+    SELECT id FROM t"""
+
+
+# MIGRATIONS[v] takes a file from version v to v + 1.
+MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        f"ALTER TABLE messages ADD COLUMN status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK}",
+        "ALTER TABLE messages ADD COLUMN stats TEXT NOT NULL DEFAULT '{}'",
+        "CREATE INDEX messages_status ON messages(status)",
+    ],
+    2: [
+        f"ALTER TABLE messages ADD COLUMN prepared TEXT {_PREPARED_CHECK}",
+        "ALTER TABLE conversations ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE messages ADD COLUMN token_ids TEXT",
+        "ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL DEFAULT 'drop_oldest'",
+    ],
+}
+
+
+def user_version(db: Database) -> int:
+    return db.execute("PRAGMA user_version").fetchone()[0]
+
+
+def migrate(db: Database, path: Path) -> int:
+    """Bring the file to SCHEMA_VERSION, each step in one transaction; returns the old version."""
+    old = user_version(db)
+    if old > SCHEMA_VERSION:
+        raise StoreError(f"{path} has schema version {old}, newer than this localpaged "
+                         f"({SCHEMA_VERSION}): upgrade localpaged or choose another data dir")
+    if old == 0:
+        _create(db, path)
+        return old
+    for version in range(old, SCHEMA_VERSION):
+        _run(db, MIGRATIONS[version], version + 1)
+        log.info("migrated %s from schema version %d to %d", path, version, version + 1)
+    return old
+
+
+def _create(db: Database, path: Path) -> None:
+    if db.table_names():
+        raise StoreError(f"{path} is a SQLite database but not a localpaged store (it has "
+                         "tables but no schema version): choose another data dir")
+    _run(db, CREATE_CURRENT, SCHEMA_VERSION)
+    log.info("created conversation store %s (schema version %d)", path, SCHEMA_VERSION)
+
+
+def _run(db: Database, statements: list[str], version: int) -> None:
+    with db.atomic():
+        for sql in statements:
+            db.execute(sql)
+        db.execute(f"PRAGMA user_version = {int(version)}")
+
+
+# -- row types ---------------------------------------------------------------------------
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created: float  # Unix seconds
+    updated: float  # bumped by every write to the conversation or its messages
+    system_prompt: str
+    model: str | None
+    sampling: dict[str, Any]  # default sampling settings for new replies
+    active_root_id: int | None
+    options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
+    context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None  # None: a root
+    role: str  # one of ROLES
+    content: str
+    created: float
+    sampling: dict[str, Any] | None  # settings this reply was generated with
+    active_child_id: int | None  # None: a leaf
+    status: str  # one of STATUSES
+    stats: dict[str, Any]  # see STATS_KEYS
+    prepared: str | None = None  # one of PREPARED: a reply made in the background, opened or not
+    token_ids: list[int] | None = None  # a reply's tokens as generated (None: unknown)
+
+
+def conversation_from_row(row: dict) -> Conversation:
+    return Conversation(**{**row, "sampling": json.loads(row["sampling"] or "{}"),
+                           "options": json.loads(row.get("options") or "{}")})
+
+
+def message_from_row(row: dict) -> Message:
+    sampling = json.loads(row["sampling"]) if row["sampling"] is not None else None
+    ids = row.get("token_ids")
+    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}"),
+                      "token_ids": json.loads(ids) if ids else None})
+
+
+def parents_first(msgs: list[dict]) -> list[dict]:
+    """Order exported messages so each parent precedes its children; ValueError on a message
+    whose parent is missing (or a cycle)."""
+    done: set = set()
+    order: list[dict] = []
+    pending = list(msgs)
+    while pending:
+        rest = []
+        for m in pending:
+            if m.get("parent_id") is None or m["parent_id"] in done:
+                done.add(m["id"])
+                order.append(m)
+            else:
+                rest.append(m)
+        if len(rest) == len(pending):
+            raise ValueError(f"import_json: messages {[m['id'] for m in rest]} have no parent")
+        pending = rest
+    return order

@@ -1,0 +1,42 @@
+"""What the page shows of its tab set: the session's `slots` (the conversation of each of the
+N_SLOTS chat tabs, None: hidden), the current tab, the tabs themselves and the sidebar's list
+of conversations (`PageUI`), and the values a page-level handler returns (`PageValues`, the
+tabs' `TabValues` nested), mapped to outputs by `values.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gradio as gr
+
+from ..chat.view import ChatTabUI, TabValues
+from ..values import KEEP, flatten, outputs
+
+N_SLOTS = 4
+
+
+@dataclass
+class PageValues:
+    slots: Any = KEEP                 # conversation id per tab (None: hidden)
+    current: Any = KEEP               # index of the selected tab
+    tabs: Any = KEEP                  # gr.Tabs(selected=...)
+    chat: list[TabValues] = field(default_factory=lambda: [TabValues() for _ in range(N_SLOTS)])
+    conversations: Any = KEEP         # the sidebar's list (gr.Radio)
+
+
+@dataclass
+class PageUI:
+    slots: gr.State
+    current: gr.State
+    tabs: gr.Tabs
+    chat: list[ChatTabUI]
+    conversations: gr.Radio
+    search: gr.Textbox
+
+    def outputs(self) -> list:
+        return outputs(self, PageValues)
+
+    def flatten(self, values: PageValues) -> list:
+        return flatten(self, values)

@@ -1,0 +1,297 @@
+"""Turns: one generation ("turn") of the chat app, 1 to 4 replies decoded together in one engine
+request over one shared prompt and consumed by a background thread that owns it, and the
+registry of the turns every conversation runs (`TurnRegistry`).
+
+A Turn outlives the browser event that started it: Gradio handlers only *follow* a turn (see
+`Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
+to the store. The store is written when the turn starts (replies with status 'streaming'), about
+once a second while it streams, and when it ends ('complete' or 'stopped', with stats); a reply's
+token ids are written with its text, always in step, so Continue can resume token-exact.
+
+Continue runs as a Turn too: its LiveReply starts from the stored reply (`prefix_ids`, text) and
+the engine's new tokens join it; the whole text is decoded in one piece (`decode`).
+While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, total) tokens.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from localpaged.chat.backend import ChatBackend
+from localpaged.engine.outputs import RequestOutput
+
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+STORE_WRITE_INTERVAL_S = 1.0
+BUSY = "this conversation is still generating: stop it or wait"
+
+
+class ChatError(Exception):
+    """Something the user asked for that cannot be done now; the message says why."""
+
+
+@dataclass
+class LiveReply:
+    """What the UI shows of one streaming reply (the store lags behind by up to a second)."""
+    message_id: int
+    text: str = ""
+    status: str = "streaming"
+    stats: dict[str, Any] = field(default_factory=dict)
+    token_ids: list[int] | None = None      # the whole reply's tokens (None: unknown, remote)
+    prefix_ids: list[int] = field(default_factory=list)   # a continued reply's earlier tokens
+    progress: tuple[int, int] | None = None  # last prefill progress: (computed, total) tokens
+
+
+class Turn:
+    """One request in one conversation; `replies[i]` is column i. `on_done(turn)` runs on the
+    turn's thread once it is done (saved); `beam` turns keep each beam's score in its stats."""
+
+    def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
+                 stream: Iterator[RequestOutput], abort, store: Store,
+                 on_done: Callable[["Turn"], None] | None = None, beam: bool = False,
+                 decode=None) -> None:
+        self.on_done, self.beam = on_done, beam
+        self.conversation_id = conversation_id
+        self.request_id = request_id
+        self.replies = replies
+        self.error: str | None = None
+        self.done = False
+        self.version = 0
+        self.started = time.monotonic()
+        self._stream, self._abort, self._store = stream, abort, store
+        self._decode = decode               # token ids -> text; needed to continue a reply
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._first_token: dict[int, float] = {}
+        self._thread = threading.Thread(target=self._run, name=f"turn-{request_id}", daemon=True)
+
+    def start(self) -> "Turn":
+        self._thread.start()
+        return self
+
+    @classmethod
+    def finished(cls, conversation_id: int, reply: LiveReply, store: Store) -> "Turn":
+        """A turn that is already done: a reply that needs no request (one prepared before)."""
+        turn = cls(conversation_id, f"ready-{reply.message_id}", [reply], iter(()),
+                   lambda _rid: None, store)
+        turn.done = True
+        return turn
+
+    def stop(self) -> None:
+        """Ask the engine to abort; the replies keep their text and become 'stopped'."""
+        self._stop.set()
+        try:
+            self._abort(self.request_id)
+        except Exception:  # noqa: BLE001 - the stop flag alone ends the loop
+            log.exception("abort of %s failed", self.request_id)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.done, timeout)
+
+    def updates(self, interval: float = 0.1, timeout: float = 0.5) -> Iterator["Turn"]:
+        """Yield self whenever it changed (at most every `interval` s, and at least every
+        `timeout` s), and a last time once done. Until the first text arrives there is no
+        throttle: the first token shows as soon as the engine step that sampled it ends."""
+        seen = -1
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self.version != seen or self.done, timeout)
+                seen, done = self.version, self.done
+            yield self
+            if done:
+                return
+            if self._first_token:
+                time.sleep(interval)
+
+    # ---- the turn's thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        last_write, out = time.monotonic(), None
+        try:
+            for out in self._stream:
+                self._apply(out)
+                if time.monotonic() - last_write >= STORE_WRITE_INTERVAL_S:
+                    self._write_partial()
+                    last_write = time.monotonic()
+                if self._stop.is_set():
+                    break
+        except Exception as exc:  # noqa: BLE001 - shown to the user, the text is kept
+            log.warning("generation %s failed: %s", self.request_id, exc)
+            self.error = str(exc) or type(exc).__name__
+        finally:
+            close = getattr(self._stream, "close", None)
+            if close:
+                close()                   # an unfinished stream aborts its request
+            self._finish(out)
+
+    def _apply(self, out: RequestOutput) -> None:
+        now = time.monotonic()
+        with self._cond:
+            if out.prefilling and out.num_computed_prompt_tokens > 0:
+                for reply in self.replies:
+                    reply.progress = (out.num_computed_prompt_tokens, out.num_prompt_tokens)
+            for i, comp in enumerate(out.outputs[:len(self.replies)]):
+                reply = self.replies[i]
+                if comp.text and i not in self._first_token:
+                    self._first_token[i] = now
+                new_ids = list(comp.token_ids or [])
+                if reply.prefix_ids:               # Continue: the new tokens join the reply
+                    reply.token_ids = reply.prefix_ids + new_ids
+                    if new_ids:
+                        reply.text = self._decode(reply.token_ids)
+                else:
+                    reply.token_ids = new_ids or None
+                    reply.text = comp.text
+                reply.stats = self._stats(out, i, now)
+                reply.stats["generated_tokens"] += len(reply.prefix_ids)
+            self.version += 1
+            self._cond.notify_all()
+
+    def _stats(self, out: RequestOutput, i: int, now: float) -> dict[str, Any]:
+        comp, m = out.outputs[i], out.metrics
+        n = len(comp.token_ids) if comp.token_ids else (
+            comp.num_tokens if comp.num_tokens is not None else (m.num_generated_tokens if m else 0))
+        first = self._first_token.get(i)
+        ttft = m.time_to_first_token if m and m.time_to_first_token is not None else (
+            None if first is None else first - self.started)
+        end = m.finished_time if m and m.finished_time is not None and out.finished else now
+        start = m.first_token_time if m and m.first_token_time is not None else first
+        tps = (n - 1) / (end - start) if start is not None and n > 1 and end > start else None
+        stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
+                 "ttft_s": ttft, "tokens_per_s": tps,
+                 "prefix_tokens_reused": m.num_cached_tokens if m else None,
+                 "finish_reason": comp.finish_reason,
+                 "finish_detail": getattr(comp, "finish_detail", None)}
+        if self.beam:
+            stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
+        return stats
+
+    def _write_partial(self) -> None:
+        for reply in self.replies:
+            try:
+                self._store.update_message(reply.message_id, content=reply.text,
+                                           token_ids=reply.token_ids)
+            except Exception:  # noqa: BLE001 - the final write retries; keep streaming
+                log.exception("could not save the partial reply %d", reply.message_id)
+
+    def _finish(self, out: RequestOutput | None) -> None:
+        stopped = self._stop.is_set() or self.error is not None
+        for i, reply in enumerate(self.replies):
+            reason = out.outputs[i].finish_reason if out and i < len(out.outputs) else None
+            reply.status = "stopped" if stopped or reason in (None, "abort") else "complete"
+            if self.error:
+                reply.stats["error"] = self.error
+            self._save_final(reply)
+        if self.on_done is not None:
+            try:
+                self.on_done(self)
+            except Exception:  # noqa: BLE001 - the turn itself is saved; say what failed
+                log.exception("after turn %s", self.request_id)
+        with self._cond:
+            self.done = True
+            self.version += 1
+            self._cond.notify_all()
+
+    def _save_final(self, reply: LiveReply) -> None:
+        try:
+            if self.error and not reply.text and not reply.prefix_ids:
+                self._store.delete_message(reply.message_id)    # nothing to keep
+                reply.status = "deleted"
+            else:
+                self._store.update_message(reply.message_id, content=reply.text,
+                                           status=reply.status, stats=reply.stats,
+                                           token_ids=reply.token_ids)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("could not save reply %d", reply.message_id)
+            self.error = self.error or f"could not save the reply: {exc}"
+
+
+class TurnRegistry:
+    """Which turn each conversation runs: at most one interactive turn per conversation, any
+    number at once across conversations. `launch` reserves the conversation (so two sends
+    cannot both start), runs the `before_launch` hooks (the conversation's background work
+    gives way), starts the turn and keeps it as the conversation's latest; `busy` is true from
+    the reservation until that turn is done. Thread-safe: handlers of many pages call it."""
+
+    def __init__(self) -> None:
+        self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
+        self._starting: set[int] = set()           # conversations whose turn is being set up
+        self._lock = threading.Lock()
+        self._before_launch: list[Callable[[int], None]] = []
+        self._after_stop_all: list[Callable[[float], None]] = []
+
+    def before_launch(self, hook: Callable[[int], None]) -> None:
+        """hook(cid) runs before each new turn of conversation cid is made (it is reserved)."""
+        self._before_launch.append(hook)
+
+    def after_stop_all(self, hook: Callable[[float], None]) -> None:
+        """hook(wait) runs at the end of `stop_all`."""
+        self._after_stop_all.append(hook)
+
+    def turn(self, cid: int) -> Turn | None:
+        with self._lock:
+            return self._turns.get(cid)
+
+    def busy(self, cid: int) -> bool:
+        with self._lock:
+            return self._busy(cid)
+
+    def _busy(self, cid: int) -> bool:
+        turn = self._turns.get(cid)
+        return cid in self._starting or (turn is not None and not turn.done)
+
+    def check_idle(self, cid: int) -> None:
+        if self.busy(cid):
+            raise ChatError(BUSY)
+
+    def launch(self, cid: int, backend: ChatBackend | None,
+               start: Callable[[ChatBackend], Turn]) -> Turn:
+        """The turn `start(backend)` makes, started; ChatError when there is no model yet or
+        the conversation is busy (nothing is made then)."""
+        if backend is None:
+            raise ChatError("no model is loaded yet: wait for the model to finish loading")
+        with self._lock:
+            if self._busy(cid):
+                raise ChatError(BUSY)
+            self._starting.add(cid)
+        try:
+            for hook in self._before_launch:
+                hook(cid)
+            turn = start(backend)
+            with self._lock:
+                self._turns[cid] = turn
+        finally:
+            with self._lock:
+                self._starting.discard(cid)
+        return turn.start()
+
+    def adopt(self, cid: int, turn: Turn) -> None:
+        """A turn started elsewhere (a prepared reply still streaming, now shown) becomes the
+        conversation's: it is busy until the turn is done, and a tab follows it."""
+        with self._lock:
+            self._turns[cid] = turn
+
+    def stop(self, cid: int) -> bool:
+        turn = self.turn(cid)
+        if turn is None or turn.done:
+            return False
+        turn.stop()
+        return True
+
+    def stop_all(self, wait: float = 0.0) -> None:
+        """Stop every running turn; with `wait`, give them that long to save their text."""
+        with self._lock:
+            turns = [t for t in self._turns.values() if not t.done]
+        for turn in turns:
+            turn.stop()
+        for turn in turns:
+            turn.wait(wait)
+        for hook in self._after_stop_all:
+            hook(wait)
