@@ -75,17 +75,18 @@ def test_tree_regenerate_edit_and_switch(store, chat):
 def test_add_message_validates(store, chat):
     c, u1, *_ = chat
     other = store.create_conversation("other")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"message {u1.id} is not in conversation {other.id}"):
         store.add_message(other.id, u1.id, "assistant", "x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"role must be one of \('system', 'user', 'assistant'\), "
+                                         r"not 'robot'"):
         store.add_message(c.id, u1.id, "robot", "x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"status must be one of \('complete', .*\), not 'done'"):
         store.add_message(c.id, u1.id, "assistant", "x", status="done")
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no message 10000"):
         store.get_message(10_000)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="no conversation 10000"):
         store.add_message(10_000, None, "user", "x")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"update_conversation: unknown fields \['colour'\]"):
         store.update_conversation(c.id, colour="red")
 
 
@@ -144,15 +145,15 @@ def test_export_import_json_round_trip(store, chat):
     assert [m.content for m in store.active_path(imported.id)] == ["Where to go in May?",
                                                                    "Lisbon."]
     check_active_invariant(store, imported.id)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="import_json: not a localpaged.conversation export"):
         store.import_json({"format": "something else"})
     broken = {**exported, "messages": exported["messages"][1:]}  # a1's parent is missing
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"import_json: messages \[\d+, \d+\] have no parent"):
         store.import_json(broken)
     before = len(store.list_conversations())
     bad_row = {**exported, "messages": exported["messages"][:2] + [
         {**exported["messages"][2], "content": None}]}  # NOT NULL fails mid-transaction
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="import_json: NOT NULL constraint failed: messages.content"):
         store.import_json(bad_row)
     assert len(store.list_conversations()) == before  # rolled back, nothing half imported
 
@@ -209,7 +210,7 @@ def test_delete_cascades(store, chat, tmp_path):
     store.add_message(other.id, None, "user", "hello")
     assert store.delete_conversation(c.id) is True
     assert store.delete_conversation(c.id) is False
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match=f"no conversation {c.id}"):
         store.get_conversation(c.id)
     db = tmp_path / "chat.db"
     assert count(db, "SELECT count(*) FROM messages WHERE conversation_id = ?", c.id) == 0
