@@ -123,6 +123,14 @@ class StoreBase:
     def _rows(self, sql: str, params: Any = ()) -> list[dict]:
         return list(self.db.query(sql, params))
 
+    def _row(self, table: str, row_id: int, what: str) -> dict:
+        """The row of `table` ("conversations", "messages") with this id; KeyError naming
+        `what` when there is none."""
+        rows = self._rows(f"SELECT * FROM {table} WHERE id = ?", [row_id])
+        if not rows:
+            raise KeyError(f"no {what} {row_id}")
+        return rows[0]
+
     def _touch(self, conversation_id: int) -> None:
         self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?",
                         [time.time(), conversation_id])

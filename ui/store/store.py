@@ -64,10 +64,7 @@ class Store(ExportImport):
 
     @guarded
     def get_conversation(self, conversation_id: int) -> Conversation:
-        rows = self._rows("SELECT * FROM conversations WHERE id = ?", [conversation_id])
-        if not rows:
-            raise KeyError(f"no conversation {conversation_id}")
-        return conversation_from_row(rows[0])
+        return conversation_from_row(self._row("conversations", conversation_id, "conversation"))
 
     @guarded
     def list_conversations(self, search: str | None = None) -> list[Conversation]:

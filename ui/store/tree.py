@@ -28,10 +28,7 @@ class MessageTree(StoreBase):
 
     @guarded
     def get_message(self, message_id: int) -> Message:
-        rows = self._rows("SELECT * FROM messages WHERE id = ?", [message_id])
-        if not rows:
-            raise KeyError(f"no message {message_id}")
-        return message_from_row(rows[0])
+        return message_from_row(self._row("messages", message_id, "message"))
 
     @guarded
     def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str,
