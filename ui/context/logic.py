@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from localpaged.chat.backend import ChatBackend
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
     ContextOverflowError,
@@ -24,7 +25,6 @@ from localpaged.chat.context_window import (
     split_turns,
 )
 from localpaged.chat.continuation import ContinueRequest, continue_request
-from localpaged.chat.backend import ChatBackend
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.outputs import NATURAL_ENDS
 
