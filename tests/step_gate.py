@@ -13,6 +13,7 @@ condition; `LIMIT_S` only bounds a test that forgot to release.
 from __future__ import annotations
 
 import threading
+import time
 
 LIMIT_S = 30.0
 
@@ -60,3 +61,14 @@ def shared_step(records, request_ids) -> bool:
     """Whether one step record (AsyncEngine.step_records) ran every one of request_ids."""
     wanted = set(request_ids)
     return any(wanted <= r.request_ids for r in records)
+
+
+def poll(condition, what: str, timeout: float = LIMIT_S):
+    """The condition's first truthy value, checked until the deadline (the failure limit)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.002)

@@ -9,18 +9,20 @@ block (autouse fixture).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import re
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
 import pytest
+from engine_helpers import hf_sampled
+from step_gate import StepGate, poll, shared_step
 
-from localpaged import LLM, SamplingParams
+from localpaged import LLM, LLMEngine, SamplingParams
 from localpaged.api import APIError, ServedModel, check_bind_safety, resolve_api_key
 from localpaged.api.server import build_app, make_server, start_in_thread
 from localpaged.chat.remote import RemoteChatBackend
@@ -57,11 +59,27 @@ def stop_server(server) -> None:
     server.should_exit = True
 
 
+_LLM_ENGINES: dict[AsyncEngine, LLMEngine] = {}
+
+
 def make_engine(model_path: str) -> AsyncEngine:
-    """An AsyncEngine over the tiny model (conftest's tiny_llama), with a toy chat template."""
-    llm = LLM(model_path, num_kv_blocks=256, max_num_seqs=MAX_NUM_SEQS)
+    """An AsyncEngine over the tiny model (conftest's tiny_llama), with a toy chat template and
+    step records."""
+    llm = LLM(model_path, num_kv_blocks=256, max_num_seqs=MAX_NUM_SEQS, record_steps=True)
     llm.engine.tokenizer.chat_template = CHAT_TEMPLATE
-    return AsyncEngine(llm.engine)
+    engine = AsyncEngine(llm.engine)
+    _LLM_ENGINES[engine] = llm.engine
+    return engine
+
+
+def gate(engine: AsyncEngine, step: int = 1) -> StepGate:
+    """A StepGate (tests/step_gate.py) on the thread of an engine made by make_engine."""
+    return StepGate(_LLM_ENGINES[engine], step)
+
+
+def steps_of(engine: AsyncEngine, request_id: str) -> int:
+    """How many engine steps ran the request (its step records)."""
+    return sum(request_id in r.request_ids for r in engine.step_records())
 
 
 def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
@@ -77,14 +95,6 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
                       for g in list(sched.waiting) + list(sched.running)]
             raise AssertionError(f"engine not idle: {s}; {groups}")
         time.sleep(0.02)
-
-
-def wait_busy(engine: AsyncEngine, timeout: float = 5.0) -> None:
-    """Until some KV block is held (the stats snapshot may trail the outputs by one step)."""
-    deadline = time.monotonic() + timeout
-    while engine.stats().blocks_in_use == 0:
-        assert time.monotonic() < deadline, "no KV block in use"
-        time.sleep(0.005)
 
 
 @pytest.fixture(scope="module")
@@ -250,15 +260,46 @@ def test_seed_reproducible(client):
     assert sample(1234) != sample(4321)
 
 
-def test_sampling_extensions(client):
+# (request's sampling fields, the ones of them that change its tokens): no single setting lets all
+# of top_p and min_p bite on the tiny model's flat distribution, so two requests cover them.
+SAMPLED = [(dict(temperature=0.7, top_p=0.9, min_p=0.05, repetition_penalty=1.2,
+                 presence_penalty=1.5, frequency_penalty=-0.5),
+            ("top_p", "repetition_penalty", "presence_penalty", "frequency_penalty")),
+           (dict(temperature=0.7, top_p=0.9, min_p=0.8, repetition_penalty=1.2,
+                 presence_penalty=1.5, frequency_penalty=-0.5),
+            ("min_p", "repetition_penalty", "presence_penalty"))]
+NEUTRAL = dict(top_p=1.0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0,
+               frequency_penalty=0.0)
+
+
+def oracle_sample(path: str, prompt_ids: list[int], n: int, seed: int, fields: dict):
+    """engine_helpers.hf_sampled (transformers' logits, the penalties and filters by their
+    definitions, the request's seeded draws) for a request's sampling fields."""
+    names = dict(repetition_penalty="repetition", presence_penalty="presence",
+                 frequency_penalty="frequency")
+    return hf_sampled(path, prompt_ids, n, seed=seed, **{names.get(k, k): v for k, v in fields.items()})
+
+
+def test_sampling_extensions(client, engine, tiny_llama):
     common = dict(model=MODEL, messages=chat_msgs(7), max_tokens=8, seed=3)
     top1 = client.chat.completions.create(**common, temperature=1.0, extra_body={"top_k": 1})
     greedy = client.chat.completions.create(**common, temperature=0)
     assert top1.choices[0].message.content == greedy.choices[0].message.content
-    r = client.chat.completions.create(**common, temperature=0.7, top_p=0.9, presence_penalty=1.5,
-                                       frequency_penalty=-0.5,
-                                       extra_body={"min_p": 0.05, "repetition_penalty": 1.2})
-    assert r.choices[0].finish_reason == "length"
+    prompt_ids = apply_chat_template(engine.tokenizer, chat_msgs(7))
+    for fields, biting in SAMPLED:
+        openai_fields = {k: v for k, v in fields.items() if k not in ("min_p", "repetition_penalty")}
+        r = client.chat.completions.create(
+            **common, **openai_fields, logprobs=True,
+            extra_body={"min_p": fields["min_p"], "repetition_penalty": fields["repetition_penalty"]})
+        assert r.choices[0].finish_reason == "length"
+        want, want_lps = oracle_sample(tiny_llama, prompt_ids, 8, 3, fields)
+        content = r.choices[0].logprobs.content
+        assert [c.token for c in content] == [engine.tokenizer.decode([t], skip_special_tokens=False)
+                                              for t in want]
+        assert [c.logprob for c in content] == pytest.approx(want_lps, abs=1e-4)
+        for name in biting:          # each of these changes the tokens: the comparison sees it
+            assert oracle_sample(tiny_llama, prompt_ids, 8, 3, fields | {name: NEUTRAL[name]})[0] \
+                != want, name
     # a vanishing temperature is greedy (no overflow to inf/NaN)
     tiny = client.chat.completions.create(**common, temperature=1e-30)
     assert tiny.choices[0].message.content == greedy.choices[0].message.content
@@ -290,8 +331,9 @@ def test_logprobs(client):
     assert tokens == lp.tokens
 
 
-def test_concurrent_clients_batch_and_match(client, engine):
-    """8 clients at once share the engine's batches and get what each gets alone."""
+def test_concurrent_clients_batch_and_match(client, engine, monkeypatch):
+    """8 clients at once share the engine's batches and get what each gets alone. The engine
+    holds its first step until all eight are submitted, so the next step runs them all."""
     def run(i: int) -> str:
         if i % 2:
             return greedy_chat(client, chat_msgs(20 + i), max_tokens=48,
@@ -302,27 +344,30 @@ def test_concurrent_clients_batch_and_match(client, engine):
         return "".join(c.choices[0].text for c in chunks)
 
     alone = [run(i) for i in range(8)]
-    seen_running = []
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            seen_running.append(engine.stats().num_running)
-            time.sleep(0.002)
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        with ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(run, range(8)))
-    finally:
-        stop.set()
-        watcher.join()
+    submitted = _record_submits(engine, monkeypatch)
+    with gate(engine) as held, ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(run, i) for i in range(8)]
+        poll(lambda: len(submitted) == 8, "eight submitted requests")
+        held.release()
+        together = [f.result() for f in futures]
     assert together == alone
-    assert max(seen_running) >= 2                   # they really ran in one batch
+    assert shared_step(engine.step_records(), submitted)    # they really ran in one batch
 
 
 # ---- disconnects --------------------------------------------------------------------------------
+def _record_submits(engine, monkeypatch) -> list[str]:
+    """The request ids the engine is given from now on (by the server's threads)."""
+    submitted: list[str] = []
+    real = engine.submit
+
+    def submit(*args, **kwargs):
+        stream = real(*args, **kwargs)
+        submitted.append(stream.request_id)
+        return stream
+    monkeypatch.setattr(engine, "submit", submit)
+    return submitted
+
+
 def _record_aborts(engine, monkeypatch) -> list[str]:
     aborted: list[str] = []
     real = engine.abort
@@ -334,36 +379,51 @@ def _record_aborts(engine, monkeypatch) -> list[str]:
     return aborted
 
 
+HELD_STEP = 12        # the request's step the engine holds (the first 3 chunks are out by then)
+
+
 @pytest.mark.parametrize("endpoint", ["completions", "chat/completions"])
 def test_disconnect_mid_stream_frees_blocks(base_url, engine, monkeypatch, endpoint):
+    """The client closes the stream after three chunks while its request runs (the engine holds
+    the request's 12th step until the abort has arrived): the request runs no further step."""
     aborted = _record_aborts(engine, monkeypatch)
     body = {"model": MODEL, "max_tokens": 900, "stream": True, "ignore_eos": True}
     body.update({"prompt": words(30, 40)} if endpoint == "completions"
                 else {"messages": chat_msgs(30)})
     data = []
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", f"{base_url}/v1/{endpoint}", json=body) as r:
-            assert r.status_code == 200
-            assert r.headers["content-type"].startswith("text/event-stream")
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    data.append(json.loads(line[6:]))
-                if len(data) == 3:
-                    break
-            wait_busy(engine)
+    with gate(engine, HELD_STEP) as held:
+        with httpx.Client(timeout=30) as session:
+            with session.stream("POST", f"{base_url}/v1/{endpoint}", json=body) as r:
+                assert r.status_code == 200
+                assert r.headers["content-type"].startswith("text/event-stream")
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        data.append(json.loads(line[6:]))
+                    if len(data) == 3:
+                        held.wait_held()           # running: the engine waits in the gate
+                        break                      # (leaving iter_lines closes the stream)
+        request_id = data[0]["id"]
+        poll(lambda: request_id in aborted, "the abort of the closed stream")
     wait_idle(engine, timeout=10)       # the 900-token request stops: idle within the deadline
-    request_id = data[0]["id"]
-    assert request_id in aborted
+    assert steps_of(engine, request_id) == HELD_STEP
 
 
 def test_disconnect_before_answer_aborts(base_url, engine, monkeypatch):
+    """A client gone before its answer (not streamed): the request is aborted. The engine holds
+    the request's first step until the abort has arrived, so the answer cannot be ready first."""
     aborted = _record_aborts(engine, monkeypatch)
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{base_url}/v1/completions", timeout=0.5,
-                   json={"model": MODEL, "prompt": words(31), "max_tokens": 1000,
-                         "ignore_eos": True})
+    host, port = base_url.removeprefix("http://").split(":")
+    body = {"model": MODEL, "prompt": words(31), "max_tokens": 1000, "ignore_eos": True}
+    with gate(engine) as held:
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        held.wait_held()                           # the request runs its first step
+        conn.close()                               # and the client leaves without its answer
+        request_id = poll(lambda: next((a for a in aborted if a.startswith("cmpl-")), None),
+                          "the abort of the request whose client left")
     wait_idle(engine, timeout=10)
-    assert any(a.startswith("cmpl-") for a in aborted)
+    assert steps_of(engine, request_id) == 1
 
 
 # ---- bad requests -------------------------------------------------------------------------------
@@ -602,7 +662,7 @@ def test_remote_backend_columns(base_url, client):
     assert final.metrics.num_generated_tokens == 24 and final.metrics.first_token_time
 
 
-def test_remote_backend_n_samples_errors_and_cancel(base_url, engine):
+def test_remote_backend_n_samples_errors_and_cancel(base_url, engine, monkeypatch):
     backend = RemoteChatBackend(base_url + "/v1", model=MODEL)
     final = list(backend.chat(chat_msgs(12), [SamplingParams(n=2, max_tokens=6, seed=1)]))[-1]
     assert final.finished and len(final.outputs) == 2 and all(o.text for o in final.outputs)
@@ -610,12 +670,25 @@ def test_remote_backend_n_samples_errors_and_cancel(base_url, engine):
         backend.chat(chat_msgs(12), [SamplingParams(max_tokens=5000)])
     with pytest.raises(ValueError, match="does not exist"):
         RemoteChatBackend(base_url + "/v1", model="other").chat(chat_msgs(12), [SamplingParams()])
-    # closing the iterator early closes the HTTP streams: the server frees the blocks
-    it = backend.chat(chat_msgs(13), [SamplingParams(max_tokens=900, ignore_eos=True)] * 2)
-    next(it)
-    wait_busy(engine)
-    it.close()
+    # closing the iterator early closes the HTTP streams. Held steps make every "while" true:
+    # step 1 until both requests are submitted (so step 2 runs both), step 2 until the close
+    # (each reader closes its stream at its next chunk: step 2's), step 3 until both aborts.
+    aborted = _record_aborts(engine, monkeypatch)
+    long_greedy = SamplingParams(max_tokens=900, ignore_eos=True, temperature=0.0)
+    start = len(engine.step_records())
+    with gate(engine, 1) as submitted, gate(engine, 2) as before_close, \
+            gate(engine, 3) as after_close:
+        it = backend.chat(chat_msgs(13), [long_greedy] * 2)    # returns once both are queued
+        submitted.release()
+        next(it)
+        before_close.wait_held()
+        it.close()
+        before_close.release()
+        after_close.wait_held()
+        poll(lambda: len(set(aborted)) == 2, "the server's aborts of both streams")
     wait_idle(engine)
+    later = engine.step_records()[start + 3:]
+    assert not any(set(aborted) & r.request_ids for r in later)     # none ran past step 3
     # abort(request_id) ends the stream with finish_reason "abort"
     it = backend.chat(chat_msgs(14), [SamplingParams(max_tokens=900, ignore_eos=True)],
                       request_id="ui-tab-1")
@@ -628,7 +701,7 @@ def test_remote_backend_n_samples_errors_and_cancel(base_url, engine):
 
 # ---- beside Gradio ------------------------------------------------------------------------------
 def test_api_beside_gradio(engine):
-    gr = pytest.importorskip("gradio")
+    import gradio as gr                          # a dependency of the app (pyproject.toml)
     with gr.Blocks() as demo:
         gr.Markdown("hello")
     app = gr.mount_gradio_app(build_app(engine, MODEL), demo, path="/")
@@ -648,10 +721,12 @@ def test_api_beside_gradio(engine):
 def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
     from tiny_models import build
 
+    from localpaged.chat.backend import LocalChatBackend
     from localpaged.ui.models import ModelManager, local_factory
-    mm = ModelManager(local_factory(num_kv_blocks=64))
-    assert mm.load(tiny_llama).done.wait(60) and mm.job.error is None
-    first = mm.backend
+    llm = LLM(tiny_llama, num_kv_blocks=64)
+    llm.tokenizer.chat_template = CHAT_TEMPLATE
+    first = LocalChatBackend(AsyncEngine(llm.engine))
+    mm = ModelManager(local_factory(num_kv_blocks=64), backend=first)
     mm.served = served = ServedModel(first.engine, first.model_name)
     url, server = start_server(None, app=build_app(served))
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
@@ -661,10 +736,11 @@ def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
             model=first.model_name, messages=chat_msgs(1), max_tokens=900, stream=True,
             extra_body={"ignore_eos": True})
         chunks = iter(running)
-        next(chunks)
-        wait_busy(first.engine)
-        job = mm.load(build("qwen3", tiny_root))
-        assert job.done.wait(60) and job.error is None
+        with StepGate(llm.engine) as held:         # running on the old engine during the switch
+            next(chunks)
+            held.wait_held()
+            job = mm.load(build("qwen3", tiny_root))
+            assert job.done.wait(60) and job.error is None
         new = mm.backend
         assert new is not first and new.model_name != first.model_name
         assert [m.id for m in c.models.list().data] == [new.model_name]
