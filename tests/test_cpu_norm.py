@@ -22,14 +22,16 @@ def formula(x, weight, eps):
 
 @pytest.mark.parametrize("shape", [(1, 576), (37, 64), (5, 100), (2, 3, 48)])
 def test_equals_the_formula(kernel, shape):
-    x, weight = torch.randn(*shape) * 3, torch.randn(shape[-1])
+    g = torch.Generator().manual_seed(len(shape) * 1000 + shape[-1])
+    x, weight = torch.randn(*shape, generator=g) * 3, torch.randn(shape[-1], generator=g)
     got = kernel(x, weight, 1e-5)
     assert got.shape == x.shape
     assert (got - formula(x, weight, 1e-5)).abs().max().item() < 1e-5
 
 
 def test_a_row_alone_in_a_batch_and_on_any_thread_count_is_bitwise_the_same(kernel):
-    x, weight = torch.randn(200, 576), torch.randn(576)
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(200, 576, generator=g), torch.randn(576, generator=g)
     batched = kernel(x, weight, 1e-6)
     threads = torch.get_num_threads()
     try:
@@ -42,8 +44,9 @@ def test_a_row_alone_in_a_batch_and_on_any_thread_count_is_bitwise_the_same(kern
 
 def test_the_module_runs_the_kernel_for_float32_only(kernel):
     norm = RMSNorm(64, 1e-6)
-    norm.weight.data.normal_()
-    x = torch.randn(3, 64)
+    g = torch.Generator().manual_seed(0)
+    norm.weight.data.normal_(generator=g)
+    x = torch.randn(3, 64, generator=g)
     composite, half = norm(x), norm(x.bfloat16())
     norm.kernel = kernel
     assert torch.equal(norm(x), kernel(x, norm.weight, 1e-6))

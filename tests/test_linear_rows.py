@@ -36,9 +36,11 @@ def split_calls(monkeypatch):
 
 
 def _layer(n: int, k: int, bias: bool, seed: int = 0) -> linear.Linear:
-    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     layer = linear.Linear(k, n, bias=bias)
-    layer.weight.data.normal_(0, 0.05)
+    layer.weight.data.normal_(0, 0.05, generator=g)
+    if bias:
+        layer.bias.data.uniform_(-0.1, 0.1, generator=g)
     return layer
 
 
@@ -47,7 +49,7 @@ def _layer(n: int, k: int, bias: bool, seed: int = 0) -> linear.Linear:
 def test_one_row_at_model_widths_is_split_and_bitwise_equal(shape, bias, threads, split_calls):
     threads(2)
     layer = _layer(*shape, bias)
-    x = torch.randn(1, shape[1])
+    x = torch.randn(1, shape[1], generator=torch.Generator().manual_seed(1))
     layer(x)                                    # the first call checks the split on this weight
     split_calls.clear()
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
@@ -58,7 +60,8 @@ def test_one_row_at_model_widths_is_split_and_bitwise_equal(shape, bias, threads
 def test_other_products_go_to_f_linear(case, threads, split_calls):
     threads(1 if case == "one thread" else 2)
     layer = _layer(575 if case == "rows not divisible" else 576, 64, bias=True)
-    x = torch.randn(3 if case == "several rows" else 1, 64)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3 if case == "several rows" else 1, 64, generator=g)
     if case == "bfloat16":
         layer, x = layer.to(torch.bfloat16), x.to(torch.bfloat16)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
@@ -70,7 +73,7 @@ def test_inexact_split_is_checked_once_and_not_used(threads, split_calls, monkey
     checks = []
     monkeypatch.setattr(linear, "split_is_exact", lambda *a: checks.append(a) or False)
     layer = _layer(64, 32, bias=False)
-    x = torch.randn(1, 32)
+    x = torch.randn(1, 32, generator=torch.Generator().manual_seed(1))
     for _ in range(3):
         assert torch.equal(layer(x), F.linear(x, layer.weight))
     assert len(checks) == 1 and split_calls == []
@@ -81,10 +84,10 @@ def test_a_replaced_weight_is_checked_again(threads, monkeypatch):
     checks = []
     real = linear.split_is_exact
     monkeypatch.setattr(linear, "split_is_exact", lambda *a: checks.append(a) or real(*a))
-    layer = _layer(64, 32, bias=False)
-    layer(torch.randn(1, 32))
-    layer.weight = torch.nn.Parameter(torch.randn(64, 32))     # what loading or tying does
-    x = torch.randn(1, 32)
+    layer, g = _layer(64, 32, bias=False), torch.Generator().manual_seed(1)
+    layer(torch.randn(1, 32, generator=g))
+    layer.weight = torch.nn.Parameter(torch.randn(64, 32, generator=g))   # as loading or tying do
+    x = torch.randn(1, 32, generator=g)
     assert torch.equal(layer(x), F.linear(x, layer.weight))
     assert len(checks) == 2
 

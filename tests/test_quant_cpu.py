@@ -35,14 +35,16 @@ def test_int4_nibble_order_and_dequantize():
 
 @pytest.mark.parametrize("N,K,G", GROUPED)
 def test_quantize_int4_error_bound(N, K, G):
-    w = torch.randn(N, K)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(N, K, generator=g)
     pw = quantize_int4(w, G, scale_dtype=torch.float32)
     step = pw.scales.repeat_interleave(G, 1)
     assert ((pw.dequantize() - w).abs() <= step / 2 + 1e-5).all()
 
 
 def test_quantize_int8_error_bound():
-    w = torch.randn(40, 72)
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(40, 72, generator=g)
     pw = quantize_int8(w)
     assert ((pw.dequantize() - w).abs() <= pw.scales[:, None] / 2 + 1e-6).all()
 
@@ -51,8 +53,9 @@ def test_quantize_int8_error_bound():
 @pytest.mark.parametrize("M", [1, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int4_matches_reference(N, K, G, M, dtype):
-    pw = quantize_int4(torch.randn(N, K), G)
-    x = torch.randn(M, K).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    pw = quantize_int4(torch.randn(N, K, generator=g), G)
+    x = torch.randn(M, K, generator=g).to(dtype)
     y = quant_linear(x, pw)
     assert y.dtype == dtype and y.shape == (M, N)
     _close(y, F.linear(x.float(), pw.dequantize()), 1e-5 if dtype == torch.float32 else 2e-2)
@@ -62,8 +65,9 @@ def test_int4_matches_reference(N, K, G, M, dtype):
 @pytest.mark.parametrize("M", [1, 8, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_int8_matches_reference(N, K, M, dtype):
-    pw = quantize_int8(torch.randn(N, K))
-    x = torch.randn(M, K).to(dtype)
+    g = torch.Generator().manual_seed(0)
+    pw = quantize_int8(torch.randn(N, K, generator=g))
+    x = torch.randn(M, K, generator=g).to(dtype)
     y = quant_linear(x, pw)
     assert y.dtype == dtype and y.shape == (M, N)
     ref = F.linear(x.to(torch.bfloat16).float(), pw.dequantize())
@@ -75,8 +79,9 @@ def test_int8_matches_reference(N, K, M, dtype):
 def test_cpu_forms_rows_do_not_depend_on_batch(make):
     """One kernel per weight for every M: a row's value is the same alone or in a batch of 37
     (what keeps batching from changing greedy output)."""
-    pw = make(torch.randn(96, 160))
-    x = torch.randn(37, 160)
+    g = torch.Generator().manual_seed(0)
+    pw = make(torch.randn(96, 160, generator=g))
+    x = torch.randn(37, 160, generator=g)
     big = quant_linear(x, pw)
     small = torch.cat([quant_linear(x[i:i + 1], pw) for i in range(37)])
     assert torch.equal(small, big)
@@ -86,10 +91,11 @@ def test_cpu_forms_rows_do_not_depend_on_batch(make):
 @pytest.mark.parametrize("M", [1, 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_int4_form_matches_reference(N, K, G, M, dtype):
-    pw = quantize_int4(torch.randn(N, K), G)
+    g = torch.Generator().manual_seed(0)
+    pw = quantize_int4(torch.randn(N, K, generator=g), G)
     cpu = for_cpu(pw)
     assert isinstance(cpu, CpuInt4Weight) and cpu.nbytes < pw.nbytes * 1.15
-    x = torch.randn(M, K).to(dtype)
+    x = torch.randn(M, K, generator=g).to(dtype)
     y = quant_linear(x, cpu)
     assert y.dtype == dtype and y.shape == (M, N)
     _close(y, F.linear(x.to(torch.bfloat16).float(), pw.dequantize()), 1e-2)
@@ -97,45 +103,48 @@ def test_cpu_int4_form_matches_reference(N, K, G, M, dtype):
 
 
 def test_cpu_forms_of_odd_shapes_and_grouped_int8():
-    odd = quantize_int4(torch.randn(40, 64), 32)            # N % 16 != 0: the fallback path
+    g = torch.Generator().manual_seed(0)
+    odd = quantize_int4(torch.randn(40, 64, generator=g), 32)   # N % 16 != 0: the fallback path
     assert for_cpu(odd) is odd
-    q = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
-    grouped = PackedWeight(8, 32, q, torch.rand(32, 2).half(), None, (32, 64))
+    q = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=g)
+    grouped = PackedWeight(8, 32, q, torch.rand(32, 2, generator=g).half(), None, (32, 64))
     per_channel = for_cpu(grouped)
     assert per_channel.per_channel and per_channel.scales.dtype == torch.bfloat16
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 64, generator=g)
     _close(quant_linear(x, per_channel), F.linear(x.to(torch.bfloat16).float(), grouped.dequantize()), 1e-2)
 
 
 def test_grouped_int8_and_fusion():
-    q = torch.randint(-127, 128, (24, 64), dtype=torch.int8)
-    d = torch.rand(24, 2).half()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(-127, 128, (24, 64), dtype=torch.int8, generator=g)
+    d = torch.rand(24, 2, generator=g).half()
     pw = PackedWeight(8, 32, q, d, None, (24, 64))
     ref = q.float() * d.float().repeat_interleave(32, 1)
     assert torch.equal(pw.dequantize(), ref)
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 64, generator=g)
     _close(quant_linear(x, pw), F.linear(x, ref), 1e-5)
-    a, b = quantize_int4(torch.randn(8, 64)), quantize_int4(torch.randn(16, 64))
+    a, b = (quantize_int4(torch.randn(n, 64, generator=g)) for n in (8, 16))
     assert torch.equal(cat_rows([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
     with pytest.raises(ValueError, match="quantized differently"):
-        cat_rows([a, quantize_int8(torch.randn(4, 64))])
+        cat_rows([a, quantize_int8(torch.randn(4, 64, generator=g))])
 
 
 def test_int4_group_must_divide_k():
+    g = torch.Generator().manual_seed(0)
     with pytest.raises(ValueError, match="divisible by the group size 32"):
-        quantize_int4(torch.randn(8, 48), 32)
+        quantize_int4(torch.randn(8, 48, generator=g), 32)
     with pytest.raises(ValueError, match="group_size must be one of"):
-        quantize_int4(torch.randn(8, 64), 16)
+        quantize_int4(torch.randn(8, 64, generator=g), 16)
 
 
 def test_group_int8_goes_per_channel_in_row_chunks_exactly():
     """for_cpu requantizes a group-wise int8 table (a GGUF's Q8_0 embedding) a chunk of rows at a
     time, to bound load memory; the oracle is quantize_int8 of the whole table dequantized."""
     from localpaged.quant.cpu import _per_channel_int8
-    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
     N, K = 203, 96                                      # ragged: the last chunk is short
-    pw = PackedWeight(8, 32, torch.randint(-127, 128, (N, K), dtype=torch.int8),
-                      torch.rand(N, K // 32, dtype=torch.float16), None, (N, K))
+    pw = PackedWeight(8, 32, torch.randint(-127, 128, (N, K), dtype=torch.int8, generator=g),
+                      torch.rand(N, K // 32, dtype=torch.float16, generator=g), None, (N, K))
     got, ref = _per_channel_int8(pw, chunk_weights=7 * K), quantize_int8(pw.dequantize(torch.float32))
     assert got.shape == ref.shape and got.group_size == ref.group_size == K
     assert torch.equal(got.qweight, ref.qweight) and torch.equal(got.scales, ref.scales)

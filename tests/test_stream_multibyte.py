@@ -59,13 +59,14 @@ def model_dir(tokenizer, chain, tmp_path_factory) -> str:
                          num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
                          max_position_embeddings=1024, tie_word_embeddings=False,
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    with torch.random.fork_rng(devices=[]):        # the init's draws seeded; the global RNG kept
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
         layer = model.model.layers[0]
         layer.self_attn.o_proj.weight.zero_()       # attention adds nothing to the residual
         layer.mlp.down_proj.weight.zero_()          # nor does the MLP
-        model.model.embed_tokens.weight.normal_(0, 0.01)
+        model.model.embed_tokens.weight.normal_(0, 0.01, generator=torch.Generator().manual_seed(0))
         model.lm_head.weight.zero_()
         sources = [NEWLINE] + chain                 # slot k: a one-hot embedding
         targets = [chain[0]] + chain[1:] + [chain[0]]

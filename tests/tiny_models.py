@@ -43,15 +43,18 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build(kind: str, root: str, seed: int = 0) -> str:
-    """Save a random model of the given kind (see CONFIGS) to root/kind; returns the path."""
+    """Save a random model of the given kind (see CONFIGS) to root/kind; returns the path. Its
+    weights follow from `seed` alone: drawn from the global RNG seeded inside fork_rng, which
+    leaves the global RNG as it was (the values every test was written against)."""
     path = os.path.join(root, kind)
     if os.path.isdir(path):
         return path
-    torch.manual_seed(seed)
-    config = CONFIGS[kind]()
-    model = AutoModelForCausalLM.from_config(config)
-    for p in model.parameters():                 # a sharper distribution than the default init
-        p.data.normal_(0, 0.08)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        config = CONFIGS[kind]()
+        model = AutoModelForCausalLM.from_config(config)
+        for p in model.parameters():             # a sharper distribution than the default init
+            p.data.normal_(0, 0.08)
     model.save_pretrained(path)
     _tokenizer().save_pretrained(path)
     return path
