@@ -81,6 +81,30 @@ def hf_sampled(path: str, prompt: list[int], max_new_tokens: int, *, seed: int, 
     return ids[len(prompt):], chosen
 
 
+def hf_expected(path: str, prompt: list[int], params: SamplingParams) -> list[list[int]]:
+    """The token ids transformers' oracles give for a request ignoring EOS: `hf_greedy`, or
+    `hf_sampled` for each of its n seeded samples."""
+    assert params.ignore_eos and (params.greedy or params.seed is not None)
+    if params.greedy and not params.has_penalties:
+        return [hf_greedy(path, prompt, params.max_tokens)] * params.n
+    return [hf_sampled(path, prompt, params.max_tokens, seed=params.seed, index=i,
+                       temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                       min_p=params.min_p, repetition=params.repetition_penalty,
+                       presence=params.presence_penalty, frequency=params.frequency_penalty)[0]
+            for i in range(params.n)]
+
+
+def hf_beams(path: str, prompt: list[int], width: int, max_tokens: int, length_penalty: float = 1.0,
+             early_stopping: bool | str = False) -> tuple[list[list[int]], list[float]]:
+    """transformers' beam search ignoring EOS: the width final beams and their scores."""
+    with torch.inference_mode():
+        out = hf_model(path).generate(
+            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
+            max_new_tokens=max_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
+            eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    return [s[len(prompt):].tolist() for s in out.sequences], out.sequences_scores.tolist()
+
+
 def greedy(max_tokens: int = 32, **kw) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
 

@@ -2,19 +2,9 @@
 
 import pytest
 import tiny_models
-import torch
-from engine_helpers import hf_model, prompts
+from engine_helpers import hf_beams, prompts
 
 from localpaged import LLM
-
-
-def hf_beams(path, prompt, width, max_tokens, length_penalty, early_stopping):
-    with torch.inference_mode():
-        out = hf_model(path).generate(
-            torch.tensor([prompt]), num_beams=width, num_return_sequences=width, do_sample=False,
-            max_new_tokens=max_tokens, length_penalty=length_penalty, early_stopping=early_stopping,
-            eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
-    return [s[len(prompt):].tolist() for s in out.sequences], out.sequences_scores.tolist()
 
 
 @pytest.mark.parametrize("kind,width,penalty,early", [

@@ -1,11 +1,12 @@
 """Parallel samples and beams: reproducible, sharing blocks, and unchanged by preemption.
 
 A cache too small for the batch forces preemption of whole groups, by recompute or by swap;
-the outputs must equal those of an unpressured run.
+the outputs must equal those of an unpressured run, whose every sample equals the transformers
+oracle (engine_helpers.hf_sampled) and whose beams equal transformers' beam search.
 """
 
 import pytest
-from engine_helpers import prompts, token_ids
+from engine_helpers import hf_beams, hf_expected, prompts, token_ids
 
 from localpaged import LLM, SamplingParams
 
@@ -30,6 +31,8 @@ def run(path, batch, **kw):
 def unpressured(tiny_llama, batch):
     llm, n4, beams = run(tiny_llama, batch, num_kv_blocks=512)
     assert llm.stats().num_preemptions == 0
+    assert n4 == [hf_expected(tiny_llama, p, samples(i)) for i, p in enumerate(batch)]
+    assert beams == [hf_beams(tiny_llama, p, 4, 10)[0] for p in batch]
     return n4, beams
 
 
