@@ -5,8 +5,6 @@ the running beams sharing blocks; over a remote backend the mode is refused with
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from localpaged.ui import engine_panel as kvmap
@@ -15,6 +13,7 @@ from localpaged.ui.compare.view import NEW_CONVERSATION
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.store import Store
 
+from step_gate import StepGate
 from tiny_chat import GREEDY, P1, controller, engine_backend, run, tiny_llm
 
 MAX_TOKENS = 40
@@ -29,18 +28,19 @@ def backend(tiny_root):
 def test_beam_columns_equal_llm_beam_search(backend, tiny_root, tmp_path):
     with controller(backend, tmp_path, {**GREEDY, "max_tokens": MAX_TOKENS}) as ctl:
         cid = ctl.new_conversation().id
-        turn = ctl.compare_beams(cid, P1, 3)
-        shared, panel, deadline = set(), kvmap.KvMap(ctl), time.monotonic() + 60
-        while not turn.done and time.monotonic() < deadline:   # the panel while it runs
-            snap = panel.collect([cid])
-            live = [row for row in snap.rows if row.live and row.blocks]
-            if len(live) == 3:
-                shared |= {b for b, n in snap.sharing().items() if n > 1}
+        # The panel while the beams run: the engine holds the search's 4th step, so the
+        # stats snapshot is the one after step 3 (three beams, forked after the prompt).
+        with StepGate(backend.llm_engine, 4) as held:
+            turn = ctl.compare_beams(cid, P1, 3)
+            held.wait_held()
+            snap = kvmap.KvMap(ctl).collect([cid])
         run(turn)
+        live = [row for row in snap.rows if row.live and row.blocks]
+        shared = {b for b, n in snap.sharing().items() if n > 1}
         user = ctl.store.active_path(cid)[0]
         ids = backend.prompt_ids(ctl.prompt_messages(cid, user.id))
         replies = [ctl.store.get_message(r.message_id) for r in turn.replies]
-    assert shared, "the KV map never showed beams sharing a block"
+    assert len(live) == 3 and shared, "the KV map did not show three beams sharing blocks"
     assert len({tuple(r.token_ids) for r in turn.replies}) == 3    # three different beams
     ref = tiny_llm(tiny_root).beam_search(ids, beam_width=3, max_tokens=MAX_TOKENS)[0]
     assert [r.token_ids for r in turn.replies] == [c.token_ids for c in ref.outputs]

@@ -12,6 +12,7 @@ from localpaged.ui import render
 from localpaged.ui.context.logic import ContextError
 from localpaged.ui.controller import ChatError
 
+from step_gate import StepGate
 from tiny_models import build
 from ui_helpers import controller, run, tiny_backend
 
@@ -71,21 +72,29 @@ def test_length_stop_then_continue_equals_one_uninterrupted_reply(ctl, backend):
     assert copy.token_ids == done.token_ids
 
 
+STOP_AFTER = 3
+
+
 def test_stop_mid_reply_then_continue(ctl, backend):
+    """Stop lands mid-reply by construction: the engine holds the step that samples token
+    STOP_AFTER + 1 until Stop was pressed with STOP_AFTER tokens shown; that step's token is the
+    last one. Continue then yields the uninterrupted reply."""
     cid = ctl.new_conversation().id
     whole = reply_of(ctl, run(ctl.send(cid, PROMPT[::-1])))
-    turn = ctl.regenerate(whole.id)
-    for t in turn.updates(interval=0.0, timeout=0.05):       # the first tokens, then Stop
-        if len(t.replies[0].token_ids or []) >= 3:
-            ctl.stop(cid)
+    assert len(whole.token_ids) == 40
+    with StepGate(backend.llm_engine, STOP_AFTER + 1) as held:
+        turn = ctl.regenerate(whole.id)
+        for t in turn.updates(interval=0.0):
+            if len(t.replies[0].token_ids or []) == STOP_AFTER:
+                held.wait_held()
+                assert ctl.stop(cid)
+                break
     run(turn)
     cut = reply_of(ctl, turn)
-    assert cut.status == "stopped" and 0 < len(cut.token_ids) <= 40
-    assert cut.token_ids == whole.token_ids[:len(cut.token_ids)]
-    if len(cut.token_ids) < 40:
-        ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 40 - len(cut.token_ids)})
-        done = reply_of(ctl, run(ctl.continue_reply(cut.id)))
-        assert done.token_ids == whole.token_ids and done.status == "complete"
+    assert cut.status == "stopped" and cut.token_ids == whole.token_ids[:STOP_AFTER + 1]
+    ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 40 - len(cut.token_ids)})
+    done = reply_of(ctl, run(ctl.continue_reply(cut.id)))
+    assert done.token_ids == whole.token_ids and done.status == "complete"
 
 
 def test_what_cannot_be_continued(ctl):

@@ -7,14 +7,13 @@ decoding is deterministic, which is what these tests compare."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+from step_gate import StepGate, shared_step
 from tiny_models import build
+from ui_helpers import TinyBackend, tiny_backend
 
 from localpaged import LLM, ModelNotFoundError
-from localpaged.chat.backend import LocalChatBackend
-from localpaged.engine.async_engine import AsyncEngine
 from localpaged.ui import engine_panel as kvmap
 from localpaged.ui import render
 from localpaged.ui.controller import ChatController, ChatError
@@ -30,12 +29,7 @@ P1, P2, P3 = "ĀāĂăĄąĆćĈĉĊċČčĎďĐđĒēĔĕĖėĘęĚěĜĝĞğ" 
 
 @pytest.fixture(scope="module")
 def backend(tiny_root):
-    path = build("llama-gqa", tiny_root)
-    llm = LLM(path, num_kv_blocks=256)
-    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    engine = AsyncEngine(llm.engine)
-    yield LocalChatBackend(engine)
-    engine.shutdown()
+    yield from tiny_backend(build("llama-gqa", tiny_root), num_kv_blocks=256, record_steps=True)
 
 
 @pytest.fixture
@@ -128,20 +122,13 @@ def test_three_conversations_at_once_match_each_alone(ctl, backend):
     alone = [run(ctl.send(ctl.new_conversation().id, p)).replies[0].text for p in prompts]
     cids = [ctl.new_conversation().id for _ in prompts]
     ctl.update_settings(cids[0], "", {**GREEDY, "max_tokens": 24})
-    running, stop = [0], threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            running[0] = max(running[0], backend.stats().num_running)
-            time.sleep(0.002)
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    turns = [ctl.send(c, p) for c, p in zip(cids, prompts)]
-    together = [run(t).replies[0].text for t in turns]
-    stop.set()
-    watcher.join()
+    with StepGate(backend.llm_engine) as held:    # the first step waits until all three are sent
+        turns = [ctl.send(c, p) for c, p in zip(cids, prompts)]
+        held.release()
+        together = [run(t).replies[0].text for t in turns]
     assert together == alone
-    assert running[0] >= 2, "the conversations did not share an engine batch"
+    assert shared_step(backend.engine.step_records(), [t.request_id for t in turns]), \
+        "the conversations did not share an engine batch"
 
 
 def test_fields_edited_at_once_are_all_kept(ctl):
@@ -162,17 +149,21 @@ def test_fields_edited_at_once_are_all_kept(ctl):
     assert ctl.settings(cid) == (system_prompt, sampling)
 
 
-def test_stop_keeps_the_text(ctl):
+def test_stop_keeps_the_text(ctl, backend):
+    """Stop while the reply runs (the engine holds its 5th step until Stop was pressed with 4
+    tokens shown): the reply keeps its text, 5 tokens, saved as stopped."""
     cid = ctl.new_conversation().id
     ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 900})
-    turn = ctl.send(cid, P1)
-    for t in turn.updates(interval=0.0):
-        if len(t.replies[0].text) > 3:
-            break
-    assert ctl.busy(cid) and ctl.stop(cid)
+    with StepGate(backend.llm_engine, 5) as held:
+        turn = ctl.send(cid, P1)
+        for t in turn.updates(interval=0.0):
+            if len(t.replies[0].token_ids or []) == 4:
+                break
+        held.wait_held()
+        assert ctl.busy(cid) and ctl.stop(cid)
     assert turn.wait(30)
     msg = ctl.store.get_message(turn.replies[0].message_id)
-    assert msg.status == "stopped" and 0 < msg.stats["generated_tokens"] < 900
+    assert msg.status == "stopped" and msg.stats["generated_tokens"] == 5
     assert msg.content == turn.replies[0].text and msg.content
     assert "stopped" in render.chat_messages(ctl.view(cid))[-1]["content"]
 
@@ -297,20 +288,27 @@ def test_no_model_loaded_yet(tmp_path):
 
 
 def test_model_swap_stops_running_replies_and_keeps_them(tiny_root, tmp_path):
+    """The swap happens while a reply runs on the old model (its engine holds the reply's second
+    step until the new model is in): the reply is stopped there and keeps its two tokens."""
     path = build("llama-gqa", tiny_root)
-    mm = ModelManager(local_factory(num_kv_blocks=128))
-    assert mm.load(path).done.wait(60) and mm.job.phase == "ready" and "Loaded" in mm.status()
-    first = mm.backend
+    llm = LLM(path, num_kv_blocks=128)
+    llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+    first = TinyBackend(llm.engine)
+    mm = ModelManager(local_factory(num_kv_blocks=128), backend=first)
     store = Store(tmp_path / "c.db")
     ctl = ChatController(store, lambda: mm.backend, {**GREEDY, "max_tokens": 900})
     mm.on_swap = ctl.stop_all
     cid = ctl.new_conversation().id
-    turn = ctl.send(cid, P1)
-    job = mm.load(path)
-    assert mm.load("another") is job                         # one load at a time
-    assert job.done.wait(60) and job.error is None and mm.backend is not first
+    with StepGate(llm.engine, 2) as held:
+        turn = ctl.send(cid, P1)
+        held.wait_held()
+        job = mm.load(path)
+        assert mm.load("another") is job                     # one load at a time
+        assert job.done.wait(60) and job.error is None and mm.backend is not first
+        assert mm.job.phase == "ready" and "Loaded" in mm.status()
     assert turn.wait(30)
-    assert store.get_message(turn.replies[0].message_id).status in ("stopped", "complete")
+    msg = store.get_message(turn.replies[0].message_id)
+    assert msg.status == "stopped" and msg.stats["generated_tokens"] == 2 and msg.content
     run(ctl.send(cid, P2))                                   # the new model answers
     assert first.engine._stopped.wait(30)                    # the old engine is shut down
     mm.backend.engine.shutdown()

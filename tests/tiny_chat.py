@@ -12,8 +12,6 @@ from tiny_models import build
 from ui_helpers import run  # noqa: F401 (shared with the tests importing it from here)
 
 from localpaged import LLM
-from localpaged.chat.backend import LocalChatBackend
-from localpaged.engine.async_engine import AsyncEngine
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
@@ -22,11 +20,11 @@ GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": No
 P1, P2 = "ĀāĂăĄąĆćĈĉĊċČčĎďĐđĒēĔĕĖėĘęĚěĜĝĞğ" * 2, "ƀƁƂƃƄƅƆƇƈƉƊƋƌƍƎƏ" * 3
 
 
-class CountingBackend(LocalChatBackend):
+class CountingBackend(ui_helpers.TinyBackend):
     """The local backend, counting the requests the UI sends it."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, llm_engine) -> None:
+        super().__init__(llm_engine)
         self.requests: list[str] = []
 
     def chat(self, messages, params, request_id=None, priority=None):
@@ -46,11 +44,11 @@ def tiny_llm(root: str) -> LLM:
 
 @contextmanager
 def engine_backend(root: str):
-    engine = AsyncEngine(tiny_llm(root).engine)
+    backend = CountingBackend(tiny_llm(root).engine)
     try:
-        yield CountingBackend(engine)
+        yield backend
     finally:
-        engine.shutdown()
+        backend.engine.shutdown()
 
 
 @contextmanager

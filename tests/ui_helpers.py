@@ -11,13 +11,22 @@ from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE
 from localpaged.ui.store import Store
 
 
+class TinyBackend(LocalChatBackend):
+    """The local backend over an in-process engine, keeping the test's handle on its LLMEngine
+    (tests/step_gate.py holds that engine's thread in a step)."""
+
+    def __init__(self, llm_engine) -> None:
+        super().__init__(AsyncEngine(llm_engine))
+        self.llm_engine = llm_engine
+
+
 def tiny_backend(path: str, **llm_kwargs):
-    """Yields a LocalChatBackend on the model at path (a generator for a pytest fixture)."""
+    """Yields a TinyBackend on the model at path (a generator for a pytest fixture)."""
     llm = LLM(path, **llm_kwargs)
     llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    engine = AsyncEngine(llm.engine)
-    yield LocalChatBackend(engine)
-    engine.shutdown()
+    backend = TinyBackend(llm.engine)
+    yield backend
+    backend.engine.shutdown()
 
 
 def controller(backend, tmp_path, sampling: dict):
