@@ -13,6 +13,7 @@ from localpaged.ui import render
 from localpaged.ui.prepared.logic import clean_options
 from localpaged.ui.store import Store
 
+from step_gate import StepGate
 from test_store import v1_store
 from tiny_chat import GREEDY, P1, P2, controller, engine_backend, poll, run
 
@@ -80,13 +81,15 @@ def test_new_message_cancels_unfinished_alternatives_and_frees_their_blocks(ctl,
     cid = ctl.new_conversation().id
     user = run(ctl.send(cid, P1)).replies[0].message_id
     ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 900})   # a long background run
-    bg = ctl.prepared.start(cid, ctl.store.get_message(user).parent_id, 2)
-    held = poll(lambda: backend.stats().block_tables.get(bg.request_id), what="its blocks")
-    assert len(held) == 2 and set(held[0]) & set(held[1])         # both share the prompt
-    assert ctl.view(cid).siblings[-1] == (1, 1)                   # streaming: not counted yet
-    poll(lambda: all(r.text for r in bg.replies), what="text")
-    ctl.update_settings(cid, "", GREEDY)
-    nxt = ctl.send(cid, P2)                                       # cancels it
+    with StepGate(backend.llm_engine, 3) as gate:     # it runs until the new message is sent
+        bg = ctl.prepared.start(cid, ctl.store.get_message(user).parent_id, 2)
+        gate.wait_held()
+        held = poll(lambda: backend.stats().block_tables.get(bg.request_id), what="its blocks")
+        assert len(held) == 2 and set(held[0]) & set(held[1])     # both share the prompt
+        assert ctl.view(cid).siblings[-1] == (1, 1)               # streaming: not counted yet
+        poll(lambda: all(r.text for r in bg.replies), what="text")
+        ctl.update_settings(cid, "", GREEDY)
+        nxt = ctl.send(cid, P2)                                   # cancels it
     assert bg.wait(30) and all(r.status == "deleted" for r in bg.replies)
     assert not [m for m in ctl.store.messages(cid) if m.prepared]  # unseen partial: dropped
     run(nxt)
@@ -99,11 +102,13 @@ def test_regenerate_while_the_alternative_streams_follows_it(ctl, backend):
     cid = ctl.new_conversation().id
     reply = run(ctl.send(cid, P1)).replies[0].message_id
     ctl.update_settings(cid, "", {**GREEDY, "max_tokens": 200})
-    bg = ctl.prepared.start(cid, ctl.store.get_message(reply).parent_id, 1)
-    requests = len(backend.requests)
-    turn = ctl.regenerate(reply)
-    assert turn is bg and len(backend.requests) == requests       # the same request, followed
-    assert ctl.busy(cid) and ctl.turn(cid) is bg
+    with StepGate(backend.llm_engine, 2) as held:     # the alternative streams meanwhile
+        bg = ctl.prepared.start(cid, ctl.store.get_message(reply).parent_id, 1)
+        held.wait_held()
+        requests = len(backend.requests)
+        turn = ctl.regenerate(reply)
+        assert turn is bg and len(backend.requests) == requests   # the same request, followed
+        assert ctl.busy(cid) and ctl.turn(cid) is bg
     run(turn)
     m = ctl.store.get_message(bg.replies[0].message_id)
     assert (m.prepared, m.status, m.stats["generated_tokens"]) == ("seen", "complete", 200)
