@@ -106,7 +106,10 @@ requests = st.one_of(
     st.tuples(st.sampled_from(["chat/completions", "completions"]), json_values),
 )
 
-SETTINGS = settings(max_examples=60, deadline=None, database=None,
+# Derandomized: the same examples on every run and machine (no example database), and a failure
+# prints the falsifying example with its @reproduce_failure blob.
+SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
+                    print_blob=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow, HealthCheck.data_too_large])
 
