@@ -46,7 +46,8 @@ def margin_rule(lf: torch.Tensor, lq: torch.Tensor, prompt_len: int, ref_ids: li
     teacher-forced over prompt + reply, every clear reference winner stays the winner. Returns how
     many generated tokens were compared (equal before the first difference), so that a caller can
     check the rule left real ones."""
-    assert (lf - lq).abs().max() < margin / 2
+    worst = float((lf - lq).abs().max())
+    assert worst < margin / 2, f"logits differ by {worst:.4g} from the reference's (< {margin / 2})"
     top2 = lf[prompt_len - 1:-1].topk(2, dim=-1).values
     gaps = (top2[:, 0] - top2[:, 1]).tolist()
     same = next((i for i, (a, b) in enumerate(zip(got, ref_ids)) if a != b), len(ref_ids))
@@ -55,7 +56,7 @@ def margin_rule(lf: torch.Tensor, lq: torch.Tensor, prompt_len: int, ref_ids: li
                                      f"where the reference's top-2 margin is {gaps[same]:.4g}")
     top2 = lf.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) >= margin
-    assert torch.equal(lf.argmax(-1)[clear], lq.argmax(-1)[clear])
+    assert torch.equal(lf.argmax(-1)[clear], lq.argmax(-1)[clear]), "a clear winner changed"
     return same
 
 

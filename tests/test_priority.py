@@ -2,12 +2,13 @@
 
 The oracle for "never delays" is the same interactive requests run with no background work:
 their tokens per step (so their time to first token, in steps) must be the same. The oracle for
-outputs is every request run alone on a roomy cache. A spy on `Scheduler.schedule` records each
+outputs is every request run alone on a roomy cache, each of them equal to transformers' own
+(engine_helpers.hf_expected: greedy, and the seeded samples). A spy on `Scheduler.schedule` records each
 step's batch and checks the admission order between the two classes.
 """
 
 import pytest
-from engine_helpers import greedy, prompts
+from engine_helpers import greedy, hf_expected, prompts
 
 from localpaged import SamplingParams
 from localpaged.core.config import EngineConfig
@@ -107,6 +108,7 @@ def alone(tiny_llama, requests):
     for rid, prompt, params, priority in requests[0] + requests[1]:
         done, _, _ = drive(engine(tiny_llama, num_kv_blocks=256), {0: [(rid, prompt, params, priority)]})
         outputs[rid] = ids(done[rid])
+        assert outputs[rid] == hf_expected(tiny_llama, prompt, params), rid
     return outputs
 
 
