@@ -1,11 +1,13 @@
 """The result of a request does not depend on what ran beside it (docs/architecture.md §3, I12).
 
 Batching, prefix hits, block size, chunked prefill and preemption change speed and memory,
-never tokens: greedy, and seeded sampling.
+never tokens: greedy, and seeded sampling. Every row run alone is anchored to transformers first
+(greedy: `hf_greedy`; seeded sampling: `hf_sampled`, the same filters and draws computed from
+transformers' logits), so "the same as alone" is "the same as transformers" for every row.
 """
 
 import pytest
-from engine_helpers import greedy, hf_greedy, prompts, token_ids
+from engine_helpers import greedy, hf_greedy, hf_sampled, prompts, token_ids
 
 from localpaged import LLM, SamplingParams
 
@@ -19,22 +21,28 @@ def batch():
 
 @pytest.fixture(scope="module")
 def alone(tiny_llama, batch):
-    """Each prompt run on its own, greedy; checked against transformers once."""
+    """Each prompt run on its own, greedy; every row equals transformers' generate."""
     llm = LLM(tiny_llama, num_kv_blocks=64, enable_prefix_caching=False)
-    outs = [llm.generate([p], greedy(N_NEW))[0] for p in batch]
-    assert outs[0].outputs[0].token_ids == hf_greedy(tiny_llama, batch[0], N_NEW)
-    return token_ids(outs)
+    outs = token_ids([llm.generate([p], greedy(N_NEW))[0] for p in batch])
+    assert outs == [[hf_greedy(tiny_llama, p, N_NEW)] for p in batch]
+    return outs
+
+
+SAMPLED = dict(temperature=0.9, top_p=0.95, top_k=50)
 
 
 def sampled(seed):
-    return SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=seed, max_tokens=N_NEW,
-                          ignore_eos=True)
+    return SamplingParams(**SAMPLED, seed=seed, max_tokens=N_NEW, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def alone_sampled(tiny_llama, batch):
+    """Each prompt run on its own, seeded sampling; every row equals the transformers oracle."""
     llm = LLM(tiny_llama, num_kv_blocks=64, enable_prefix_caching=False)
-    return token_ids([llm.generate([p], sampled(i))[0] for i, p in enumerate(batch)])
+    outs = token_ids([llm.generate([p], sampled(i))[0] for i, p in enumerate(batch)])
+    assert outs == [[hf_sampled(tiny_llama, p, N_NEW, seed=i, **SAMPLED)[0]]
+                    for i, p in enumerate(batch)]
+    return outs
 
 
 def run_all(path, batch, **kw):
