@@ -192,8 +192,8 @@ def test_cpu_without_interpreter_falls_back(monkeypatch, caplog):
 ])
 def test_bad_input_is_a_clear_value_error(change, match):
     K = change.get("K", 128)
-    x = torch.randn(2, K, dtype=change.get("x_dtype", F32),
-                    generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(0),
+                    dtype=change.get("x_dtype", F32))
     q = torch.zeros(16, K // 2, dtype=change.get("qweight_dtype", torch.uint8))
     G = change.get("group_size", 32)
     s = mn = torch.ones(16, max(1, K // G))
