@@ -84,6 +84,10 @@ class LLMEngine:
 
     # ---- set-up -------------------------------------------------------------------------------
     def _max_model_len(self) -> int:
+        """The model's context: max_position_embeddings, capped at its sliding window when it
+        has one that is on (use_sliding_window, default on) and smaller (sliding-window
+        attention is not implemented: within the window, full attention is the same), then at
+        EngineConfig.max_model_len."""
         limit = getattr(self.model_config, "max_position_embeddings", 2048)
         window = getattr(self.model_config, "sliding_window", None)
         if window and getattr(self.model_config, "use_sliding_window", True) and window < limit:
