@@ -13,7 +13,7 @@ What is measured (Linux /proc/self/status, in MiB):
   wrapping the names `loader.load` calls; nothing of the loader is re-implemented here;
 - weights bytes: `quant.linear.weights_summary` (packed tables counted once), and the GGUF
   file's tensor bytes (sum of gguf.GGUFReader tensors' n_bytes) for the int4 ratio.
-Acceptance (issue 9): peak <= 1.5x final resident; int4 weight bytes <= 1.15x GGUF tensor bytes.
+Targets: peak <= 1.5x final resident; int4 weight bytes <= 1.15x GGUF tensor bytes.
 RSS counts file pages mapped in (RssFile) as well as anonymous memory: both are shown.
 Prints a table and writes JSON to bench/results/.
 """

@@ -1,4 +1,4 @@
-"""API extensions of issue 13 over a real server (the tiny Llama): continue_final_message /
+"""API extensions over a real server (the tiny Llama): continue_final_message /
 add_generation_prompt (the continued reply equals the uninterrupted one), context_overflow
 ("error" never drops silently, "drop_oldest" says how many messages it dropped); prefill
 progress on engine and async-engine outputs (the API stream stays as before); --max-model-len."""

@@ -1,4 +1,4 @@
-"""Tests of the conversation store (ui/store.py): message trees and branches, fork, export and
+"""Tests of the conversation store (ui/store/): message trees and branches, fork, export and
 import, search, deletion, schema migration, and the failure cases (damaged file, locked file,
 writer killed mid-reply)."""
 

@@ -1,4 +1,4 @@
-"""Alternatives prepared in the background (ui/prepared.py, issue 10 item 2), through the
+"""Alternatives prepared in the background (ui/prepared/logic.py), through the
 controller over a tiny model in the real engine: a prepared reply is revealed by Regenerate with
 no new request (counted at the backend and in the engine's prefix-cache queries) and says so in
 its footer; it shares the prompt's blocks; a new message cancels an unfinished one and its

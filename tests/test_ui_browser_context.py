@@ -1,4 +1,4 @@
-"""The context features in a real browser (issue 13, the app's half): the app started as
+"""The context features in a real browser: the app started as
 `python app.py --max-model-len 200` with the tiny model, driven by Playwright through Debian's
 headless Chromium. Steps (screenshots artifacts/ui/ctx-*.png): the cursor starts in the message
 box, which is also the first field Tab reaches; the gauge follows --max-model-len and moves as

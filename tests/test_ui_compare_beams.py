@@ -1,4 +1,4 @@
-"""Compare's beam-search mode (issue 10 item 3) through the controller: the k columns are the k
+"""Compare's beam-search mode through the controller: the k columns are the k
 final beams of one engine beam search over the shared prompt, equal, tokens and scores, to
 `LLM.beam_search` on the same prompt ids (a separate engine of the same model); the KV map shows
 the running beams sharing blocks; over a remote backend the mode is refused with a reason."""

@@ -1,4 +1,4 @@
-"""Conversations that never dead-end (issue 13, the app's half): a chat grown past the model's
+"""Conversations that never dead-end: a chat grown past the model's
 context window, or past what the KV cache holds, keeps getting replies with the oldest whole
 turns left out of the prompt; the marker and the dropped count are right; "stop and ask me"
 refuses with a clear message and stores nothing; the store never loses a message; the gauge

@@ -1,4 +1,4 @@
-"""Continue in the chat app (issue 13, item 4): a reply that stopped before its natural end is
+"""Continue in the chat app: a reply that stopped before its natural end is
 marked with the reason and extended in place from its stored token ids. Greedy "stop after k
 tokens, then Continue" equals one uninterrupted reply token for token, with the prompt's and the
 reply's full blocks found in the prefix cache (prefill skipped). Oracle: the uninterrupted

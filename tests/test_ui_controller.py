@@ -1,6 +1,6 @@
 """The functions behind the chat UI's events, without a browser: ui/controller.py (send,
 regenerate, edit, compare, stop, fork, settings, search), ui/render.py (escaping, markers,
-stats), ui/kvmap.py (branches sharing KV blocks) and ui/models.py (a failed load keeps the
+stats), ui/engine_panel/logic.py (branches sharing KV blocks) and ui/models/logic.py (a failed load keeps the
 current model). A tiny random model stands in for a real one: its text is noise, but greedy
 decoding is deterministic, which is what these tests compare."""
 
@@ -175,7 +175,7 @@ def test_bad_input_is_reported_and_nothing_is_lost(ctl):
     assert ctl.settings(cid)[1]["top_p"] == 1.0
     with pytest.raises(ValueError, match="too long for the model's context"):
         ctl.send(cid, "x" * 5000)                             # longer than the context
-    assert ctl.store.active_path(cid) == []   # refused before storing: no orphan (issue 13)
+    assert ctl.store.active_path(cid) == []   # refused before storing: no orphan
     ctl.store.add_message(cid, None, "user", "x" * 5000)     # one left unanswered earlier
     with pytest.raises(ValueError, match="too long for the model's context"):
         ctl.send(cid, "")                 # empty text retries the unanswered message
@@ -342,7 +342,7 @@ def test_model_picker_quantization_and_the_header_format(tiny_root):
 
 
 def test_event_handlers_open_close_restore_and_send(ctl):
-    """The Gradio adapters (ui/tabset.py, ui/chat_events.py): which tab shows what, and a
+    """The Gradio adapters (ui/tabs/events.py, ui/chat/events.py): which tab shows what, and a
     streamed send."""
     from localpaged.ui.chat.events import ChatEvents
     from localpaged.ui.settings.logic import SAMPLING_KEYS
@@ -385,7 +385,7 @@ def test_download_is_skipped_offline(monkeypatch):
 
 
 def test_compare_handler_with_own_settings_per_column(ctl):
-    """ui/compare.py's run handler: each column decodes with its own fields; the streamed
+    """ui/compare/events.py's run handler: each column decodes with its own fields; the streamed
     CompareValues end with each column's text, equal to the same prompt answered alone."""
     from localpaged.ui.compare.events import CompareEvents
     from localpaged.ui.compare.logic import MAX_COLUMNS

@@ -1,4 +1,4 @@
-"""The cost preview on Edit (issue 10 item 4): before an edited message is saved, the controller
+"""The cost preview on Edit: before an edited message is saved, the controller
 says how many prompt tokens the new branch reuses from the prefix cache and how many it must
 prefill; after saving, the engine's own report for that request (num_cached_tokens, stored as
 prefix_tokens_reused) and its prompt length must be exactly those numbers."""
