@@ -5,7 +5,7 @@ The layers, lowest first, are tests/import_graph.py's LAYERS (docs/architecture.
 
 from pathlib import Path
 
-from import_graph import LAYERS, find_cycle, graph, upward_imports
+from import_graph import LAYERS, find_cycle, graph, modules, upward_imports
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,3 +57,11 @@ def test_the_layers_name_every_folder():
     folders = {f"localpaged.{p.name}" for p in (REPO / "localpaged").iterdir()
                if (p / "__init__.py").exists()}
     assert folders <= set(LAYERS)
+
+
+def test_pyproject_lists_every_package():
+    """A folder missing from pyproject's `packages` is left out of a (non-editable) install."""
+    import tomllib
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in modules(REPO).items() if path.name == "__init__.py"}
+    assert found == listed
