@@ -18,6 +18,7 @@ line and no extension.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp",
                                              "batch1_cpu.cpp", "cpu_extension.cpp")]
+STALE_LOCK_S = 30 * 60   # a build lock older than this was left by a build that died
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
@@ -111,8 +113,27 @@ def _built_before() -> bool:
     return any(f.endswith(".so") for f in os.listdir(folder))
 
 
+def clear_stale_lock(folder: str, max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove torch's build `lock` in folder when it is older than max_age_s: a build that died
+    (a killed process) leaves it, and every later build would wait on it forever. A live build
+    holds it for minutes at most. Whether a lock was removed."""
+    lock = os.path.join(folder, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:                                  # no lock: nothing to do
+        return False
+    if age <= max_age_s:
+        return False
+    logger.warning("removing the CPU extension's build lock left %.0f min ago by a build that "
+                   "did not finish (%s)", age / 60, lock)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(lock)
+    return True
+
+
 def _compile():
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import _get_build_directory, load
+    clear_stale_lock(_get_build_directory(_name(), verbose=False))
     return load(_name(), SOURCES, extra_include_paths=[_HERE],
                 extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                 verbose=False)

@@ -8,6 +8,10 @@ The kernel tests run whichever path this CPU has: the AVX-512 BF16 one where /pr
 `avx512_bf16`, the portable loop otherwise (the extension is built with -march=native); a test
 checks that the built path is the one the CPU has. Nothing here skips on a CPU feature."""
 
+import logging
+import os
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,6 +144,20 @@ def test_built_before_looks_where_torch_caches_the_build(monkeypatch, tmp_path):
     assert not cpu_extension._built_before()
     (tmp_path / cpu_extension._name() / f"{cpu_extension._name()}.so").write_bytes(b"")
     assert cpu_extension._built_before()
+
+
+def test_a_build_lock_left_by_a_dead_build_is_removed(tmp_path, caplog):
+    """torch's build waits on its `lock` file forever: an old one (a killed build) goes, a fresh
+    one (a build running now) stays."""
+    lock = tmp_path / "lock"
+    assert not cpu_extension.clear_stale_lock(str(tmp_path))               # none: nothing to do
+    lock.write_text("")
+    assert not cpu_extension.clear_stale_lock(str(tmp_path)) and lock.exists()
+    old = time.time() - cpu_extension.STALE_LOCK_S - 60
+    os.utime(lock, (old, old))
+    with caplog.at_level(logging.WARNING, logger=cpu_extension.__name__):
+        assert cpu_extension.clear_stale_lock(str(tmp_path))
+    assert not lock.exists() and "did not finish" in caplog.text
 
 
 def test_activations_round_to_bf16_as_torch_rounds(tiles_ready):
