@@ -3,15 +3,18 @@
 Without CUDA, Triton kernels can only run under the interpreter, and whether a kernel is
 interpreted is fixed when triton and the kernel modules are imported (``@triton.jit`` reads
 TRITON_INTERPRET then). So set it here, before any test module imports triton. An explicit
-setting wins.
+setting wins. The cache of converted GGUF configs and tokenizers (runner/gguf_meta.py) is a
+fresh folder per test session (inherited by the processes tests start), never the user's.
 """
 
 import os
+import tempfile
 
 import torch  # importing torch does not import triton
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+os.environ.setdefault("LOCALPAGED_CACHE_DIR", tempfile.mkdtemp(prefix="localpaged-cache-"))
 
 
 import pytest  # noqa: E402

@@ -1,5 +1,9 @@
 """Quantize a float checkpoint tensor by tensor, and fuse packed q/k/v and gate/up weights.
 
+Fusion stacks the parts into one weight where they share a layout (a PackedWeight of one width
+and group size, or a GgmlWeight of one block format); parts kept differently (a Q4_K_M file's
+Q4_K q/k beside a Q6_K v) become a PartsWeight: one matmul each, nothing requantized.
+
 Explicit "int8"/"int4" on safetensors: each linear weight is read alone (safe_open), quantized and
 dropped, so the float model never exists whole. Embeddings and lm_head become int8 (see gguf.py).
 """
@@ -12,6 +16,7 @@ import os
 import torch
 
 from localpaged.models.llama import FUSED
+from localpaged.quant.ggml import GgmlWeight, PartsWeight, cat_ggml
 from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int4, quantize_int8
 
 QUANTIZED_SUFFIXES = tuple(f"{p}.weight" for parts in FUSED.values() for p in parts) + \
@@ -55,7 +60,18 @@ def fuse_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def fuse_packed(packed: dict[str, PackedWeight]) -> dict[str, PackedWeight]:
+def stack(parts: list) -> PackedWeight | GgmlWeight | PartsWeight:
+    """Weights stacked along N: one weight where the parts share a layout, else a PartsWeight."""
+    if all(isinstance(p, GgmlWeight) for p in parts) and \
+            len({(p.kind, p.shape[1]) for p in parts}) == 1:
+        return cat_ggml(parts)
+    if all(isinstance(p, PackedWeight) for p in parts) and \
+            len({(p.bits, p.group_size, p.shape[1], p.scales.dtype) for p in parts}) == 1:
+        return cat_rows(parts)
+    return PartsWeight(parts)
+
+
+def fuse_packed(packed: dict) -> dict:
     """q/k/v -> qkv_proj and gate/up -> gate_up_proj, as models.llama.fuse_state_dict does."""
     out = dict(packed)
     prefixes = {k.rsplit(".", 3)[0] for k in packed if k.startswith("model.layers.")}
@@ -63,5 +79,5 @@ def fuse_packed(packed: dict[str, PackedWeight]) -> dict[str, PackedWeight]:
         for fused, parts in FUSED.items():
             names = [f"{prefix}.{part}.weight" for part in parts]
             if all(n in out for n in names):
-                out[f"{prefix}.{fused}.weight"] = cat_rows([out.pop(n) for n in names])
+                out[f"{prefix}.{fused}.weight"] = stack([out.pop(n) for n in names])
     return out

@@ -1,27 +1,31 @@
-"""GGUF weights read tensor by tensor, kept compressed where our packed layout holds them exactly.
+"""GGUF weights read tensor by tensor, each kept in the form that holds it exactly.
 
-Per tensor (never the whole model in float32); what "auto" keeps (then quant/linear.py's
-install() puts each weight in the form its device's kernels read, quant/cpu.py on CPU):
-- Q4_0 / Q4_1 -> int4 g32, bit-exact (Q4_1 is w = q * d + m; Q4_0 is mins = -8 * d);
-- Q8_0 -> int8 g32 (float16 scales), bit-exact; an explicit "int8" makes it per channel;
-- Q5_*, Q6_K, Q8_K -> int8 and Q2_K..Q4_K -> int4 g32 (gguf's numpy dequantizer, then
-  requantized: a 5/6-bit grid does not fit 4 bits without a visible loss, see the tests);
+The file is mapped (quant/gguf_file.py); per tensor, never the whole model in float32:
+- "auto" on CPU with the extension built: every quantized matrix stays in its own GGML block
+  format (quant/ggml.py: GgmlWeight), a view of the mapped file. Nothing is converted, so a
+  Q4_K_M file loads in the time it takes to map it, and its weights in memory are the file's.
+- "auto" elsewhere (a GPU, or the extension not built yet): Q4_0 / Q4_1 -> int4 g32 and Q8_0 ->
+  int8 g32, bit-exact; Q5_*, Q6_K, Q8_K, IQ4_* -> int8 and Q2_K..Q4_K -> int4 g32 (dequantized,
+  then requantized: a 5/6-bit grid does not fit 4 bits without a visible loss, see the tests);
 - F32 / F16 / BF16 -> float tensors as is (quantized only when the user asks for int8/int4).
 Explicit "int8"/"int4" requantize every linear weight to that width; embeddings and lm_head are
 then int8 (int4 costs the most quality there). llama.cpp stores Llama q/k rows permuted for its
-rotary layout: undone here by a row permutation, exact on packed rows too.
+rotary layout: undone here by a row permutation, exact on packed rows and GGML rows alike.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import mmap
 import re
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from localpaged.kernels import ggml_reference
+from localpaged.quant.ggml import GgmlWeight, NativeKernel
+from localpaged.quant.gguf_file import GgufFile, TensorInfo
 from localpaged.quant.layout import (
     PackedWeight,
     cat_rows,
@@ -44,9 +48,9 @@ NAME_MAP = {
 TOP_MAP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 FLOAT_TYPES = ("F32", "F16", "BF16")
 EXACT_INT4 = ("Q4_0", "Q4_1")
-TO_INT8 = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_K")
+TO_INT8 = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 TO_INT4 = ("Q2_K", "Q3_K", "Q4_K")
-SUPPORTED = FLOAT_TYPES + EXACT_INT4 + TO_INT8 + TO_INT4
+SUPPORTED = FLOAT_TYPES + tuple(ggml_reference.FORMATS)
 SKIPPED = ("rope_freqs",)      # recomputed from the config
 CHUNK_WEIGHTS = 1 << 22        # weights dequantized at once (16 MB in float32): bounds the peak
 TRIM_BYTES = 1 << 20           # after a tensor this large in float32, hand freed heap pages back
@@ -73,60 +77,79 @@ def target_bits(quantization: str, type_name: str, is_embedding: bool) -> int | 
     return 8 if type_name in TO_INT8 else 4
 
 
-def read_gguf(path: str, config, quantization: str) -> tuple[dict[str, torch.Tensor], dict[str, PackedWeight]]:
-    """(float tensors, packed weights) by our (unfused) parameter names."""
-    import gguf
-    reader = gguf.GGUFReader(path)
-    unsupported = sorted({t.tensor_type.name for t in reader.tensors} - set(SUPPORTED))
-    if unsupported:
-        raise ValueError(f"unsupported GGUF tensor type(s) {', '.join(unsupported)} in {path}; "
-                         f"supported: {', '.join(SUPPORTED)}")
-    tensors = reader.tensors
-    reader.fields.clear()      # the metadata (~100 MB of Python objects for a 49k vocabulary): unused
+def read_gguf(path: str, config, quantization: str, native: NativeKernel | None = None
+              ) -> tuple[dict[str, torch.Tensor], dict[str, PackedWeight | GgmlWeight]]:
+    """(float tensors, packed weights) by our (unfused) parameter names. `native`: the kernel
+    and block formats that stay as the file has them under "auto" (quant/ggml.py: cpu_native)."""
+    file = GgufFile(path)
+    _check_types(file, path)
     permute = config.model_type in ("llama", "mistral")
+    keep = native.kinds if native is not None and quantization == "auto" else frozenset()
     floats: dict[str, torch.Tensor] = {}
-    packed: dict[str, PackedWeight] = {}
-    for t in tqdm(tensors, desc="loading GGUF", unit="tensor", leave=False):
+    packed: dict[str, PackedWeight | GgmlWeight] = {}
+    for t in tqdm(file.tensors, desc="loading GGUF", unit="tensor", leave=False):
         name = hf_name(t.name)
         if name is None:
             if not t.name.startswith(SKIPPED):
                 logger.warning("GGUF tensor %s has no counterpart in the model: skipped", t.name)
             continue
-        kind = t.tensor_type.name
         is_matrix = len(t.shape) == 2 and name.endswith(".weight")
-        bits = target_bits(quantization, kind, "embed_tokens" in name or name.startswith("lm_head")) \
-            if is_matrix else None
-        value = _convert(t, kind, bits, exact=quantization == "auto")
+        if is_matrix and t.kind in keep:
+            value = GgmlWeight(t.kind, torch.from_numpy(file.array(t)), t.shape, native.kernel,
+                               release=functools.partial(file.drop_pages, t))
+        else:
+            bits = target_bits(quantization, t.kind, "embed_tokens" in name or name.startswith("lm_head")) \
+                if is_matrix else None
+            value = _convert(file.array(t), t, bits, exact=quantization == "auto")
+            file.drop_pages(t)            # read once, copied: unmap
+            if t.shape and int(np.prod(t.shape)) * 4 >= TRIM_BYTES:   # its float32 temporaries
+                trim_heap()      # this tensor's freed temporaries back to the OS, not fragmenting
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
-            index = _unpermute_index(int(t.shape[-1]), heads)
-            value = permute_rows(value, index) if isinstance(value, PackedWeight) else value.index_select(0, index)
-        (packed if isinstance(value, PackedWeight) else floats)[name] = value
-        _drop_file_pages(reader.data, t.data_offset, t.n_bytes)   # read once, copied: unmap
-        if int(t.n_elements) * 4 >= TRIM_BYTES:       # its float32 temporaries, if any
-            trim_heap()        # this tensor's freed temporaries back to the OS, not fragmenting
+            value = _unpermute(value, heads)
+        (packed if isinstance(value, (PackedWeight, GgmlWeight)) else floats)[name] = value
     return floats, packed
 
 
-def _convert(t, kind: str, bits: int | None, exact: bool):
-    """One GGUF tensor in the form it is kept in. Matrices that must be dequantized go through
-    float32 CHUNK_WEIGHTS at a time, row by row, straight into the final buffer (float) or packed
-    rows (int8/int4 scales are per row or per group along K, so a chunk packs exactly as the whole
-    would): the peak is one chunk, never the whole tensor in float32 plus numpy's temporaries."""
+def _check_types(file: GgufFile, path: str) -> None:
+    """Every tensor's type is one we read, or a clear error naming a tensor of each type."""
+    bad: dict[str, str] = {}
+    for t in file.tensors:
+        if t.kind not in SUPPORTED:
+            bad.setdefault(t.kind, t.name)
+    if bad:
+        which = ", ".join(f"{kind} (tensor {name})" for kind, name in sorted(bad.items()))
+        raise ValueError(f"unsupported GGUF tensor type(s) {which} in {path}; "
+                         f"supported: {', '.join(SUPPORTED)}")
+
+
+def _unpermute(value, heads: int):
+    index = _unpermute_index(int(value.shape[0]), heads)
+    if isinstance(value, GgmlWeight):
+        return value.permute_rows(index)
+    return permute_rows(value, index) if isinstance(value, PackedWeight) else value.index_select(0, index)
+
+
+def _convert(data: np.ndarray, t: TensorInfo, bits: int | None, exact: bool):
+    """One GGUF tensor in the form it is kept in (data: its bytes, as GgufFile.array gives them).
+    Matrices that must be dequantized go through float32 CHUNK_WEIGHTS at a time, row by row,
+    straight into the final buffer (float) or packed rows (int8/int4 scales are per row or per
+    group along K, so a chunk packs exactly as the whole would): the peak is one chunk, never the
+    whole tensor in float32."""
+    kind = t.kind
     if bits == 4 and kind in EXACT_INT4:
-        return _q4_exact(np.asarray(t.data), kind)
+        return _q4_exact(data, kind)
     if bits == 8 and kind == "Q8_0" and exact:
-        return _q8_exact(np.asarray(t.data))
-    shape = [int(d) for d in reversed(t.shape)]
-    if len(shape) != 2:                                 # norms, biases: small, bits is None
-        return _dequantize(t.data, t.tensor_type).reshape(shape)
-    N, K = shape
+        return _q8_exact(data)
+    if len(t.shape) != 2:                                 # norms, biases: small, bits is None
+        return _dequantize(data.reshape(1, -1), kind).reshape(t.shape)
+    N, K = t.shape
     # odd K with int4: one chunk, so quantize_int4's error names the whole weight's shape
     step = N if bits == 4 and K % 32 else max(1, CHUNK_WEIGHTS // K)
     out = torch.empty(N, K) if bits is None else None
     parts: list[PackedWeight] = []
     for i in range(0, N, step):
-        w = _dequantize(t.data[i:i + step], t.tensor_type).reshape(-1, K)
+        w = _dequantize(data[i:i + step], kind).reshape(-1, K)
         if bits is None:
             out[i:i + w.shape[0]] = w
         else:
@@ -137,9 +160,14 @@ def _convert(t, kind: str, bits: int | None, exact: bool):
     return parts[0] if len(parts) == 1 else cat_rows(parts)
 
 
-def _dequantize(data, tensor_type) -> torch.Tensor:
-    import gguf
-    return torch.from_numpy(np.array(gguf.quants.dequantize(data, tensor_type), dtype=np.float32))
+def _dequantize(rows: np.ndarray, kind: str) -> torch.Tensor:
+    """uint8 rows of one tensor -> float32 [rows, K] (float types: their values as float32)."""
+    raw = torch.from_numpy(np.ascontiguousarray(rows))
+    if kind == "F32":
+        return raw.view(torch.float32).clone()
+    if kind in ("F16", "BF16"):
+        return raw.view(torch.float16 if kind == "F16" else torch.bfloat16).float()
+    return ggml_reference.dequantize(raw, kind)
 
 
 def _q4_exact(data: np.ndarray, kind: str) -> PackedWeight:
@@ -168,17 +196,6 @@ def _q8_exact(data: np.ndarray) -> PackedWeight:
     d = raw[..., 0:2].contiguous().view(torch.float16).view(N, nb)
     q = raw[..., 2:34].contiguous().view(torch.int8).reshape(N, nb * 32)
     return PackedWeight(8, 32, q, d.contiguous(), None, (N, nb * 32))
-
-
-def _drop_file_pages(data, offset: int, length: int) -> None:
-    """Drop the file's mapped pages of one tensor from our RSS once it has been converted (every
-    form we keep is a copy). Read-only file pages: a later touch would read them again, so this
-    only changes accounting and the peak, never a value. No-op where madvise is unavailable."""
-    mm = getattr(data, "_mmap", None)                # numpy.memmap's mapping of the whole file
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    start = offset - offset % mmap.PAGESIZE
-    mm.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
 
 
 def _unpermute_index(rows: int, heads: int) -> torch.Tensor:

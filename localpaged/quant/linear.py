@@ -12,7 +12,10 @@ Kernel choice:
   `aten._weight_int8pack_mm`, both with bf16 activations, for every batch size (one kernel per
   weight, so a row's value does not depend on the batch). What those ops cannot take (int4 with N
   not divisible by 16) dequantizes, then `F.linear`.
-- Embeddings gather rows of the canonical PackedWeight and dequantize only those.
+- GGML block formats (quant/ggml.py: GgmlWeight) multiply themselves: the CPU extension's
+  integer kernel, else dequantize-then-matmul; a PartsWeight (parts in different forms) is one
+  call per part.
+- Embeddings gather rows of the canonical PackedWeight (or GgmlWeight) and dequantize only those.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from torch import nn
 
 from localpaged.quant.cpu import CpuInt4Weight, for_cpu
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
+from localpaged.quant.ggml import GgmlWeight, PartsWeight
 from localpaged.quant.layout import PackedWeight
+
 
 def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
     """The Triton weight-only kernel (kernels/triton_quant_matmul.py) on pw's canonical tensors;
@@ -34,12 +39,17 @@ def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
 
 
 CPU_INT4 = (CpuInt4Weight, CpuInt4Tiles)
+OWN_MATMUL = (*CPU_INT4, GgmlWeight)       # forms that multiply themselves
+WEIGHT_FORMS = (PackedWeight, *OWN_MATMUL, PartsWeight)
+Weight = PackedWeight | CpuInt4Weight | CpuInt4Tiles | GgmlWeight | PartsWeight
 
 
-def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight | CpuInt4Tiles) -> torch.Tensor:
+def quant_linear(x: torch.Tensor, pw: Weight) -> torch.Tensor:
     """x [M, K] -> [M, N] in x.dtype."""
-    if isinstance(pw, CPU_INT4):
+    if isinstance(pw, OWN_MATMUL):
         return pw.matmul(x)
+    if isinstance(pw, PartsWeight):
+        return torch.cat([quant_linear(x, p) for p in pw.parts], dim=-1)
     if x.is_cuda and (pw.bits == 4 or pw.per_channel):
         return triton_linear(x, pw)
     if pw.per_channel:
@@ -50,8 +60,7 @@ def quant_linear(x: torch.Tensor, pw: PackedWeight | CpuInt4Weight | CpuInt4Tile
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, packed: PackedWeight | CpuInt4Weight | CpuInt4Tiles,
-                 bias: nn.Parameter | None) -> None:
+    def __init__(self, packed: Weight, bias: nn.Parameter | None) -> None:
         super().__init__()
         self.packed = packed                      # plain attribute: never re-materialized
         self.in_features, self.out_features = packed.shape[1], packed.shape[0]
@@ -84,7 +93,7 @@ class QuantEmbedding(nn.Module):
 LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def install(model: nn.Module, packed: dict[str, PackedWeight], dtype: torch.dtype) -> None:
+def install(model: nn.Module, packed: dict[str, Weight], dtype: torch.dtype) -> None:
     """Swap the model's Linear/Embedding modules for quantized ones, by weight name.
 
     Called on the meta-device model before its other weights are materialized; a bias (Qwen2)
@@ -109,14 +118,26 @@ def install(model: nn.Module, packed: dict[str, PackedWeight], dtype: torch.dtyp
         model.lm_head = QuantLinear(_linear_form(embed.packed), None)
 
 
-def _linear_form(pw: PackedWeight) -> PackedWeight | CpuInt4Weight | CpuInt4Tiles:
+def _linear_form(pw: Weight) -> Weight:
+    if isinstance(pw, PartsWeight):
+        return PartsWeight([_linear_form(p) for p in pw.parts])
+    if isinstance(pw, GgmlWeight):
+        return pw                        # the file's own form on every device
     return for_cpu(pw) if pw.qweight.device.type == "cpu" else pw
 
 
-def _embedding_form(pw: PackedWeight) -> PackedWeight:
+def _embedding_form(pw: Weight) -> Weight:
     """Row gathers need the canonical layout: only int8 takes its CPU form (shared with a tied
-    lm_head)."""
-    return for_cpu(pw) if pw.bits == 8 and pw.qweight.device.type == "cpu" else pw
+    lm_head); GGML rows are dequantized as they are."""
+    if isinstance(pw, PackedWeight) and pw.bits == 8 and pw.qweight.device.type == "cpu":
+        return for_cpu(pw)
+    return pw
+
+
+def _formats(pw: Weight) -> dict[str, int]:
+    if isinstance(pw, (GgmlWeight, PartsWeight)):
+        return pw.formats()
+    return {pw.format: pw.shape[0] * pw.shape[1]}
 
 
 def weights_summary(model: nn.Module) -> tuple[int, str]:
@@ -125,10 +146,11 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
     total, formats = 0, {}
     for module in model.modules():
         pw = getattr(module, "packed", None)
-        if isinstance(pw, (PackedWeight, *CPU_INT4)) and id(pw) not in seen:
+        if isinstance(pw, WEIGHT_FORMS) and id(pw) not in seen:
             seen.add(id(pw))
             total += pw.nbytes
-            formats[pw.format] = formats.get(pw.format, 0) + pw.shape[0] * pw.shape[1]
+            for name, count in _formats(pw).items():
+                formats[name] = formats.get(name, 0) + count
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in seen:
             seen.add(id(t))

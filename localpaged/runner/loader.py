@@ -26,10 +26,12 @@ from localpaged.kernels import cpu_extension
 from localpaged.models import LlamaForCausalLM, build_model
 from localpaged.models.llama import Rotary, fuse_state_dict
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
+from localpaged.quant.ggml import cpu_native
 from localpaged.quant.gguf import read_gguf
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
+from localpaged.runner.gguf_meta import config_and_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +155,9 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     packed: dict = {}
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
-        state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization)
+        native = cpu_native() if device.type == "cpu" else None
+        state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization,
+                                  native)
     elif prequantized:
         qc = prequantized if isinstance(prequantized, dict) else prequantized.to_dict()
         state, packed = read_prequantized(source.path, qc, quantization, dtype)
@@ -190,18 +194,25 @@ def _file_stamp(source: ModelSource) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _config(path: str, gguf_file: str | None, stamp: int) -> PretrainedConfig:
-    """The model's config, parsed once per process (from a GGUF, a few seconds)."""
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoConfig.from_pretrained(path, trust_remote_code=False, **kwargs)
+    """The model's config, parsed once per process (from a GGUF: runner/gguf_meta.py)."""
+    if gguf_file:
+        return _gguf_meta(path, gguf_file, stamp)[0]
+    return AutoConfig.from_pretrained(path, trust_remote_code=False)
 
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(path: str, gguf_file: str | None, stamp: int):
-    """The model's tokenizer, built once per process: from a GGUF, transformers converts the
-    vocabulary (~10 s for SmolLM2's), and a model switch back, a second engine or a test loads
-    the same one again. Tokenizers are only read (encode, decode, chat template)."""
-    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False, **kwargs)
+    """The model's tokenizer, built once per process (a model switch back, a second engine or a
+    test loads the same one again; tokenizers are only read: encode, decode, chat template).
+    From a GGUF: converted by transformers once per file and kept on disk (runner/gguf_meta.py)."""
+    if gguf_file:
+        return _gguf_meta(path, gguf_file, stamp)[1]
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+
+
+@functools.lru_cache(maxsize=4)
+def _gguf_meta(path: str, gguf_file: str, stamp: int) -> tuple:
+    return config_and_tokenizer(path, gguf_file)
 
 
 def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:

@@ -1,0 +1,142 @@
+"""Weights in llama.cpp's own block formats (Q4_K, Q6_K, Q8_0, ...), and weights made of parts.
+
+`GgmlWeight` keeps a GGUF matrix exactly as the file stores it: `data` uint8 [N, row_bytes], row
+n holding output row n's K / block_elems blocks (layouts: kernels/ggml_reference.py). On CPU it is
+a view of the mapped file (quant/gguf_file.py): loading copies nothing, and the weights in memory
+are the file's own pages. The CPU extension multiplies it (kernels/cpu_ggml.cpp: activations
+quantized to int8 per block, integer dot products, the way llama.cpp does); elsewhere, or where a
+kernel is missing, `dequantize()` (the torch reference, bit-exact with gguf-py) then F.linear.
+Which of the two serves a weight is fixed when it is made, never switched while a model serves.
+
+`PartsWeight` is a fused projection (q/k/v, gate/up) whose parts are kept in different formats
+(a Q4_K_M file keeps attn_v in Q6_K beside Q4_K q and k): one matmul per part, outputs side by
+side, so every part stays in its own format and nothing is requantized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from localpaged.kernels import cpu_extension, ggml_reference
+
+FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmul (bounds memory)
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """A matmul over GGML blocks, (x float32 [M, K], data, type id) -> [M, N], and the formats
+    it takes."""
+    kernel: Callable
+    kinds: frozenset[str]
+
+
+def cpu_native() -> NativeKernel | None:
+    """The CPU extension's GGML kernel, where the extension is built (cached) now; the loader
+    keeps exactly its formats natively on CPU (a first build is not waited for)."""
+    module = cpu_extension.BUILD.module_if_cached()
+    if module is None or not hasattr(module, "ggml_supported"):
+        return None
+    kinds = frozenset(k for k, f in ggml_reference.FORMATS.items() if module.ggml_supported(f.type_id))
+    return NativeKernel(module.ggml_matmul, kinds)
+
+
+@dataclass
+class GgmlWeight:
+    kind: str                      # a key of ggml_reference.FORMATS
+    data: torch.Tensor             # uint8 [N, row_bytes]
+    shape: tuple[int, int]         # logical (N, K)
+    kernel: Callable | None = None  # the extension's ggml_matmul; None: dequantize-then-matmul
+    release: Callable[[], None] | None = field(default=None, repr=False)  # drops the file pages
+
+    def __post_init__(self) -> None:
+        N, K = self.shape
+        want = (N, ggml_reference.row_bytes(self.kind, K))
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want:
+            raise ValueError(f"{self.kind} weight {N}x{K}: expected uint8 {want}, got "
+                             f"{self.data.dtype} {tuple(self.data.shape)}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def format(self) -> str:
+        return self.kind
+
+    def formats(self) -> dict[str, int]:
+        """Weights per format (for the engine's summary)."""
+        return {self.kind: self.shape[0] * self.shape[1]}
+
+    def to(self, device: torch.device) -> GgmlWeight:
+        if self.data.device == torch.device(device):
+            return self
+        return GgmlWeight(self.kind, self.data.to(device), self.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
+        data = self.data if rows is None else self.data.index_select(0, rows.to(self.data.device))
+        return ggml_reference.dequantize(data, self.kind).to(dtype)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> [M, N] in x.dtype."""
+        if self.kernel is not None and x.device.type == "cpu":
+            type_id = ggml_reference.FORMATS[self.kind].type_id
+            return self.kernel(x.float().contiguous(), self.data, type_id).to(x.dtype)
+        N = self.shape[0]
+        parts = [F.linear(x, self.dequantize(x.dtype, torch.arange(i, min(i + FALLBACK_ROWS, N))))
+                 for i in range(0, N, FALLBACK_ROWS)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def permute_rows(self, index: torch.Tensor) -> GgmlWeight:
+        """Output rows reordered (llama.cpp's q/k rotary order undone): whole rows move, exact.
+        A copy: the file's pages of this tensor are dropped from memory."""
+        out = GgmlWeight(self.kind, self.data.index_select(0, index), self.shape, self.kernel)
+        if self.release is not None:
+            self.release()
+        return out
+
+
+@dataclass
+class PartsWeight:
+    """Weights stacked along N, each kept in its own form: y = [x @ p.T for p in parts]."""
+    parts: list
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (sum(p.shape[0] for p in self.parts), self.parts[0].shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    def formats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.parts:
+            out[p.format] = out.get(p.format, 0) + p.shape[0] * p.shape[1]
+        return out
+
+    def to(self, device: torch.device) -> PartsWeight:
+        return PartsWeight([p.to(device) for p in self.parts])
+
+    def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
+        w = torch.cat([p.dequantize(dtype) for p in self.parts])
+        return w if rows is None else w.index_select(0, rows)
+
+
+
+def cat_ggml(parts: list[GgmlWeight]) -> GgmlWeight:
+    """One weight of parts that share a format and K: rows stacked (a copy; the parts' file pages
+    are dropped from memory once copied)."""
+    first = parts[0]
+    data = torch.cat([p.data for p in parts])
+    for p in parts:
+        if p.release is not None:
+            p.release()
+    return GgmlWeight(first.kind, data, (data.shape[0], first.shape[1]), first.kernel)

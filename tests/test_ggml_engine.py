@@ -1,0 +1,168 @@
+"""GGUF block formats kept natively (quant/ggml.py) keep the engine's guarantees.
+
+Oracle: transformers' own GGUF loader (`from_pretrained(dir, gguf_file=...)`), which dequantizes
+every tensor with gguf-py, i.e. the float model the file describes.
+- With the reference kernel (kernels/ggml_reference.py dequantize, then F.linear: what
+  transformers computes), greedy output equals transformers' token for token, for every format
+  and for a Q4_K_M file whose layers mix formats: this tests the loading (views of the mapped
+  file, llama.cpp's q/k row order undone, fusion where parts share a format, PartsWeight where
+  they do not).
+- With the CPU extension's integer kernel (activations quantized to int8 per block, as llama.cpp
+  does), greedy equals transformers' up to a near-tie (tests/quant_helpers.py: margin_rule), and
+  batching, prefix hits and preemption change no token.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+
+import pytest
+import torch
+from engine_helpers import greedy, prompts, token_ids
+from ggml_models import write_tiny_gguf
+from quant_helpers import compare_where_margins_allow
+from transformers import AutoModelForCausalLM
+
+from localpaged import LLM
+from localpaged.kernels import ggml_reference
+from localpaged.quant.ggml import GgmlWeight, NativeKernel, PartsWeight
+from localpaged.quant.gguf_file import GgufFile
+from localpaged.runner import loader
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "ggml")
+WRITTEN = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # gguf-py's quantizer writes these
+N_NEW = 12
+MARGIN = 0.05        # logits of these models are ~1-3; int8 activations move them by ~0.01
+
+
+def reference_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
+    return x @ ggml_reference.dequantize(data, ggml_reference.format_for_type_id(type_id).name).T
+
+
+REFERENCE = NativeKernel(reference_matmul, frozenset(ggml_reference.FORMATS))
+
+
+def committed_files() -> list[str]:
+    """K-quant files made by llama.cpp's quantizer (tests/data/make_ggml_models.py)."""
+    return sorted(glob.glob(os.path.join(DATA, "*.gguf")))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ggml")
+    return {t: write_tiny_gguf(str(root / f"tiny-{t}.gguf"), tensor_type=t) for t in WRITTEN}
+
+
+@functools.lru_cache(maxsize=4)
+def hf_gguf(path: str):
+    folder, name = os.path.split(path)
+    return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+def hf_greedy(path: str, prompt: list[int], n: int) -> list[int]:
+    with torch.inference_mode():
+        out = hf_gguf(path).generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
+                                     do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def with_reference(monkeypatch) -> None:
+    monkeypatch.setattr(loader, "cpu_native", lambda: REFERENCE)
+
+
+def linears(llm) -> dict[str, object]:
+    return {name: m.packed for name, m in llm.engine.model.named_modules() if hasattr(m, "packed")}
+
+
+@pytest.mark.parametrize("kind", WRITTEN)
+def test_reference_kernel_equals_transformers(written, kind, monkeypatch):
+    with_reference(monkeypatch)
+    path = written[kind]
+    llm = LLM(path, num_kv_blocks=64)
+    forms = linears(llm)
+    assert all(isinstance(w, GgmlWeight) and w.kind == kind for w in forms.values()), forms
+    assert llm.stats().weights_format.startswith(f"{kind} ·")
+    batch = prompts(3, seed=5)
+    assert token_ids(llm.generate(batch, greedy(N_NEW))) == [[hf_greedy(path, p, N_NEW)] for p in batch]
+
+
+def mapped_file(t: torch.Tensor) -> str | None:
+    """The file whose mapping holds tensor t's memory (/proc/self/maps), None for anonymous memory."""
+    address = t.data_ptr()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            lo, hi = (int(v, 16) for v in fields[0].split("-"))
+            if lo <= address < hi:
+                return fields[5] if len(fields) > 5 else None
+    return None
+
+
+def test_weights_are_the_mapped_file(written, monkeypatch):
+    """Unpermuted, unfused weights (o_proj, down_proj, lm_head) are the file's own mapped pages;
+    fused (gate/up) and permuted (q/k) ones a copy; the weights held are the file's bytes."""
+    with_reference(monkeypatch)
+    path = written["Q8_0"]
+    llm = LLM(path, num_kv_blocks=8)
+    forms = linears(llm)
+    for name in ("model.layers.0.mlp.down_proj", "model.layers.1.self_attn.o_proj", "lm_head"):
+        assert mapped_file(forms[name].data) == os.path.realpath(path), name
+    assert mapped_file(forms["model.layers.0.mlp.gate_up_proj"].data) != os.path.realpath(path)
+    tensor_bytes = sum(t.n_bytes for t in GgufFile(path).tensors)
+    assert tensor_bytes <= llm.stats().weights_bytes <= 1.02 * tensor_bytes
+
+
+@pytest.mark.parametrize("path", committed_files(), ids=os.path.basename)
+def test_llama_cpp_quantized_files_equal_transformers(path, monkeypatch):
+    """Files made by llama.cpp's own quantizer (K-quants, mixed formats per layer)."""
+    with_reference(monkeypatch)
+    llm = LLM(path, num_kv_blocks=64)
+    kinds = {k for w in linears(llm).values() for k in (w.formats())}
+    assert kinds <= set(ggml_reference.FORMATS) and kinds, kinds
+    batch = prompts(2, seed=6)
+    assert token_ids(llm.generate(batch, greedy(N_NEW))) == [[hf_greedy(path, p, N_NEW)] for p in batch]
+
+
+def test_mixed_formats_are_parts_and_same_formats_fuse(monkeypatch):
+    files = [f for f in committed_files() if "Q4_K_M" in f]
+    assert files, f"no Q4_K_M file under {DATA}: run tests/data/make_ggml_models.py"
+    with_reference(monkeypatch)
+    forms = linears(LLM(files[0], num_kv_blocks=8))
+    fused = [forms[f"model.layers.{i}.self_attn.qkv_proj"] for i in range(2)] + \
+        [forms[f"model.layers.{i}.mlp.gate_up_proj"] for i in range(2)]
+    assert any(isinstance(w, PartsWeight) for w in fused)
+    for w in fused:
+        if isinstance(w, PartsWeight):
+            assert len({p.kind for p in w.parts}) > 1
+        else:
+            assert isinstance(w, GgmlWeight)
+
+
+@pytest.fixture(scope="module")
+def cpu_kernel(cpu_ext):
+    assert hasattr(cpu_ext, "ggml_matmul"), "the CPU extension has no GGML kernel"
+    return cpu_ext
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K_M"])
+def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
+    path = written.get(name) or next(f for f in committed_files() if name in f)
+    llm = LLM(path, num_kv_blocks=256)
+    assert all(w.kernel is not None for w in linears(llm).values() if isinstance(w, GgmlWeight))
+    batch = prompts(10, seed=7)
+    alone = token_ids([llm.generate([p], greedy(N_NEW))[0] for p in batch])
+    assert token_ids(llm.generate(batch, greedy(N_NEW))) == alone             # batched, cold
+    assert token_ids(llm.generate(batch, greedy(N_NEW))) == alone             # prefix hits
+    small = LLM(path, num_kv_blocks=12)
+    assert token_ids(small.generate(batch, greedy(N_NEW))) == alone
+    assert small.stats().num_preemptions > 0
+    compared = 0
+    with pytest.MonkeyPatch.context() as mp:
+        with_reference(mp)
+        ref_llm = LLM(path, num_kv_blocks=64)
+    for p, got in zip(batch[:4], alone[:4]):
+        ref_ids = hf_greedy(path, p, N_NEW)
+        compared += compare_where_margins_allow(ref_llm, llm, p, ref_ids, got[0], MARGIN)
+    assert compared >= N_NEW, "the margin rule compared almost nothing"
