@@ -111,3 +111,28 @@ def test_damaged_or_unwritable_cache_costs_only_a_conversion(small_gguf, tiny_gg
     assert config.model_type == "llama" and tok("ab").input_ids
     assert "could not cache" in caplog.text
     shutil.rmtree(tmp_path / "cache")
+
+
+def _with_dims(path, tmp_path, name: str, dims: tuple[int, int]) -> str:
+    """A copy of the file whose tensor `name` claims other dims (innermost first) in its info."""
+    data = bytearray(open(path, "rb").read())
+    key = name.encode()
+    at = data.index(len(key).to_bytes(8, "little") + key) + 8 + len(key)
+    assert int.from_bytes(data[at:at + 4], "little") == 2
+    for i, d in enumerate(dims):
+        data[at + 4 + 8 * i:at + 12 + 8 * i] = d.to_bytes(8, "little")
+    out = tmp_path / f"bad-{dims[0]}.gguf"
+    out.write_bytes(bytes(data))
+    return str(out)
+
+
+def test_a_shape_that_does_not_match_the_data_names_the_tensor(tiny_gguf_model, tmp_path):
+    from localpaged import LLM
+    grown = _with_dims(tiny_gguf_model, tmp_path, "blk.0.ffn_down.weight", (1024, 256))
+    with pytest.raises(ValueError, match=r"tensor blk.0.ffn_down.weight \(F32, 256x1024\) needs "
+                                         r"1048576 bytes, but tensor .* starts 524288 bytes after"):
+        GgufFile(grown)
+    shrunk = _with_dims(tiny_gguf_model, tmp_path, "blk.0.ffn_down.weight", (256, 256))
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.down_proj.weight: shape 256x256 does "
+                                         r"not match the model's 256x512"):
+        LLM(shrunk, num_kv_blocks=4)

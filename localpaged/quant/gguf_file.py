@@ -150,11 +150,23 @@ def _read_directory(data: np.ndarray, path: str) -> tuple[list[TensorInfo], int]
     start = -(-cur.pos // alignment) * alignment
     tensors = [_info(name, shape, type_id, start + offset, path)
                for name, shape, type_id, offset in raw]
-    for t in tensors:
-        if t.offset + t.n_bytes > len(data):
-            raise ValueError(f"{path}: {t.describe()} needs bytes {t.offset}..{t.offset + t.n_bytes} "
-                             f"but the file has {len(data)}: the file is truncated or damaged")
+    _check_extents(tensors, len(data), path)
     return tensors, alignment
+
+
+def _check_extents(tensors: list[TensorInfo], file_size: int, path: str) -> None:
+    """Each tensor's bytes (as its shape and type say) lie inside the file and before the next
+    tensor's: else its shape does not match its data, or the file was cut short."""
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    for t, after in zip(ordered, ordered[1:] + [None]):
+        end = t.offset + t.n_bytes
+        if after is not None and end > after.offset:
+            raise ValueError(f"{path}: {t.describe()} needs {t.n_bytes} bytes, but tensor "
+                             f"{after.name} starts {after.offset - t.offset} bytes after it: its "
+                             f"shape does not match its data (a damaged file)")
+        if end > file_size:
+            raise ValueError(f"{path}: {t.describe()} needs bytes {t.offset}..{end} but the file "
+                             f"has {file_size}: the file is truncated or damaged")
 
 
 def _info(name: str, shape: tuple[int, ...], type_id: int, offset: int, path: str) -> TensorInfo:

@@ -104,12 +104,14 @@ def install(model: nn.Module, packed: dict[str, Weight], dtype: torch.dtype) -> 
         parent_name, _, attr = module_name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, attr)
-        if isinstance(old, nn.Embedding):
+        embedding = isinstance(old, nn.Embedding)
+        want = (old.num_embeddings, old.embedding_dim) if embedding else (old.out_features, old.in_features)
+        if want != tuple(pw.shape):
+            raise ValueError(f"{name} ({pw.format}): shape {'x'.join(map(str, pw.shape))} does "
+                             f"not match the model's {want[0]}x{want[1]}")
+        if embedding:
             new = QuantEmbedding(_embedding_form(pw), dtype)
         else:
-            if (old.out_features, old.in_features) != pw.shape:
-                raise ValueError(f"{name}: packed shape {pw.shape} does not match the model's "
-                                 f"{(old.out_features, old.in_features)}")
             new = QuantLinear(_linear_form(pw), old.bias)
         setattr(parent, attr, new)
     embed = model.model.embed_tokens

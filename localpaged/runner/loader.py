@@ -233,8 +233,9 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
     copy of the model. On a GPU to_empty's memory is real, so the weights are copied into it."""
     model.to_empty(device=device).to(dtype)    # quantized modules hold no parameters: untouched
     assign = device.type == "cpu"
-    missing, unexpected = model.load_state_dict(_final_tensors(state, device, dtype, assign),
-                                                strict=False, assign=assign)
+    final = _final_tensors(state, device, dtype, assign)
+    _check_shapes(model, final)
+    missing, unexpected = model.load_state_dict(final, strict=False, assign=assign)
     tied = model.config.tie_word_embeddings
     if tied and not isinstance(model.lm_head, QuantLinear):
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -244,6 +245,17 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.rotary = Rotary(model.config, model.head_dim).to(device)   # fp32, as in transformers
     model.eval().requires_grad_(False)
+
+
+def _check_shapes(model: LlamaForCausalLM, weights: dict[str, torch.Tensor]) -> None:
+    """A weight of another shape than the model's (a damaged or mislabelled file): an error
+    naming it, before torch's own."""
+    expected = model.state_dict(keep_vars=True)
+    for name, w in weights.items():
+        want = expected.get(name)
+        if want is not None and tuple(w.shape) != tuple(want.shape):
+            raise ValueError(f"{name}: shape {'x'.join(map(str, w.shape))} does not match the "
+                             f"model's {'x'.join(map(str, want.shape))}")
 
 
 def _by_layer(weights: dict) -> list[list[str]]:
