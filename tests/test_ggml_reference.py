@@ -1,6 +1,9 @@
 """kernels/ggml_reference.py: GGUF block bytes dequantize bit for bit as gguf-py's numpy
 dequantizer (the spec), for every format, on random blocks whose fp16 scale fields are finite."""
 
+import glob
+import os
+
 import gguf
 import numpy as np
 import pytest
@@ -115,6 +118,30 @@ def test_row_slice_equals_whole(kind, monkeypatch):
     # chunking over blocks (CHUNK_ELEMS) does not change the result
     monkeypatch.setattr(ref, "CHUNK_ELEMS", 2 * ref.FORMATS[kind].block_elems)
     assert torch.equal(ref.dequantize(data, kind), whole)
+
+
+GGML_FILES = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "data", "ggml", "*.gguf")))
+
+
+def test_llama_cpp_files_are_there():
+    """tests/data/ggml holds the files llama.cpp's quantizer made (tests/data/make_ggml_models.py)
+    with every K-quant and both IQ4 formats among their tensors."""
+    assert len(GGML_FILES) >= 8
+    types = {t.tensor_type.name for p in GGML_FILES for t in gguf.GGUFReader(p).tensors}
+    assert {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL"} <= types
+
+
+@pytest.mark.parametrize("path", GGML_FILES, ids=os.path.basename)
+def test_bit_exact_on_llama_cpp_files(path):
+    """Blocks as llama.cpp's quantizer writes them (real scales and mins): rows of every
+    tensor."""
+    for t in gguf.GGUFReader(path).tensors:
+        if t.tensor_type.name not in ref.FORMATS:
+            continue
+        rows = np.array(t.data[::7], dtype=np.uint8)                    # [N / 7, row bytes]
+        data = torch.from_numpy(rows)
+        want = torch.from_numpy(gguf.quants.dequantize(rows, t.tensor_type))
+        assert torch.equal(ref.dequantize(data, t.tensor_type.name), want), t.name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
