@@ -170,15 +170,23 @@ def write_tiny_gguf(path: str, arch: str = "llama", tensor_type: str = "F32",
                     seed: int = 0) -> str:
     """Write the tiny model to `path` (a file path, or an existing folder to write
     ``tiny-<arch>-<tensor_type>.gguf`` into) and return the file's path. `tensor_type` (one of
-    TENSOR_TYPES) applies to every 2-D weight; norms and biases stay F32."""
+    TENSOR_TYPES) applies to every 2-D weight; "MIXED" gives the 2-D weights the quantized
+    TENSOR_TYPES in turn (every format in one file, and formats mixed inside each layer); norms
+    and biases stay F32."""
+    if tensor_type == "MIXED":
+        return _write(path, arch, seed, "MIXED", list(TENSOR_TYPES[2:]))
     if tensor_type not in TENSOR_TYPES:
         raise ValueError(f"tensor_type {tensor_type!r} is not supported; supported: "
                          f"{TENSOR_TYPES}")
+    return _write(path, arch, seed, tensor_type, [tensor_type])
+
+
+def _write(path: str, arch: str, seed: int, label: str, cycle: list[str]) -> str:
     tensors = gguf_tensors(arch, seed)                    # validates arch
     path = os.fspath(path)
     if os.path.isdir(path):
-        path = os.path.join(path, f"tiny-{arch}-{tensor_type}.gguf")
-    qtype = Q[tensor_type]
+        path = os.path.join(path, f"tiny-{arch}-{label}.gguf")
+    tensor_type = cycle[0]
 
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"tiny-{arch}")
@@ -208,7 +216,10 @@ def write_tiny_gguf(path: str, arch: str = "llama", tensor_type: str = "F32",
     writer.add_add_bos_token(arch == "llama")
     writer.add_chat_template(CHAT_TEMPLATE)
 
+    matrices = 0
     for name, w in tensors.items():
+        qtype = Q[cycle[matrices % len(cycle)]] if w.ndim == 2 else Q.F32
+        matrices += w.ndim == 2
         if w.ndim == 1 or qtype == Q.F32:
             writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
         elif qtype == Q.F16:

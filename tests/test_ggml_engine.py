@@ -15,7 +15,6 @@ every tensor with gguf-py, i.e. the float model the file describes.
 from __future__ import annotations
 
 import functools
-import glob
 import os
 
 import pytest
@@ -33,6 +32,8 @@ from localpaged.runner import loader
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "ggml")
 WRITTEN = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # gguf-py's quantizer writes these
+# llama.cpp-made files that together hold every other format (Q5_K_M, Q6_K hold no new one)
+FILES = ("Q4_K_M", "qwen2-Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL")
 N_NEW = 12
 MARGIN = 0.05        # logits of these models are ~1-3; int8 activations move them by ~0.01
 
@@ -44,15 +45,18 @@ def reference_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch
 REFERENCE = NativeKernel(reference_matmul, frozenset(ggml_reference.FORMATS))
 
 
-def committed_files() -> list[str]:
-    """K-quant files made by llama.cpp's quantizer (tests/data/make_ggml_models.py)."""
-    return sorted(glob.glob(os.path.join(DATA, "*.gguf")))
+def committed(name: str) -> str:
+    """A file made by llama.cpp's quantizer (tests/data/make_ggml_models.py)."""
+    path = os.path.join(DATA, f"tiny-{name if name.startswith('qwen2') else 'llama-' + name}.gguf")
+    assert os.path.exists(path), f"{path} is missing: run tests/data/make_ggml_models.py"
+    return path
 
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
+    """Q8_0 everywhere, and MIXED: the 2-D weights in WRITTEN's formats in turn."""
     root = tmp_path_factory.mktemp("ggml")
-    return {t: write_tiny_gguf(str(root / f"tiny-{t}.gguf"), tensor_type=t) for t in WRITTEN}
+    return {t: write_tiny_gguf(str(root / f"tiny-{t}.gguf"), tensor_type=t) for t in ("Q8_0", "MIXED")}
 
 
 @functools.lru_cache(maxsize=4)
@@ -76,14 +80,11 @@ def linears(llm) -> dict[str, object]:
     return {name: m.packed for name, m in llm.engine.model.named_modules() if hasattr(m, "packed")}
 
 
-@pytest.mark.parametrize("kind", WRITTEN)
-def test_reference_kernel_equals_transformers(written, kind, monkeypatch):
+def test_reference_kernel_equals_transformers(written, monkeypatch):
     with_reference(monkeypatch)
-    path = written[kind]
+    path = written["MIXED"]
     llm = LLM(path, num_kv_blocks=64)
-    forms = linears(llm)
-    assert all(isinstance(w, GgmlWeight) and w.kind == kind for w in forms.values()), forms
-    assert llm.stats().weights_format.startswith(f"{kind} ·")
+    assert {k for w in linears(llm).values() for k in w.formats()} == set(WRITTEN)
     batch = prompts(3, seed=5)
     assert token_ids(llm.generate(batch, greedy(N_NEW))) == [[hf_greedy(path, p, N_NEW)] for p in batch]
 
@@ -114,9 +115,15 @@ def test_weights_are_the_mapped_file(written, monkeypatch):
     assert tensor_bytes <= llm.stats().weights_bytes <= 1.02 * tensor_bytes
 
 
-@pytest.mark.parametrize("path", committed_files(), ids=os.path.basename)
-def test_llama_cpp_quantized_files_equal_transformers(path, monkeypatch):
+def test_every_format_is_covered():
+    kinds = {t.kind for name in FILES for t in GgufFile(committed(name)).tensors}
+    assert kinds - {"F32"} | set(WRITTEN) == set(ggml_reference.FORMATS)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_llama_cpp_quantized_files_equal_transformers(name, monkeypatch):
     """Files made by llama.cpp's own quantizer (K-quants, mixed formats per layer)."""
+    path = committed(name)
     with_reference(monkeypatch)
     llm = LLM(path, num_kv_blocks=64)
     kinds = {k for w in linears(llm).values() for k in (w.formats())}
@@ -126,10 +133,8 @@ def test_llama_cpp_quantized_files_equal_transformers(path, monkeypatch):
 
 
 def test_mixed_formats_are_parts_and_same_formats_fuse(monkeypatch):
-    files = [f for f in committed_files() if "Q4_K_M" in f]
-    assert files, f"no Q4_K_M file under {DATA}: run tests/data/make_ggml_models.py"
     with_reference(monkeypatch)
-    forms = linears(LLM(files[0], num_kv_blocks=8))
+    forms = linears(LLM(committed("Q4_K_M"), num_kv_blocks=8))
     fused = [forms[f"model.layers.{i}.self_attn.qkv_proj"] for i in range(2)] + \
         [forms[f"model.layers.{i}.mlp.gate_up_proj"] for i in range(2)]
     assert any(isinstance(w, PartsWeight) for w in fused)
@@ -146,9 +151,9 @@ def cpu_kernel(cpu_ext):
     return cpu_ext
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("name", ["MIXED", "qwen2-Q4_K_M"])
 def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
-    path = written.get(name) or next(f for f in committed_files() if name in f)
+    path = written.get(name) or committed(name)
     llm = LLM(path, num_kv_blocks=256)
     assert all(w.kernel is not None for w in linears(llm).values() if isinstance(w, GgmlWeight))
     batch = prompts(10, seed=7)

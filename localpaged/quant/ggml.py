@@ -64,6 +64,11 @@ class GgmlWeight:
         return self.data.numel()
 
     @property
+    def type_id(self) -> int:
+        """GGML's number for the format (the kernel's argument)."""
+        return ggml_reference.FORMATS[self.kind].type_id
+
+    @property
     def format(self) -> str:
         return self.kind
 
@@ -83,8 +88,7 @@ class GgmlWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x.dtype."""
         if self.kernel is not None and x.device.type == "cpu":
-            type_id = ggml_reference.FORMATS[self.kind].type_id
-            return self.kernel(x.float().contiguous(), self.data, type_id).to(x.dtype)
+            return self.kernel(x.float().contiguous(), self.data, self.type_id).to(x.dtype)
         N = self.shape[0]
         parts = [F.linear(x, self.dequantize(x.dtype, torch.arange(i, min(i + FALLBACK_ROWS, N))))
                  for i in range(0, N, FALLBACK_ROWS)]
