@@ -2,6 +2,7 @@
 
 #include "batch1_cpu.h"
 #include "cpu_decode.h"
+#include "cpu_ggml.h"
 #include "cpu_int4.h"
 #include "cpu_norm.h"
 
@@ -13,6 +14,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_matmul", &int4_matmul, "int4 weight-only matmul, tiles layout (kernels/cpu_int4.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("int4_vectorized", &int4_vectorized);
+  m.def("ggml_matmul", &ggml_matmul,
+        "x @ dequantize(w).T over GGUF quantized-block bytes (kernels/cpu_ggml.cpp)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ggml_kernel_path", &ggml_kernel_path);
+  m.def("ggml_supported", &ggml_supported);
   m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,

@@ -1,9 +1,12 @@
-"""The compiled CPU extension: decode attention, int4 matmul, RMSNorm, the batch-1 decode loop.
+"""The compiled CPU extension: decode attention, int4 and GGUF-block matmuls, RMSNorm, the batch-1
+decode loop.
 
 One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
 attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in cpu_int4_layout.py),
-kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
-batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
+kernels/cpu_ggml.cpp (matmul over GGUF quantized blocks kept as the file's bytes: Q4_0 .. Q8_0,
+Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`), kernels/cpu_norm.cpp (RMSNorm,
+models/llama.py), models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and
+cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
 per machine and source version (~40 s), then it is cached under ~/.cache/torch_extensions, named
 after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
 
@@ -34,8 +37,8 @@ from localpaged.kernels.cpu_int4_layout import pack
 logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_norm.cpp",
-                                             "batch1_cpu.cpp", "cpu_extension.cpp")]
+SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_ggml.cpp",
+                                             "cpu_norm.cpp", "batch1_cpu.cpp", "cpu_extension.cpp")]
 STALE_LOCK_S = 30 * 60   # a build lock older than this was left by a build that died
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
@@ -93,8 +96,8 @@ class Build:
             failure = f"not built ({text.splitlines()[-1] if text else type(exc).__name__})"
         if failure is None:
             self.module = module
-            logger.info("CPU extension ready (%.1f s): decode attention, int4 matmul, RMSNorm and "
-                        "batch-1 decode in C++", time.monotonic() - start)
+            logger.info("CPU extension ready (%.1f s): decode attention, int4 and GGUF-block "
+                        "matmuls, RMSNorm and batch-1 decode in C++", time.monotonic() - start)
         else:
             logger.warning("CPU extension %s: torch's ops for decode attention, int4 and RMSNorm, "
                            "decoding in Python", failure)
@@ -144,7 +147,8 @@ def self_check(module) -> str | None:
     """None when the compiled kernels match their references on small inputs, else what differs:
     decode attention (grouped heads, blocks out of order, lengths across a chunk boundary) against
     the torch reference; the int4 matmul against float32 math on the dequantized weights;
-    RMSNorm against transformers' formula."""
+    RMSNorm against transformers' formula; the GGUF-block matmul (Q4_K, Q8_0) against float32
+    math on gguf-py's dequantization, within the bound of its int8 rounding of x."""
     gen = torch.Generator().manual_seed(0)
     k_cache, v_cache = (torch.randn(12, 16, 2, 64, generator=gen) for _ in range(2))
     q = torch.randn(2, 6, 64, generator=gen)
@@ -162,7 +166,32 @@ def self_check(module) -> str | None:
     weight = torch.randn(96, generator=gen)
     want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight
     failures.append(_differs("RMSNorm", module.rms_norm(x, weight, 1e-5), want, CHECK_TOLERANCE))
+    failures += [_ggml_differs(module, type_name, K, gen) for type_name, K in (("Q4_K", 512), ("Q8_0", 96))]
     return next((f for f in failures if f is not None), None)
+
+
+def _ggml_differs(module, type_name: str, K: int, gen: torch.Generator) -> str | None:
+    """The GGUF-block matmul on random blocks of one type (sane float16 scales) against float32
+    math on gguf-py's dequantization, within the bound of its int8 rounding of x: sum_k |w_k|
+    times max|x| over k's block (256 elements for the K types, else 32) / 254 (cpu_ggml.cpp)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+    qtype = GGMLQuantizationType[type_name]
+    elems, size = GGML_QUANT_SIZES[qtype]
+    N, blocks, fields = 7, K // elems, 2 if type_name.endswith("_K") else 1   # d, dmin lead Q4_K
+    w = torch.randint(0, 256, (N, blocks, size), dtype=torch.uint8, generator=gen)
+    d = (torch.rand(N, blocks, fields, generator=gen) / 16 + 1e-3).half()
+    w[..., :2 * fields] = d.view(torch.uint8)
+    w = w.reshape(N, blocks * size)
+    weights = torch.from_numpy(quants.dequantize(w.numpy(), qtype))
+    x = torch.randn(3, K, generator=gen)
+    err = (module.ggml_matmul(x, w, int(qtype)) - x @ weights.t()).abs()
+    group = 256 if elems == 256 else 32
+    amax = x.abs().reshape(3, -1, group).amax(-1).repeat_interleave(group, 1)
+    bound = (amax @ weights.abs().t()) / 254 + 1e-5 * (x.abs() @ weights.abs().t())
+    if not bool((err <= bound).all()):              # also catches NaN
+        return (f"failed its check: the {type_name} matmul differs from float32 math by "
+                f"{err.max().item():.3g} (its bound: {bound.min().item():.3g} and up)")
+    return None
 
 
 def _differs(what: str, got: torch.Tensor, want: torch.Tensor, tolerance: float) -> str | None:

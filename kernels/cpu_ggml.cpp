@@ -1,0 +1,872 @@
+// GGUF quantized-block matmul on CPU: y = x @ dequantize(w).T, with w kept as its file bytes.
+//
+// Layout: w is uint8 [N, row_bytes], row n holding the K / E blocks of output row n in GGUF's
+// byte layout (E elements per block; the spec is gguf-py's numpy dequantizer, gguf/quants.py).
+// Rows may lie further apart than row_bytes (w.stride(0)). Formats, E and bytes per block:
+//   32-element blocks, w = d * (q - o) or d * q + m:   Q4_0 (18 B), Q4_1 (20), Q5_0 (22),
+//     Q5_1 (24), Q8_0 (34), IQ4_NL (18, q through a 16-entry int8 table)
+//   256-element "K" blocks of 8 or 16 sub-blocks with 4-8 bit integer sub-scales:
+//     Q2_K (84 B), Q3_K (110), Q4_K (144), Q5_K (176), Q6_K (210), IQ4_XS (136)
+//
+// The arithmetic (as llama.cpp's CPU backend does it):
+// 1. Each row of x is quantized once per call to int8 per block, a = round(x / s) with
+//    s = max|x| / 127 over the block: blocks of 256 for the K formats (with the sums of every 16
+//    values, int16, and s times them, for the sub-block mins and offsets), blocks of 32 for the
+//    32-element formats (with s times the block's sum).
+// 2. Per weight block, the integer dot products of the weights' unsigned codes with a, summed in
+//    int32: AVX2 `_mm256_maddubs_epi16` (u8 x s8 pairs -> int16; no overflow: |code| <= 63 or
+//    |a| <= 127 with |w| <= 128 gives at most 2 * 128 * 127 < 2^15), then `_mm256_madd_epi16` by
+//    the sub-block scales (K formats) or by 1. Signed codes (Q8_0, IQ4_NL, IQ4_XS) go through
+//    the usual sign trick, maddubs(|w|, a * sign(w)). Offsets are folded into integers where they
+//    are integers: Q6_K's q - 32 and Q3_K's q - 4 as -32 (-4) * sum_i sc_i * sum16_i, added to
+//    the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and the mins of Q4_1/Q5_1 as
+//    (coefficient * s * sum) in float.
+// 3. The block's int32 sum times d * s into float32 lanes, plus the float mins term of Q2_K,
+//    Q4_K, Q5_K: (-dmin * m_j) * (s * sum_j) per sub-block j, as fused multiply-adds.
+//
+// Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
+// (blocks in order into 8 float lanes, then one fixed lane sum), so it is bitwise the same
+// whatever M is, whatever the other rows are, however rows are tiled and on any thread count.
+// The work is split over output rows n (at::parallel_for); within a thread, groups of rows
+// (~64 KB of weights) and tiles of up to kTileRows rows of x: each weight block is unpacked
+// once per tile and multiplied with every row of the tile, so at M = 1 each weight byte is
+// read once from memory, and for M > 1 once from memory and then from the cache.
+//
+// Tolerance against float32 math on the dequantized weights: the quantization of x moves each
+// x_k by at most s_k / 2 = max|x over k's block| / 254 (a value below that rounds to 0: by at
+// most |x_k|), so |y - x @ W.T| <= sum_k |W[n, k]| * max|x over k's block| / 254, plus float32
+// rounding (~1e-6 relative to sum_k |x_k W[n, k]|). Random data lands near 1/sqrt(K) of that
+// bound; tests/test_cpu_ggml.py checks the bound itself.
+//
+// Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
+// plain C++ (any CPU; the compiler vectorizes what it can). ggml_kernel_path() says which.
+
+#include "cpu_ggml.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define LOCALPAGED_GGML_AVX2 1
+#endif
+
+using at::Tensor;
+
+namespace {
+
+// GGML type numbers (gguf.GGMLQuantizationType).
+enum : int {
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12,
+  kQ5_K = 13, kQ6_K = 14, kIQ4_NL = 20, kIQ4_XS = 23,
+};
+
+struct TypeInfo {
+  int id;
+  const char* name;
+  int64_t elems, bytes;   // elements and bytes per block
+};
+
+constexpr TypeInfo kTypes[] = {
+    {kQ4_0, "Q4_0", 32, 18},    {kQ4_1, "Q4_1", 32, 20},    {kQ5_0, "Q5_0", 32, 22},
+    {kQ5_1, "Q5_1", 32, 24},    {kQ8_0, "Q8_0", 32, 34},    {kQ2_K, "Q2_K", 256, 84},
+    {kQ3_K, "Q3_K", 256, 110},  {kQ4_K, "Q4_K", 256, 144},  {kQ5_K, "Q5_K", 256, 176},
+    {kQ6_K, "Q6_K", 256, 210},  {kIQ4_NL, "IQ4_NL", 32, 18}, {kIQ4_XS, "IQ4_XS", 256, 136},
+};
+
+// Names of the other GGML types, for error messages only.
+const char* other_type_name(int64_t id) {
+  switch (id) {
+    case 0: return "F32";      case 1: return "F16";      case 9: return "Q8_1";
+    case 15: return "Q8_K";    case 16: return "IQ2_XXS"; case 17: return "IQ2_XS";
+    case 18: return "IQ3_XXS"; case 19: return "IQ1_S";   case 21: return "IQ3_S";
+    case 22: return "IQ2_S";   case 24: return "I8";      case 25: return "I16";
+    case 26: return "I32";     case 27: return "I64";     case 28: return "F64";
+    case 29: return "IQ1_M";   case 30: return "BF16";    case 34: return "TQ1_0";
+    case 35: return "TQ2_0";   case 39: return "MXFP4";
+    default: return "unknown";
+  }
+}
+
+const TypeInfo* find_type(int64_t id) {
+  for (const TypeInfo& t : kTypes)
+    if (t.id == id) return &t;
+  return nullptr;
+}
+
+std::string supported_list() {
+  std::ostringstream s;
+  for (const TypeInfo& t : kTypes) s << (&t == kTypes ? "" : ", ") << t.name << " (" << t.id << ")";
+  return s.str();
+}
+
+constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+constexpr int64_t kSuper = 256;       // elements per K block
+constexpr int64_t kTileRows = 4;      // rows of x per tile (AVX2: accumulators in registers)
+constexpr int64_t kScalarTileRows = 16;
+constexpr int64_t kGroupBytes = 64 * 1024;   // weights per group of rows: stays in L2
+
+inline uint16_t u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline uint32_t u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline float half(const uint8_t* p) {
+#ifdef LOCALPAGED_GGML_AVX2
+  return _cvtsh_ss(u16(p));
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(u16(p));
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Activations: x quantized per row (step 1 above).
+
+struct Acts {
+  int64_t K = 0, blocks = 0;    // blocks per row: K / 256 or K / 32
+  std::vector<int8_t> q;        // [M, K]
+  std::vector<float> d;         // [M, blocks] the scale s of each block
+  std::vector<int16_t> sum16;   // K formats: [M, K / 16] sums of 16 values
+  std::vector<float> dsum16;    // K formats: [M, K / 16] s * sum16
+  std::vector<float> dsum32;    // [M, K / 32] s * (sum of 32 values)
+};
+
+float block_amax(const float* x, int64_t B) {
+#ifdef LOCALPAGED_GGML_AVX2
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_setzero_ps();
+  for (int64_t i = 0; i < B; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  return _mm_cvtss_f32(h);
+#else
+  float m = 0.0f;
+  for (int64_t i = 0; i < B; ++i) m = std::max(m, std::fabs(x[i]));
+  return m;
+#endif
+}
+
+// q = round-half-even(x * id), both paths (|x * id| <= 127 by the choice of id).
+void quantize_values(const float* x, int64_t B, float id, int8_t* q) {
+#ifdef LOCALPAGED_GGML_AVX2
+  const __m256 s = _mm256_set1_ps(id);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < B; i += 32) {
+    __m256i v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8 * j), s));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i), _mm256_permutevar8x32_epi32(p, order));
+  }
+#else
+  for (int64_t i = 0; i < B; ++i) q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::rint(x[i] * id))));
+#endif
+}
+
+Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B) {
+  Acts a;
+  a.K = K;
+  a.blocks = K / B;
+  a.q.resize(M * K);
+  a.d.resize(M * a.blocks);
+  a.dsum32.resize(M * K / 32);
+  if (B == kSuper) {
+    a.sum16.resize(M * K / 16);
+    a.dsum16.resize(M * K / 16);
+  }
+  at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      const float* xr = x + m * K;
+      int8_t* qr = a.q.data() + m * K;
+      float* dr = a.d.data() + m * a.blocks;
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const float amax = block_amax(xr + b * B, B);
+        dr[b] = amax / 127.0f;
+        quantize_values(xr + b * B, B, amax > 0.0f ? 127.0f / amax : 0.0f, qr + b * B);
+      }
+      for (int64_t j = 0; j < K / 32; ++j) {
+        int32_t s[2] = {0, 0};
+        for (int64_t k = 0; k < 32; ++k) s[k / 16] += qr[32 * j + k];
+        const float dj = dr[32 * j / B];
+        a.dsum32[m * K / 32 + j] = dj * static_cast<float>(s[0] + s[1]);
+        if (B == kSuper)
+          for (int h = 0; h < 2; ++h) {
+            a.sum16[m * K / 16 + 2 * j + h] = static_cast<int16_t>(s[h]);
+            a.dsum16[m * K / 16 + 2 * j + h] = dj * static_cast<float>(s[h]);
+          }
+      }
+    }
+  });
+  return a;
+}
+
+// One tile: rows [m0, m0 + tm) of x against weight row `row`, results to y[m * ldy].
+using TileFn = void (*)(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y,
+                        int64_t ldy);
+
+// ---------------------------------------------------------------------------------------------
+// Plain C++: each block unpacked to integers, then one integer dot per row.
+
+// A K block: w[k] = d * sc[k / 16] * q[k] - dmin * mn[k / 16].
+struct KInts {
+  int8_t q[kSuper];
+  int32_t sc[16], mn[16];
+  float d, dmin;
+};
+
+// A 32-element block: w[k] = d * q[k] + m.
+struct BInts {
+  int8_t q[32];
+  float d, m;
+};
+
+// Q4_K / Q5_K: 8 six-bit scales and mins in 12 bytes.
+void k4_scale_min(const uint8_t* s, int j, int32_t& sc, int32_t& mn) {
+  if (j < 4) {
+    sc = s[j] & 63;
+    mn = s[j + 4] & 63;
+  } else {
+    sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+void unpack_q4_k(const uint8_t* p, KInts& u) {
+  u.d = half(p);
+  u.dmin = half(p + 2);
+  for (int j = 0; j < 8; ++j) {
+    k4_scale_min(p + 4, j, u.sc[2 * j], u.mn[2 * j]);
+    u.sc[2 * j + 1] = u.sc[2 * j];
+    u.mn[2 * j + 1] = u.mn[2 * j];
+  }
+  const uint8_t* qs = p + 16;
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      u.q[64 * c + l] = qs[32 * c + l] & 0xF;
+      u.q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+    }
+}
+
+void unpack_q5_k(const uint8_t* p, KInts& u) {
+  unpack_q4_k(p, u);   // same header, scales and nibble order; the qs lie 32 bytes later
+  const uint8_t *qh = p + 16, *qs = p + 48;
+  for (int c = 0; c < 4; ++c)
+    for (int l = 0; l < 32; ++l) {
+      u.q[64 * c + l] = (qs[32 * c + l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4);
+      u.q[64 * c + 32 + l] = (qs[32 * c + l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+    }
+}
+
+void unpack_q6_k(const uint8_t* p, KInts& u) {
+  const uint8_t *ql = p, *qh = p + 128;
+  for (int i = 0; i < 16; ++i) {
+    u.sc[i] = static_cast<int8_t>(p[192 + i]);
+    u.mn[i] = 0;
+  }
+  u.d = half(p + 208);
+  u.dmin = 0.0f;
+  for (int h = 0; h < 2; ++h)
+    for (int l = 0; l < 32; ++l) {
+      const int hb = qh[32 * h + l];
+      int8_t* q = u.q + 128 * h;
+      q[l] = static_cast<int8_t>(((ql[64 * h + l] & 0xF) | ((hb & 3) << 4)) - 32);
+      q[l + 32] = static_cast<int8_t>(((ql[64 * h + l + 32] & 0xF) | (((hb >> 2) & 3) << 4)) - 32);
+      q[l + 64] = static_cast<int8_t>(((ql[64 * h + l] >> 4) | (((hb >> 4) & 3) << 4)) - 32);
+      q[l + 96] = static_cast<int8_t>(((ql[64 * h + l + 32] >> 4) | (((hb >> 6) & 3) << 4)) - 32);
+    }
+}
+
+void unpack_q2_k(const uint8_t* p, KInts& u) {
+  for (int i = 0; i < 16; ++i) {
+    u.sc[i] = p[i] & 0xF;
+    u.mn[i] = p[i] >> 4;
+  }
+  const uint8_t* qs = p + 16;
+  u.d = half(p + 80);
+  u.dmin = half(p + 82);
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l) u.q[128 * h + 32 * s + l] = (qs[32 * h + l] >> (2 * s)) & 3;
+}
+
+// Q3_K: 16 six-bit signed scales in 12 bytes (low 4 bits in bytes 0-7, high 2 in bytes 8-11).
+int32_t q3_scale(const uint8_t* s, int i) {
+  const int lo = i < 8 ? s[i] & 0xF : s[i - 8] >> 4;
+  const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+void unpack_q3_k(const uint8_t* p, KInts& u) {
+  const uint8_t *hmask = p, *qs = p + 32;
+  for (int i = 0; i < 16; ++i) {
+    u.sc[i] = q3_scale(p + 96, i);
+    u.mn[i] = 0;
+  }
+  u.d = half(p + 108);
+  u.dmin = 0.0f;
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 4; ++s)
+      for (int l = 0; l < 32; ++l) {
+        const int low = (qs[32 * h + l] >> (2 * s)) & 3, high = (hmask[l] >> (4 * h + s)) & 1;
+        u.q[128 * h + 32 * s + l] = static_cast<int8_t>(low - (high ? 0 : 4));
+      }
+}
+
+void unpack_iq4_xs(const uint8_t* p, KInts& u) {
+  u.d = half(p);
+  u.dmin = 0.0f;
+  const uint16_t sh = u16(p + 2);
+  const uint8_t *sl = p + 4, *qs = p + 8;
+  for (int j = 0; j < 8; ++j) {
+    const int ls = ((sl[j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+    u.sc[2 * j] = u.sc[2 * j + 1] = ls - 32;
+    u.mn[2 * j] = u.mn[2 * j + 1] = 0;
+    for (int l = 0; l < 16; ++l) {
+      u.q[32 * j + l] = kIQ4Values[qs[16 * j + l] & 0xF];
+      u.q[32 * j + 16 + l] = kIQ4Values[qs[16 * j + l] >> 4];
+    }
+  }
+}
+
+// 32-element blocks: element j < 16 is the low nibble of qs[j], element j + 16 its high nibble.
+void nibbles(const uint8_t* qs, int8_t* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = qs[j] & 0xF;
+    q[j + 16] = qs[j] >> 4;
+  }
+}
+
+void unpack_q4_0(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = 0.0f;
+  nibbles(p + 2, u.q);
+  for (int j = 0; j < 32; ++j) u.q[j] -= 8;
+}
+
+void unpack_q4_1(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = half(p + 2);
+  nibbles(p + 4, u.q);
+}
+
+void fifth_bits(uint32_t qh, int8_t* q) {
+  for (int j = 0; j < 32; ++j) q[j] |= ((qh >> j) & 1) << 4;
+}
+
+void unpack_q5_0(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = 0.0f;
+  nibbles(p + 6, u.q);
+  fifth_bits(u32(p + 2), u.q);
+  for (int j = 0; j < 32; ++j) u.q[j] -= 16;
+}
+
+void unpack_q5_1(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = half(p + 2);
+  nibbles(p + 8, u.q);
+  fifth_bits(u32(p + 4), u.q);
+}
+
+void unpack_q8_0(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = 0.0f;
+  std::memcpy(u.q, p + 2, 32);
+}
+
+void unpack_iq4_nl(const uint8_t* p, BInts& u) {
+  u.d = half(p);
+  u.m = 0.0f;
+  nibbles(p + 2, u.q);
+  for (int j = 0; j < 32; ++j) u.q[j] = kIQ4Values[static_cast<uint8_t>(u.q[j])];
+}
+
+template <void (*Unpack)(const uint8_t*, KInts&), int64_t Bytes>
+void scalar_k_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y, int64_t ldy) {
+  float acc[kScalarTileRows] = {};
+  KInts u;
+  const int64_t K = a.K;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    Unpack(row + b * Bytes, u);
+    for (int64_t m = 0; m < tm; ++m) {
+      const int64_t r = m0 + m;
+      const int8_t* x = a.q.data() + r * K + b * kSuper;
+      const int16_t* s16 = a.sum16.data() + r * K / 16 + b * 16;
+      int32_t sumi = 0, summ = 0;
+      for (int i = 0; i < 16; ++i) {
+        int32_t s = 0;
+        for (int k = 0; k < 16; ++k) s += int32_t(u.q[16 * i + k]) * x[16 * i + k];
+        sumi += u.sc[i] * s;
+        summ += u.mn[i] * s16[i];
+      }
+      const float da = a.d[r * a.blocks + b];
+      acc[m] = std::fma(u.d * da, static_cast<float>(sumi), acc[m]);
+      acc[m] = std::fma(-u.dmin * da, static_cast<float>(summ), acc[m]);
+    }
+  }
+  for (int64_t m = 0; m < tm; ++m) y[m * ldy] = acc[m];
+}
+
+template <void (*Unpack)(const uint8_t*, BInts&), int64_t Bytes>
+void scalar_b_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y, int64_t ldy) {
+  float acc[kScalarTileRows] = {};
+  BInts u;
+  const int64_t K = a.K;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    Unpack(row + b * Bytes, u);
+    for (int64_t m = 0; m < tm; ++m) {
+      const int64_t r = m0 + m;
+      const int8_t* x = a.q.data() + r * K + b * 32;
+      int32_t sumi = 0;
+      for (int k = 0; k < 32; ++k) sumi += int32_t(u.q[k]) * x[k];
+      acc[m] = std::fma(u.d * a.d[r * a.blocks + b], static_cast<float>(sumi), acc[m]);
+      acc[m] = std::fma(u.m, a.dsum32[r * a.blocks + b], acc[m]);
+    }
+  }
+  for (int64_t m = 0; m < tm; ++m) y[m * ldy] = acc[m];
+}
+
+#ifdef LOCALPAGED_GGML_AVX2
+// ---------------------------------------------------------------------------------------------
+// AVX2: a format is a struct that decodes one block (scales, d) on construction and hands out
+// its codes 32 at a time as bytes; the tile loops below are shared.
+
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+inline __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+
+// Shift each 16-bit lane left by s >= 0 or right by -s (s a constant once inlined).
+inline __m256i shift16(__m256i v, int s) {
+  return s > 0 ? _mm256_slli_epi16(v, s) : s < 0 ? _mm256_srli_epi16(v, -s) : v;
+}
+
+// 16 bytes of nibbles -> 32 bytes: the low nibbles, then the high nibbles.
+inline __m256i split_nibbles(const uint8_t* p) {
+  const __m128i v = load16(p);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), bytes(0x0F));
+}
+
+// Bit j of the 32-bit word at p -> 0x10 in byte j (the fifth bit of Q5_0 / Q5_1).
+inline __m256i fifth_bits(const uint8_t* p) {
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(u32(p))),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), bytes(0x10));
+}
+
+inline __m256i iq4_lookup(__m256i idx) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIQ4Values));
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
+}
+
+// An empty asm that takes v in a register: the compiler may not move the sums across it. Without
+// it GCC re-associates a tile's 8 x TM integer sums into trees and spills the partial products.
+inline void keep(__m256i& v) { asm("" : "+x"(v)); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Minus dmin times 8 unsigned byte mins as floats.
+inline __m256 neg_mins(float dmin, uint64_t mins8) {
+  return _mm256_mul_ps(_mm256_set1_ps(-dmin),
+                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mins8)))));
+}
+
+// K formats. Members: kBytes; kSigned (codes are signed bytes: the sign trick); kScalePer (the
+// sub-block: 32 -> sc holds 8 scales, 16 -> 16); kOffset (codes are q + kOffset, unsigned);
+// kMins (0, or the sub-block of the float mins term: 32 -> mins[0], 16 -> mins[0..1]).
+// d, sc (int8 scales), mins; weights(c) = codes of elements 32c .. 32c + 31.
+
+struct AvxQ4K {
+  static constexpr int64_t kBytes = 144;
+  static constexpr bool kSigned = false;
+  static constexpr int kScalePer = 32, kOffset = 0, kMins = 32;
+  const uint8_t* p;
+  float d;
+  __m128i sc;
+  __m256 mins[2];
+  explicit AvxQ4K(const uint8_t* p_) : p(p_) {
+    d = half(p);
+    // the 12 scale bytes as 3 words: scales 0-3 and mins 0-3 are the low 6 bits of words 0
+    // and 1; scales 4-7 (mins 4-7) the low (high) nibbles of word 2 with bits 6-7 of word 0 (1)
+    const uint32_t w0 = u32(p + 4), w1 = u32(p + 8), w2 = u32(p + 12);
+    const uint64_t s = (w0 & 0x3F3F3F3F) | uint64_t((w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030)) << 32;
+    const uint64_t m = (w1 & 0x3F3F3F3F) | uint64_t(((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030)) << 32;
+    sc = _mm_cvtsi64_si128(static_cast<int64_t>(s));
+    mins[0] = neg_mins(half(p + 2), m);
+  }
+  __m256i weights(int c) const {
+    const __m256i q = load32(p + 16 + 32 * (c / 2));
+    return _mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, bytes(0x0F));
+  }
+};
+
+struct AvxQ5K : AvxQ4K {
+  static constexpr int64_t kBytes = 176;
+  explicit AvxQ5K(const uint8_t* p_) : AvxQ4K(p_) {}
+  __m256i weights(int c) const {
+    const __m256i q = load32(p + 48 + 32 * (c / 2));
+    const __m256i low = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(q, 4) : q, bytes(0x0F));
+    // bit c of qh[l] -> bit 4
+    return _mm256_or_si256(low, _mm256_and_si256(shift16(load32(p + 16), 4 - c), bytes(0x10)));
+  }
+};
+
+struct AvxQ6K {
+  static constexpr int64_t kBytes = 210;
+  static constexpr bool kSigned = false;
+  static constexpr int kScalePer = 16, kOffset = 32, kMins = 0;
+  const uint8_t* p;
+  float d;
+  __m128i sc;
+  __m256 mins[2];
+  explicit AvxQ6K(const uint8_t* p_) : p(p_), d(half(p_ + 208)), sc(load16(p_ + 192)) {}
+  __m256i weights(int c) const {   // c = 4h + t: half h, quarter t
+    const int h = c / 4, t = c % 4;
+    const __m256i ql = load32(p + 64 * h + 32 * (t % 2));
+    const __m256i low = _mm256_and_si256(t < 2 ? ql : _mm256_srli_epi16(ql, 4), bytes(0x0F));
+    // bits 2t, 2t + 1 of qh -> bits 4, 5
+    return _mm256_or_si256(low, _mm256_and_si256(shift16(load32(p + 128 + 32 * h), 4 - 2 * t), bytes(0x30)));
+  }
+};
+
+struct AvxQ2K {
+  static constexpr int64_t kBytes = 84;
+  static constexpr bool kSigned = false;
+  static constexpr int kScalePer = 16, kOffset = 0, kMins = 16;
+  const uint8_t* p;
+  float d;
+  __m128i sc;
+  __m256 mins[2];
+  explicit AvxQ2K(const uint8_t* p_) : p(p_), d(half(p_ + 80)) {
+    const __m128i raw = load16(p), low = _mm_set1_epi8(0x0F);
+    sc = _mm_and_si128(raw, low);
+    const __m128i m = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    const __m256 neg = _mm256_set1_ps(-half(p + 82));
+    mins[0] = _mm256_mul_ps(neg, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
+    mins[1] = _mm256_mul_ps(neg, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
+  }
+  __m256i weights(int c) const {   // c = 4h + s: bits 2s, 2s + 1 of qs[32h + l]
+    return _mm256_and_si256(_mm256_srli_epi16(load32(p + 16 + 32 * (c / 4)), 2 * (c % 4)), bytes(0x03));
+  }
+};
+
+struct AvxQ3K {
+  static constexpr int64_t kBytes = 110;
+  static constexpr bool kSigned = false;
+  static constexpr int kScalePer = 16, kOffset = 4, kMins = 0;
+  const uint8_t* p;
+  float d;
+  __m128i sc;
+  __m256 mins[2];
+  explicit AvxQ3K(const uint8_t* p_) : p(p_), d(half(p_ + 108)) {
+    // scales i = 0-15: low 4 bits from byte i (i < 8) or the high nibble of byte i - 8, high 2
+    // bits from byte 8 + i % 4 at bit 2 (i / 4); minus 32
+    const uint32_t w0 = u32(p + 96), w1 = u32(p + 100), w2 = u32(p + 104);
+    const uint32_t n = 0x0F0F0F0F, t = 0x03030303;
+    const __m128i lo = _mm_setr_epi32(w0 & n, w1 & n, (w0 >> 4) & n, (w1 >> 4) & n);
+    const __m128i hi = _mm_setr_epi32(w2 & t, (w2 >> 2) & t, (w2 >> 4) & t, (w2 >> 6) & t);
+    sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+  }
+  __m256i weights(int c) const {   // c = 4h + s; code = low 2 bits + 4 * (bit c of hmask[l])
+    const __m256i low = _mm256_and_si256(_mm256_srli_epi16(load32(p + 32 + 32 * (c / 4)), 2 * (c % 4)), bytes(0x03));
+    return _mm256_or_si256(low, _mm256_and_si256(shift16(load32(p), 2 - c), bytes(0x04)));
+  }
+};
+
+struct AvxIQ4XS {
+  static constexpr int64_t kBytes = 136;
+  static constexpr bool kSigned = true;
+  static constexpr int kScalePer = 32, kOffset = 0, kMins = 0;
+  const uint8_t* p;
+  float d;
+  __m128i sc;
+  __m256 mins[2];
+  explicit AvxIQ4XS(const uint8_t* p_) : p(p_), d(half(p_)) {
+    const uint16_t sh = u16(p + 2);
+    uint64_t s = 0;
+    for (int j = 0; j < 8; ++j) {
+      const int ls = ((p[4 + j / 2] >> (4 * (j % 2))) & 0xF) | (((sh >> (2 * j)) & 3) << 4);
+      s |= uint64_t(static_cast<uint8_t>(ls - 32)) << (8 * j);
+    }
+    sc = _mm_cvtsi64_si128(static_cast<int64_t>(s));
+  }
+  __m256i weights(int c) const { return iq4_lookup(split_nibbles(p + 8 + 16 * c)); }
+};
+
+// The scales of each chunk c (elements 32c .. 32c + 31) as 16 int16 lanes, one per pair of
+// elements: the block's int8 scales widened once to int16 in both 128-bit halves, then one
+// byte shuffle per chunk (scales 2c, 2c + 1 for the two halves where a sub-block is 16).
+template <class F>
+struct ChunkScales {
+  __m256i lo, hi;   // scales 0-7 and 8-15, each in both halves
+  explicit ChunkScales(__m128i sc)
+      : lo(_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc))),
+        hi(F::kScalePer == 16 ? _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8))) : lo) {}
+  static __m128i pick(int i) { return _mm_set1_epi16(static_cast<int16_t>(0x0202 * i + 0x0100)); }
+  __m256i operator()(int c) const {
+    if (F::kScalePer == 32) return _mm256_shuffle_epi8(lo, _mm256_set_m128i(pick(c), pick(c)));
+    const int i = 2 * c % 8;
+    return _mm256_shuffle_epi8(c < 4 ? lo : hi, _mm256_set_m128i(pick(i + 1), pick(i)));
+  }
+};
+
+template <class F, int TM>
+void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  const int64_t K = a.K, nb = a.blocks;
+  __m256 acc[TM];
+  for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const F blk(row + b * F::kBytes);
+    __m256i sum[TM];
+    if constexpr (F::kOffset != 0) {   // -kOffset * sum_i sc_i * sum16_i
+      const __m256i off = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(blk.sc), _mm256_set1_epi16(-F::kOffset));
+      for (int m = 0; m < TM; ++m)
+        sum[m] = _mm256_madd_epi16(off, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                            a.sum16.data() + (m0 + m) * K / 16 + 16 * b)));
+    } else {
+      for (int m = 0; m < TM; ++m) sum[m] = _mm256_setzero_si256();
+    }
+    const int8_t* x = a.q.data() + m0 * K + b * kSuper;
+    const ChunkScales<F> scales(blk.sc);
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) {
+      const __m256i w = blk.weights(c), s = scales(c);
+      const __m256i uw = F::kSigned ? _mm256_sign_epi8(w, w) : w;
+      for (int m = 0; m < TM; ++m) {
+        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + 32 * c));
+        if (F::kSigned) v = _mm256_sign_epi8(v, w);
+        sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), s));
+        keep(sum[m]);
+      }
+    }
+    const __m256 dw = _mm256_set1_ps(blk.d);
+    for (int m = 0; m < TM; ++m) {
+      const int64_t r = m0 + m;
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(a.d.data() + r * nb + b));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), scale, acc[m]);
+      if constexpr (F::kMins == 32) {
+        acc[m] = _mm256_fmadd_ps(blk.mins[0], _mm256_loadu_ps(a.dsum32.data() + r * K / 32 + 8 * b), acc[m]);
+      } else if constexpr (F::kMins == 16) {
+        const float* ds = a.dsum16.data() + r * K / 16 + 16 * b;
+        acc[m] = _mm256_fmadd_ps(blk.mins[0], _mm256_loadu_ps(ds), acc[m]);
+        acc[m] = _mm256_fmadd_ps(blk.mins[1], _mm256_loadu_ps(ds + 8), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < TM; ++m) y[m * ldy] = hsum(acc[m]);
+}
+
+// 32-element formats. Members: kBytes, kSigned; kOffset: whether a float term coef * s * sum
+// is added per block; weights(p) (the 32 codes), coef(p, d).
+
+struct AvxQ4_0 {
+  static constexpr int64_t kBytes = 18;
+  static constexpr bool kSigned = false, kOffset = true;
+  static __m256i weights(const uint8_t* p) { return split_nibbles(p + 2); }
+  static float coef(const uint8_t*, float d) { return -8.0f * d; }
+};
+
+struct AvxQ4_1 {
+  static constexpr int64_t kBytes = 20;
+  static constexpr bool kSigned = false, kOffset = true;
+  static __m256i weights(const uint8_t* p) { return split_nibbles(p + 4); }
+  static float coef(const uint8_t* p, float) { return half(p + 2); }
+};
+
+struct AvxQ5_0 {
+  static constexpr int64_t kBytes = 22;
+  static constexpr bool kSigned = false, kOffset = true;
+  static __m256i weights(const uint8_t* p) { return _mm256_or_si256(split_nibbles(p + 6), fifth_bits(p + 2)); }
+  static float coef(const uint8_t*, float d) { return -16.0f * d; }
+};
+
+struct AvxQ5_1 {
+  static constexpr int64_t kBytes = 24;
+  static constexpr bool kSigned = false, kOffset = true;
+  static __m256i weights(const uint8_t* p) { return _mm256_or_si256(split_nibbles(p + 8), fifth_bits(p + 4)); }
+  static float coef(const uint8_t* p, float) { return half(p + 2); }
+};
+
+struct AvxQ8_0 {
+  static constexpr int64_t kBytes = 34;
+  static constexpr bool kSigned = true, kOffset = false;
+  static __m256i weights(const uint8_t* p) { return load32(p + 2); }
+  static float coef(const uint8_t*, float) { return 0.0f; }
+};
+
+struct AvxIQ4NL {
+  static constexpr int64_t kBytes = 18;
+  static constexpr bool kSigned = true, kOffset = false;
+  static __m256i weights(const uint8_t* p) { return iq4_lookup(split_nibbles(p + 2)); }
+  static float coef(const uint8_t*, float) { return 0.0f; }
+};
+
+template <class F, int TM>
+void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  const int64_t K = a.K, nb = a.blocks;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[TM];
+  __m128 off[TM];
+  for (int m = 0; m < TM; ++m) {
+    acc[m] = _mm256_setzero_ps();
+    off[m] = _mm_setzero_ps();
+  }
+  const int8_t* x = a.q.data() + m0 * K;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * F::kBytes;
+    const __m256i w = F::weights(p);
+    const __m256i uw = F::kSigned ? _mm256_sign_epi8(w, w) : w;
+    const float d = half(p);
+    const __m256 dw = _mm256_set1_ps(d);
+    const __m128 coef = _mm_set_ss(F::coef(p, d));
+    for (int m = 0; m < TM; ++m) {
+      const int64_t r = m0 + m;
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + 32 * b));
+      if (F::kSigned) v = _mm256_sign_epi8(v, w);
+      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), ones);
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(a.d.data() + r * nb + b));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
+      if (F::kOffset) off[m] = _mm_fmadd_ss(coef, _mm_load_ss(a.dsum32.data() + r * nb + b), off[m]);
+    }
+  }
+  for (int m = 0; m < TM; ++m) y[m * ldy] = hsum(acc[m]) + _mm_cvtss_f32(off[m]);
+}
+
+template <class F, bool Super, int TM>
+inline void avx_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
+  if constexpr (Super) avx_k_rows<F, TM>(row, a, m0, y, ldy);
+  else avx_b_rows<F, TM>(row, a, m0, y, ldy);
+}
+
+template <class F, bool Super>
+void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y, int64_t ldy) {
+  static_assert(kTileRows == 4, "one case per tile height");
+  switch (tm) {
+    case 4: return avx_rows<F, Super, 4>(row, a, m0, y, ldy);
+    case 3: return avx_rows<F, Super, 3>(row, a, m0, y, ldy);
+    case 2: return avx_rows<F, Super, 2>(row, a, m0, y, ldy);
+    default: return avx_rows<F, Super, 1>(row, a, m0, y, ldy);
+  }
+}
+#endif  // LOCALPAGED_GGML_AVX2
+
+// The tile function of a type and the rows it takes at once.
+struct Kernel {
+  TileFn fn;
+  int64_t rows;
+};
+
+Kernel kernel_for(int id) {
+#ifdef LOCALPAGED_GGML_AVX2
+  switch (id) {
+    case kQ4_0: return {avx_tile<AvxQ4_0, false>, kTileRows};
+    case kQ4_1: return {avx_tile<AvxQ4_1, false>, kTileRows};
+    case kQ5_0: return {avx_tile<AvxQ5_0, false>, kTileRows};
+    case kQ5_1: return {avx_tile<AvxQ5_1, false>, kTileRows};
+    case kQ8_0: return {avx_tile<AvxQ8_0, false>, kTileRows};
+    case kIQ4_NL: return {avx_tile<AvxIQ4NL, false>, kTileRows};
+    case kQ2_K: return {avx_tile<AvxQ2K, true>, kTileRows};
+    case kQ3_K: return {avx_tile<AvxQ3K, true>, kTileRows};
+    case kQ4_K: return {avx_tile<AvxQ4K, true>, kTileRows};
+    case kQ5_K: return {avx_tile<AvxQ5K, true>, kTileRows};
+    case kQ6_K: return {avx_tile<AvxQ6K, true>, kTileRows};
+    case kIQ4_XS: return {avx_tile<AvxIQ4XS, true>, kTileRows};
+  }
+#else
+  switch (id) {
+    case kQ4_0: return {scalar_b_tile<unpack_q4_0, 18>, kScalarTileRows};
+    case kQ4_1: return {scalar_b_tile<unpack_q4_1, 20>, kScalarTileRows};
+    case kQ5_0: return {scalar_b_tile<unpack_q5_0, 22>, kScalarTileRows};
+    case kQ5_1: return {scalar_b_tile<unpack_q5_1, 24>, kScalarTileRows};
+    case kQ8_0: return {scalar_b_tile<unpack_q8_0, 34>, kScalarTileRows};
+    case kIQ4_NL: return {scalar_b_tile<unpack_iq4_nl, 18>, kScalarTileRows};
+    case kQ2_K: return {scalar_k_tile<unpack_q2_k, 84>, kScalarTileRows};
+    case kQ3_K: return {scalar_k_tile<unpack_q3_k, 110>, kScalarTileRows};
+    case kQ4_K: return {scalar_k_tile<unpack_q4_k, 144>, kScalarTileRows};
+    case kQ5_K: return {scalar_k_tile<unpack_q5_k, 176>, kScalarTileRows};
+    case kQ6_K: return {scalar_k_tile<unpack_q6_k, 210>, kScalarTileRows};
+    case kIQ4_XS: return {scalar_k_tile<unpack_iq4_xs, 136>, kScalarTileRows};
+  }
+#endif
+  TORCH_CHECK(false, "ggml_matmul: no kernel for GGML type ", id);
+  return {nullptr, 1};
+}
+
+}  // namespace
+
+Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
+  RECORD_FUNCTION("localpaged::ggml_matmul", std::vector<c10::IValue>());   // named in profiles
+  const TypeInfo* t = find_type(type_id);
+  TORCH_CHECK(t != nullptr, "ggml_matmul: GGML type ", type_id, " (", other_type_name(type_id),
+              ") is not supported; supported: ", supported_list());
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
+              "ggml_matmul: x must be a float32 [M, K] CPU tensor (got ", x.scalar_type(), " ",
+              x.sizes(), " on ", x.device(), ")");
+  TORCH_CHECK(x.is_contiguous(), "ggml_matmul: x must be contiguous (got strides ", x.strides(), ")");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.device().is_cpu(),
+              "ggml_matmul: w must be a uint8 [N, row_bytes] CPU tensor of ", t->name,
+              " blocks (got ", w.scalar_type(), " ", w.sizes(), " on ", w.device(), ")");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(K > 0 && K % t->elems == 0, "ggml_matmul: K = ", K, " is not a positive multiple of ",
+              t->name, "'s block of ", t->elems, " elements");
+  const int64_t row_bytes = K / t->elems * t->bytes;
+  TORCH_CHECK(w.size(1) == row_bytes, "ggml_matmul: w rows must hold K / ", t->elems, " * ",
+              t->bytes, " = ", row_bytes, " bytes of ", t->name, " blocks for K = ", K, " (got ",
+              w.size(1), ")");
+  TORCH_CHECK(w.stride(1) == 1 && (N <= 1 || w.stride(0) >= row_bytes),
+              "ggml_matmul: w rows must be contiguous bytes, one row after another (got strides ",
+              w.strides(), ")");
+  Tensor y = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+
+  const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32);
+  const Kernel kernel = kernel_for(t->id);
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  const int64_t stride = w.stride(0);
+  float* yp = y.data_ptr<float>();
+  const int64_t group = std::max<int64_t>(1, kGroupBytes / row_bytes);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (M * K));
+  at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += group) {
+      const int64_t n1 = std::min(n_end, n0 + group);
+      for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {
+        const int64_t tm = std::min(kernel.rows, M - m0);
+        for (int64_t n = n0; n < n1; ++n) kernel.fn(wp + n * stride, a, m0, tm, yp + m0 * N + n, N);
+      }
+    }
+  });
+  return y;
+}
+
+std::string ggml_kernel_path() {
+#ifdef LOCALPAGED_GGML_AVX2
+  return "avx2";
+#else
+  return "scalar";
+#endif
+}
+
+bool ggml_supported(int64_t type_id) { return find_type(type_id) != nullptr; }

@@ -1,0 +1,212 @@
+"""kernels/cpu_ggml.cpp: the CPU matmul over GGUF quantized blocks (kept as the file's bytes)
+against float32 math on gguf-py's dequantization, the layout's spec, for every format it takes,
+within the bound its int8 rounding of x allows; a row's result bitwise the same alone, in any
+batch and on any thread count; rows lying apart; bad input refused, naming the type.
+
+Every test runs on three builds: the CPU extension's (-march=native: the AVX2 path on x86-64
+since Haswell / Zen), cpu_ggml.cpp alone with -march=x86-64 (SSE2: the plain C++ path), and,
+where the CPU has AVX-512, cpu_ggml.cpp alone with -march=haswell (the AVX2 path without the
+compiler's AVX-512). The builds of the file alone (with kernels/cpu_ggml_module.cpp, torch ops:
+~20 s on two cores) go to a temporary folder. On a CPU that is not x86-64 those builds skip,
+saying so; nothing skips on this machine."""
+
+import platform
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from localpaged.kernels import cpu_extension
+
+# The formats and the byte offsets of their float16 scales (d, dmin) in a block.
+HALVES = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,),
+          T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
+          T.IQ4_NL: (0,), T.IQ4_XS: (0,)}
+TYPES = list(HALVES)
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f
+                         if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
+FLAGS = cpu_flags()
+NATIVE_AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
+BUILDS = ["native", "x86-64"] + (["haswell"] if "avx512f" in FLAGS else [])
+EXPECTED_PATH = {"native": "avx2" if NATIVE_AVX2 else "scalar", "x86-64": "scalar",
+                 "haswell": "avx2"}
+
+
+class Kernels:
+    """ggml_matmul & co. of one build: the extension's module or torch ops of a build alone."""
+
+    def __init__(self, name: str, ops) -> None:
+        self.name, self.ops = name, ops
+
+    def matmul(self, x, w, qtype):
+        return self.ops.ggml_matmul(x, w, int(qtype))
+
+    def path(self) -> str:
+        return self.ops.ggml_kernel_path()
+
+    def supported(self, type_id: int) -> bool:
+        return self.ops.ggml_supported(type_id)
+
+
+def build_alone(march: str, folder) -> Kernels:
+    """cpu_ggml.cpp with its torch-ops binding, compiled for `march` into `folder`."""
+    from torch.utils.cpp_extension import load
+    name = "localpaged_ggml_" + march.replace("-", "_")
+    here = cpu_extension._HERE
+    load(name, [f"{here}/cpu_ggml.cpp", f"{here}/cpu_ggml_module.cpp"], extra_include_paths=[here],
+         extra_cflags=["-O3", f"-march={march}", "-fopenmp"], extra_ldflags=["-fopenmp"],
+         build_directory=str(folder), is_python_module=False, verbose=False)
+    return Kernels(march, getattr(torch.ops, name))
+
+
+@pytest.fixture(scope="module", params=BUILDS)
+def ggml(request, cpu_ext, tmp_path_factory) -> Kernels:
+    if request.param == "native":
+        return Kernels("native", cpu_ext)
+    if not X86:
+        pytest.skip(f"-march={request.param} is an x86-64 target; this CPU is {platform.machine()}")
+    return build_alone(request.param, tmp_path_factory.mktemp(f"ggml-{request.param}"))
+
+
+def blocks(qtype, N: int, K: int, seed: int) -> torch.Tensor:
+    """uint8 [N, row_bytes] of random blocks whose float16 scales are sane: |d| in [1e-3, 0.1]."""
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 256, (N, K // elems, size), dtype=torch.uint8, generator=g)
+    for offset in HALVES[qtype]:
+        sign = torch.randint(0, 2, (N, K // elems), generator=g) * 2 - 1
+        d = (torch.rand(N, K // elems, generator=g) * 0.099 + 1e-3) * sign
+        w[:, :, offset:offset + 2] = d.half().view(torch.uint8).view(N, K // elems, 2)
+    return w.reshape(N, -1)
+
+
+def dequantized(w: torch.Tensor, qtype) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(w.numpy(), qtype)))
+
+
+def bound(x: torch.Tensor, W: torch.Tensor, qtype) -> torch.Tensor:
+    """cpu_ggml.cpp's tolerance: sum_k |W[n, k]| * max|x over k's block| / 254 (x rounded to int8
+    per block of 256 for the K formats, of 32 otherwise), plus float32 rounding."""
+    group = 256 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 32
+    amax = x.abs().reshape(x.shape[0], -1, group).amax(-1).repeat_interleave(group, 1)
+    return (amax.double() @ W.abs().double().T) / 254 + 1e-5 * (x.abs().double() @ W.abs().double().T)
+
+
+def shapes(qtype):
+    """(M, N, K): M across tiles of 4 rows, N of no particular multiple, K of 1 .. 16 blocks."""
+    elems = gguf.GGML_QUANT_SIZES[qtype][0]
+    counts = (1, 2, 3, 5) if elems == 256 else (1, 3, 9, 16)
+    return [(M, N, elems * c) for (M, N), c in zip([(1, 5), (3, 7), (8, 33), (37, 10)], counts)]
+
+
+def test_the_build_runs_the_path_its_instruction_set_has(ggml):
+    assert ggml.path() == EXPECTED_PATH[ggml.name]
+
+
+def test_it_takes_the_listed_formats_and_no_other(ggml):
+    assert [t for t in range(64) if ggml.supported(t)] == sorted(int(t) for t in TYPES)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_equals_float_math_on_the_dequantized_weights_within_the_bound(ggml, qtype):
+    for i, (M, N, K) in enumerate(shapes(qtype)):
+        w = blocks(qtype, N, K, seed=i)
+        W = dequantized(w, qtype)
+        x = torch.randn(M, K, generator=torch.Generator().manual_seed(100 + i))
+        got = ggml.matmul(x, w, qtype)
+        assert got.dtype == torch.float32 and got.shape == (M, N)
+        err = (got.double() - x.double() @ W.double().T).abs()
+        limit = bound(x, W, qtype)
+        assert bool((err <= limit).all()), (
+            f"{qtype.name} M={M} N={N} K={K}: error {err.max().item():.3g}, "
+            f"{(err / limit).max().item():.2f} of the bound")
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0], ids=lambda t: t.name)
+def test_a_zero_row_gives_zeros_and_a_one_hot_row_a_column(ggml, qtype):
+    """x = 0: y = 0 exactly; x = c e_k: c itself rounds to +-127 s, so y = c W[:, k] up to float
+    rounding (of the scale terms, which may cancel: atol relative to c max|W|)."""
+    elems = gguf.GGML_QUANT_SIZES[qtype][0]
+    K = 2 * elems if elems == 256 else 8 * elems
+    w = blocks(qtype, 9, K, seed=7)
+    W = dequantized(w, qtype)
+    x = torch.zeros(3, K)
+    x[1, 5], x[2, K - 1] = 3.5, -0.02
+    got = ggml.matmul(x, w, qtype)
+    assert torch.equal(got[0], torch.zeros(9))
+    for row, k in ((1, 5), (2, K - 1)):
+        want = x[row, k] * W[:, k]
+        atol = 1e-5 * abs(x[row, k].item()) * W.abs().max().item()
+        assert torch.allclose(got[row], want, rtol=1e-5, atol=atol), (got[row], want)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(ggml, qtype):
+    K = 512 if gguf.GGML_QUANT_SIZES[qtype][0] == 256 else 160
+    w = blocks(qtype, 67, K, seed=3)
+    x = torch.randn(37, K, generator=torch.Generator().manual_seed(4))
+    batched = ggml.matmul(x, w, qtype)
+    assert torch.equal(torch.cat([ggml.matmul(x[i:i + 1].clone(), w, qtype) for i in range(37)]), batched)
+    assert torch.equal(torch.cat([ggml.matmul(x[:6].clone(), w, qtype),
+                                  ggml.matmul(x[6:].clone(), w, qtype)]), batched)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(ggml.matmul(x, w, qtype), batched), f"{n} threads"
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_rows_may_lie_apart(ggml):
+    w = blocks(T.Q4_K, 21, 512, seed=5)
+    apart = torch.zeros(21, w.shape[1] + 40, dtype=torch.uint8)
+    apart[:, :w.shape[1]] = w
+    x = torch.randn(5, 512, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(ggml.matmul(x, apart[:, :w.shape[1]], T.Q4_K), ggml.matmul(x, w, T.Q4_K))
+
+
+def test_an_empty_batch_gives_an_empty_result(ggml):
+    assert ggml.matmul(torch.zeros(0, 256), blocks(T.Q4_K, 3, 256, seed=0), T.Q4_K).shape == (0, 3)
+
+
+@pytest.mark.parametrize("case, message", [
+    ("IQ2_XXS", r"GGML type 16 \(IQ2_XXS\) is not supported; supported: Q4_0 \(2\), Q4_1 \(3\)"),
+    ("F16", r"GGML type 1 \(F16\) is not supported.*Q6_K \(14\).*IQ4_XS \(23\)"),
+    ("type 99", r"GGML type 99 \(unknown\) is not supported"),
+    ("row bytes", r"w rows must hold K / 256 \* 144 = 288 bytes of Q4_K blocks for K = 512 \(got 144\)"),
+    ("K", r"K = 100 is not a positive multiple of Q8_0's block of 32"),
+    ("strided x", r"x must be contiguous"),
+    ("float64 x", r"x must be a float32 \[M, K\] CPU tensor"),
+    ("int8 w", r"w must be a uint8 \[N, row_bytes\] CPU tensor of Q4_K blocks"),
+])
+def test_bad_input_is_refused_naming_the_type(ggml, case, message):
+    x, w, qtype = torch.randn(2, 512), blocks(T.Q4_K, 4, 512, seed=0), int(T.Q4_K)
+    if case in ("IQ2_XXS", "F16"):
+        qtype = int(T[case])
+    elif case == "type 99":
+        qtype = 99
+    elif case == "row bytes":
+        w = w[:, :144]
+    elif case == "K":
+        x, w, qtype = torch.randn(2, 100), torch.zeros(4, 100, dtype=torch.uint8), int(T.Q8_0)
+    elif case == "strided x":
+        x = torch.randn(2, 1024)[:, ::2]
+    elif case == "float64 x":
+        x = x.double()
+    else:
+        w = w.view(torch.int8)
+    with pytest.raises(RuntimeError, match=message):
+        ggml.matmul(x, w, qtype)
