@@ -449,6 +449,7 @@ void scalar_b_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, fl
 // its codes 32 at a time as bytes; the tile loops below are shared.
 
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline __m256i load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 inline __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
 
@@ -616,20 +617,33 @@ struct AvxIQ4XS {
   __m256i weights(int c) const { return iq4_lookup(split_nibbles(p + 8 + 16 * c)); }
 };
 
-// The scales of each chunk c (elements 32c .. 32c + 31) as 16 int16 lanes, one per pair of
-// elements: the block's int8 scales widened once to int16 in both 128-bit halves, then one
-// byte shuffle per chunk (scales 2c, 2c + 1 for the two halves where a sub-block is 16).
+// The scales of chunk c (elements 32c .. 32c + 31) as 16 int16 lanes, one per pair of elements
+// (operator()), or of chunks c, c + 1 for the pairwise sums hadd_epi16(p_c, p_c+1) (pair(c):
+// per 128-bit half, 4 lanes of chunk c, then 4 of chunk c + 1). The block's int8 scales are
+// widened once to int16 in both 128-bit halves, then one byte shuffle picks them. Where a
+// sub-block is 16, the low half of a chunk takes scale 2c and the high half 2c + 1.
 template <class F>
 struct ChunkScales {
   __m256i lo, hi;   // scales 0-7 and 8-15, each in both halves
   explicit ChunkScales(__m128i sc)
       : lo(_mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(sc))),
         hi(F::kScalePer == 16 ? _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_srli_si128(sc, 8))) : lo) {}
-  static __m128i pick(int i) { return _mm_set1_epi16(static_cast<int16_t>(0x0202 * i + 0x0100)); }
+  // bytes picking int16 lane i (8 times), or i (4 times) then j (4 times)
+  static __m128i pick(int i) { return pick(i, i); }
+  static __m128i pick(int i, int j) {
+    const uint64_t four = 0x0001000100010001ULL;
+    return _mm_set_epi64x(static_cast<int64_t>(four * (0x0202 * j + 0x0100)),
+                          static_cast<int64_t>(four * (0x0202 * i + 0x0100)));
+  }
   __m256i operator()(int c) const {
     if (F::kScalePer == 32) return _mm256_shuffle_epi8(lo, _mm256_set_m128i(pick(c), pick(c)));
     const int i = 2 * c % 8;
     return _mm256_shuffle_epi8(c < 4 ? lo : hi, _mm256_set_m128i(pick(i + 1), pick(i)));
+  }
+  __m256i pair(int c) const {   // c even
+    if (F::kScalePer == 32) return _mm256_shuffle_epi8(lo, _mm256_set_m128i(pick(c, c + 1), pick(c, c + 1)));
+    const int i = 2 * c % 8;
+    return _mm256_shuffle_epi8(c < 4 ? lo : hi, _mm256_set_m128i(pick(i + 1, i + 3), pick(i, i + 2)));
   }
 };
 
@@ -651,15 +665,28 @@ void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
     }
     const int8_t* x = a.q.data() + m0 * K + b * kSuper;
     const ChunkScales<F> scales(blk.sc);
+    if constexpr (!F::kSigned) {
+      // unsigned codes (<= 63): the int16 pair sums of two chunks fit one more pairwise add
+      // (<= 4 * 63 * 127), so one madd by their scales serves two chunks
+#pragma GCC unroll 4
+      for (int c = 0; c < 8; c += 2) {
+        const __m256i w0 = blk.weights(c), w1 = blk.weights(c + 1), s = scales.pair(c);
+        for (int m = 0; m < TM; ++m) {
+          const __m256i p0 = _mm256_maddubs_epi16(w0, load32(x + m * K + 32 * c));
+          const __m256i p1 = _mm256_maddubs_epi16(w1, load32(x + m * K + 32 * c + 32));
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), s));
+          keep(sum[m]);
+        }
+      }
+    } else {
 #pragma GCC unroll 8
-    for (int c = 0; c < 8; ++c) {
-      const __m256i w = blk.weights(c), s = scales(c);
-      const __m256i uw = F::kSigned ? _mm256_sign_epi8(w, w) : w;
-      for (int m = 0; m < TM; ++m) {
-        __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + 32 * c));
-        if (F::kSigned) v = _mm256_sign_epi8(v, w);
-        sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), s));
-        keep(sum[m]);
+      for (int c = 0; c < 8; ++c) {
+        const __m256i w = blk.weights(c), s = scales(c), uw = _mm256_sign_epi8(w, w);
+        for (int m = 0; m < TM; ++m) {
+          const __m256i v = _mm256_sign_epi8(load32(x + m * K + 32 * c), w);
+          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), s));
+          keep(sum[m]);
+        }
       }
     }
     const __m256 dw = _mm256_set1_ps(blk.d);
@@ -680,13 +707,44 @@ void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
 }
 
 // 32-element formats. Members: kBytes, kSigned; kOffset: whether a float term coef * s * sum
-// is added per block; weights(p) (the 32 codes), coef(p, d).
+// is added per block; weights(p) (the 32 codes), coef(p, d), and coef8(p, d8) for the 8 blocks
+// from p (d8: their d).
+
+// [lo.low + lo.high, hi.low + hi.high] (128-bit halves: AMD Zen 1 runs a 256-bit cross-lane
+// permute as 8 micro-ops).
+inline __m256i add_halves(__m256i lo, __m256i hi) {
+  const __m128i s0 = _mm_add_epi32(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+  const __m128i s1 = _mm_add_epi32(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+  return _mm256_set_m128i(s1, s0);
+}
+
+// Lane sums of 8 int32 vectors: lane j of the result sums the 8 lanes of dots[j].
+inline __m256i block_sums(const __m256i* dots) {
+  // per 128-bit half: the 4-lane sums of dots 0-3 (lo) and 4-7 (hi)
+  const __m256i lo = _mm256_hadd_epi32(_mm256_hadd_epi32(dots[0], dots[1]), _mm256_hadd_epi32(dots[2], dots[3]));
+  const __m256i hi = _mm256_hadd_epi32(_mm256_hadd_epi32(dots[4], dots[5]), _mm256_hadd_epi32(dots[6], dots[7]));
+  return add_halves(lo, hi);
+}
+
+// The same for 4 vectors each holding two blocks, lanes [j, j, j + 1, j + 1] per 128-bit half
+// (pairs[j / 2], j even): lane j of the result sums block j's lanes.
+inline __m256i pair_block_sums(const __m256i* pairs) {
+  return add_halves(_mm256_hadd_epi32(pairs[0], pairs[1]), _mm256_hadd_epi32(pairs[2], pairs[3]));
+}
+
+// The float16 at p, p + Bytes, ..., p + 7 Bytes.
+template <int64_t Bytes>
+inline __m256 halves8(const uint8_t* p) {
+  auto h = [p](int j) { return static_cast<short>(u16(p + j * Bytes)); };
+  return _mm256_cvtph_ps(_mm_setr_epi16(h(0), h(1), h(2), h(3), h(4), h(5), h(6), h(7)));
+}
 
 struct AvxQ4_0 {
   static constexpr int64_t kBytes = 18;
   static constexpr bool kSigned = false, kOffset = true;
   static __m256i weights(const uint8_t* p) { return split_nibbles(p + 2); }
   static float coef(const uint8_t*, float d) { return -8.0f * d; }
+  static __m256 coef8(const uint8_t*, __m256 d8) { return _mm256_mul_ps(_mm256_set1_ps(-8.0f), d8); }
 };
 
 struct AvxQ4_1 {
@@ -694,6 +752,7 @@ struct AvxQ4_1 {
   static constexpr bool kSigned = false, kOffset = true;
   static __m256i weights(const uint8_t* p) { return split_nibbles(p + 4); }
   static float coef(const uint8_t* p, float) { return half(p + 2); }
+  static __m256 coef8(const uint8_t* p, __m256) { return halves8<kBytes>(p + 2); }
 };
 
 struct AvxQ5_0 {
@@ -701,6 +760,7 @@ struct AvxQ5_0 {
   static constexpr bool kSigned = false, kOffset = true;
   static __m256i weights(const uint8_t* p) { return _mm256_or_si256(split_nibbles(p + 6), fifth_bits(p + 2)); }
   static float coef(const uint8_t*, float d) { return -16.0f * d; }
+  static __m256 coef8(const uint8_t*, __m256 d8) { return _mm256_mul_ps(_mm256_set1_ps(-16.0f), d8); }
 };
 
 struct AvxQ5_1 {
@@ -708,6 +768,7 @@ struct AvxQ5_1 {
   static constexpr bool kSigned = false, kOffset = true;
   static __m256i weights(const uint8_t* p) { return _mm256_or_si256(split_nibbles(p + 8), fifth_bits(p + 4)); }
   static float coef(const uint8_t* p, float) { return half(p + 2); }
+  static __m256 coef8(const uint8_t* p, __m256) { return halves8<kBytes>(p + 2); }
 };
 
 struct AvxQ8_0 {
@@ -715,6 +776,7 @@ struct AvxQ8_0 {
   static constexpr bool kSigned = true, kOffset = false;
   static __m256i weights(const uint8_t* p) { return load32(p + 2); }
   static float coef(const uint8_t*, float) { return 0.0f; }
+  static __m256 coef8(const uint8_t*, __m256) { return _mm256_setzero_ps(); }
 };
 
 struct AvxIQ4NL {
@@ -722,11 +784,12 @@ struct AvxIQ4NL {
   static constexpr bool kSigned = true, kOffset = false;
   static __m256i weights(const uint8_t* p) { return iq4_lookup(split_nibbles(p + 2)); }
   static float coef(const uint8_t*, float) { return 0.0f; }
+  static __m256 coef8(const uint8_t*, __m256) { return _mm256_setzero_ps(); }
 };
 
 template <class F, int TM>
 void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
-  const int64_t K = a.K, nb = a.blocks;
+  const int64_t K = a.K, nb = a.blocks, groups = nb / 8;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[TM];
   __m128 off[TM];
@@ -735,7 +798,48 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
     off[m] = _mm_setzero_ps();
   }
   const int8_t* x = a.q.data() + m0 * K;
-  for (int64_t b = 0; b < nb; ++b) {
+  // 8 blocks at a time: their codes unpacked once into L1 for every row; per row, 8 integer dots
+  // reduced to one vector of the 8 block sums, then one multiply-add by d * s for all 8
+  alignas(32) int8_t codes[8][32], signs[8][32];
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* p = row + 8 * g * F::kBytes;
+    for (int j = 0; j < 8; ++j) {
+      const __m256i w = F::weights(p + j * F::kBytes);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[j]), F::kSigned ? _mm256_sign_epi8(w, w) : w);
+      if (F::kSigned) _mm256_store_si256(reinterpret_cast<__m256i*>(signs[j]), w);
+    }
+    const __m256 d8 = halves8<F::kBytes>(p), coef8 = F::coef8(p, d8);
+    for (int m = 0; m < TM; ++m) {
+      const int64_t r = m0 + m;
+      const int8_t* xg = x + m * K + 256 * g;
+      auto code = [&](int j) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(codes[j])); };
+      __m256i sums;
+      if constexpr (!F::kSigned) {
+        // unsigned codes (<= 31): two blocks' int16 pair sums fit one more pairwise add
+        // (<= 4 * 31 * 127), so one madd by 1 serves two blocks
+        __m256i pairs[4];
+        for (int j = 0; j < 8; j += 2) {
+          const __m256i p0 = _mm256_maddubs_epi16(code(j), load32(xg + 32 * j));
+          const __m256i p1 = _mm256_maddubs_epi16(code(j + 1), load32(xg + 32 * j + 32));
+          pairs[j / 2] = _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones);
+        }
+        sums = pair_block_sums(pairs);
+      } else {
+        __m256i dots[8];
+        for (int j = 0; j < 8; ++j) {
+          const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(signs[j]));
+          dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(code(j), _mm256_sign_epi8(load32(xg + 32 * j), s)), ones);
+        }
+        sums = block_sums(dots);
+      }
+      const __m256 scale = _mm256_mul_ps(d8, _mm256_loadu_ps(a.d.data() + r * nb + 8 * g));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), scale, acc[m]);
+      if (F::kOffset)
+        acc[m] = _mm256_fmadd_ps(coef8, _mm256_loadu_ps(a.dsum32.data() + r * nb + 8 * g), acc[m]);
+    }
+  }
+  // the last nb % 8 blocks one at a time
+  for (int64_t b = 8 * groups; b < nb; ++b) {
     const uint8_t* p = row + b * F::kBytes;
     const __m256i w = F::weights(p);
     const __m256i uw = F::kSigned ? _mm256_sign_epi8(w, w) : w;
