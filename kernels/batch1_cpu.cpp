@@ -3,7 +3,8 @@
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
 // models/llama.py (RMSNorm in float32: F.rms_norm or kernels/cpu_norm.cpp; rotate, Attention,
 // MLP, DecoderLayer), models/linear.py (Linear), quant/cpu.py (CpuInt4Weight.matmul),
-// quant/cpu_tiles.py (CpuInt4Tiles.matmul, the kernel of kernels/cpu_int4.cpp) and
+// quant/cpu_tiles.py (CpuInt4Tiles.matmul, the kernel of kernels/cpu_int4.cpp), quant/ggml.py
+// (GgmlWeight.matmul, the kernel of kernels/cpu_ggml.cpp; PartsWeight via quant/linear.py) and
 // kernels/cpu_ops.py (write_kv, then the decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
 // `cpu` attention backend; only the interpreter between the calls is gone. A change to any of
 // those functions must be made here too (tests/test_batch1_cpu.py compares the two).
@@ -11,6 +12,7 @@
 #include "batch1_cpu.h"
 
 #include "cpu_decode.h"
+#include "cpu_ggml.h"
 #include "cpu_int4.h"
 #include "cpu_norm.h"
 
@@ -20,7 +22,8 @@ namespace {
 
 // One decoder linear, as the Python module computes a [1, K] row. `kind` is (code, parameter),
 // the code saying which module (batch1_cpu.py: _layout) and which tensors `w` points at; `w` is
-// advanced past them.
+// advanced past them. code | kBias: a QuantLinear's bias follows, added as QuantLinear.forward
+// adds it.
 enum Code : int64_t {
   kLinear = 0,     // F.linear: (weight)
   kSplit = 1,      // models/linear.py times_blocks over `parameter` row blocks, one bmm:
@@ -28,27 +31,45 @@ enum Code : int64_t {
   kInt4Torch = 2,  // CpuInt4Weight.matmul, group size `parameter`: (packed, scales_zeros), bf16
                    // activations into torch's packed int4 op, the result back in x's dtype
   kInt4Tiles = 3,  // CpuInt4Tiles.matmul, group size `parameter`: (packed, scales, mins)
+  kGgml = 4,       // GgmlWeight.matmul, GGML type number `parameter`: (data)
+  kGgmlParts = 5,  // PartsWeight of `parameter` GgmlWeights: (type numbers int64 [parameter],
+                   // then each part's data), the outputs concatenated
 };
+constexpr int64_t kBias = 16;
 
-Tensor linear(const Tensor& x, const int64_t* kind, const Tensor*& w) {
-  switch (kind[0]) {
+Tensor unbiased(const Tensor& x, int64_t code, int64_t parameter, const Tensor*& w) {
+  switch (code) {
+    case kGgml:
+      return ggml_matmul(x.contiguous(), *w++, parameter);
+    case kGgmlParts: {
+      const Tensor& types = *w++;
+      std::vector<Tensor> parts;
+      for (int64_t i = 0; i < parameter; ++i) parts.push_back(ggml_matmul(x.contiguous(), *w++, types[i].item<int64_t>()));
+      return at::cat(parts, -1);
+    }
     case kInt4Torch: {
-      Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16).contiguous(), w[0], kind[1], w[1]);
+      Tensor y = at::_weight_int4pack_mm_for_cpu(x.to(at::kBFloat16).contiguous(), w[0], parameter, w[1]);
       w += 2;
       return y.to(x.scalar_type());
     }
     case kInt4Tiles: {
-      Tensor y = int4_matmul(x, w[0], w[1], w[2], kind[1]);
+      Tensor y = int4_matmul(x, w[0], w[1], w[2], parameter);
       w += 3;
       return y;
     }
     case kSplit: {
       const Tensor& blocks = *w++;
-      return at::bmm(x.expand({kind[1], 1, blocks.size(1)}), blocks).view({1, kind[1] * blocks.size(2)});
+      return at::bmm(x.expand({parameter, 1, blocks.size(1)}), blocks).view({1, parameter * blocks.size(2)});
     }
     default:
       return at::linear(x, *w++);
   }
+}
+
+Tensor linear(const Tensor& x, const int64_t* kind, const Tensor*& w) {
+  Tensor y = unbiased(x, kind[0] & ~kBias, kind[1], w);
+  if (kind[0] & kBias) y = y + *w++;
+  return y;
 }
 
 }  // namespace

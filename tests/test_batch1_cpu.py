@@ -1,4 +1,4 @@
-"""models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4 or float32 weights) gives
+"""models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4, GGML or float32 weights) gives
 bitwise the tokens and logprobs of the Python path (the engine with enforce_eager, the same `cpu`
 attention backend), over one run of blocks and over several; its greedy tokens equal
 transformers' (float32: `generate` on the same weights, token for token; int4: transformers on
@@ -102,12 +102,30 @@ def test_greedy_tokens_equal_transformers(engines, calls, tiny_llama):
     assert compared >= len(batch) * n // 2           # the rule leaves real tokens to compare
 
 
-@pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "int4"), ("qwen3", "none"),
+@pytest.mark.parametrize("kind, quantization", [("qwen2-bias", "none"), ("qwen3", "none"),
                                                 ("llama-gqa", "int8")])
 def test_models_it_cannot_run_decode_in_python(tiny_root, kind, quantization):
     llm = LLM(tiny_models.build(kind, tiny_root), quantization=quantization, num_kv_blocks=16)
     assert llm.engine.runner.batch1 is None
     assert llm.generate(prompts(1, seed=2), greedy(4))[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("path", ["MIXED", "qwen2-Q4_K_M"])
+def test_ggml_weights_equal_the_python_path(path, tmp_path, cpu_ext, calls):
+    """GGML blocks on the extension's kernel: every format of gguf-py's writer mixed inside each
+    layer (fused parts in different formats: PartsWeight), and llama.cpp's Qwen2 Q4_K_M (q/k/v
+    biases on QuantLinear)."""
+    from ggml_models import write_tiny_gguf
+    from test_ggml_engine import committed
+    path = write_tiny_gguf(str(tmp_path / "m.gguf"), tensor_type="MIXED") if path == "MIXED" \
+        else committed(path)
+    fast = LLM(path, num_kv_blocks=64)
+    python = LLM(path, num_kv_blocks=64, enforce_eager=True)
+    assert fast.engine.runner.batch1 is not None and python.engine.runner.batch1 is None
+    params = greedy(16, logprobs=1)
+    for prompt in prompts(2, seed=5):
+        assert outputs(fast, [prompt], params) == outputs(python, [prompt], params)
+    assert calls                                  # the C++ loop ran the steps
 
 
 @pytest.mark.parametrize("broken", ["build", "check"])

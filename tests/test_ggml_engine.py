@@ -35,7 +35,10 @@ WRITTEN = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")       # gguf-py's quantizer w
 # llama.cpp-made files that together hold every other format (Q5_K_M, Q6_K hold no new one)
 FILES = ("Q4_K_M", "qwen2-Q4_K_M", "Q3_K_M", "Q2_K", "IQ4_XS", "IQ4_NL")
 N_NEW = 12
-MARGIN = 0.05        # logits of these models are ~1-3; int8 activations move them by ~0.01
+# The integer kernel quantizes activations to int8 per block (as llama.cpp): on these models
+# (logits' std ~1.3) that moves logits by ~0.03 on average and by 0.15-0.28 at most (measured
+# per format: Q8_0 0.19, Q4_0 0.15, Q6_K 0.28), so a race closer than MARGIN may flip.
+MARGIN = 0.6
 
 
 def reference_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
@@ -156,12 +159,12 @@ def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
     path = written.get(name) or committed(name)
     llm = LLM(path, num_kv_blocks=256)
     assert all(w.kernel is not None for w in linears(llm).values() if isinstance(w, GgmlWeight))
-    batch = prompts(10, seed=7)
-    alone = token_ids([llm.generate([p], greedy(N_NEW))[0] for p in batch])
-    assert token_ids(llm.generate(batch, greedy(N_NEW))) == alone             # batched, cold
-    assert token_ids(llm.generate(batch, greedy(N_NEW))) == alone             # prefix hits
-    small = LLM(path, num_kv_blocks=12)
-    assert token_ids(small.generate(batch, greedy(N_NEW))) == alone
+    batch = prompts(12, seed=11)          # preempts in 10 blocks (as test_quant_engine.py)
+    alone = token_ids([llm.generate([p], greedy(16))[0] for p in batch])
+    assert token_ids(llm.generate(batch, greedy(16))) == alone             # batched, cold
+    assert token_ids(llm.generate(batch, greedy(16))) == alone             # prefix hits
+    small = LLM(path, num_kv_blocks=10)
+    assert token_ids(small.generate(batch, greedy(16))) == alone
     assert small.stats().num_preemptions > 0
     compared = 0
     with pytest.MonkeyPatch.context() as mp:

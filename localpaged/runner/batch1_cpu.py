@@ -12,8 +12,10 @@ the background: steps decode in Python until it is ready, so the first reply nev
 
 Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls the same decode
 kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
-CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles) or float32 (models/linear.py: Linear, threaded
-split included) without bias, no q/k norms. Anything else decodes in Python.
+CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles), GGML blocks on the extension's kernel
+(quant/ggml.py: GgmlWeight, or a PartsWeight of them), with or without a bias, or float32
+(models/linear.py: Linear, threaded split included) without bias; no q/k norms. Anything else
+decodes in Python.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.models.linear import Linear
 from localpaged.models.llama import split_rope
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
+from localpaged.quant.ggml import GgmlWeight, PartsWeight
 from localpaged.quant.linear import CPU_INT4, QuantLinear
 
 
@@ -33,25 +36,45 @@ def _linears(layer) -> tuple:
             layer.mlp.down_proj)
 
 
-# linear codes of batch1_cpu.cpp (enum Code)
-LINEAR, SPLIT, INT4_TORCH, INT4_TILES = range(4)
+# linear codes of batch1_cpu.cpp (enum Code), and its flag for a QuantLinear's bias
+LINEAR, SPLIT, INT4_TORCH, INT4_TILES, GGML, GGML_PARTS = range(6)
+BIAS = 16
+
+
+def _on_kernel(pw) -> bool:
+    return isinstance(pw, GgmlWeight) and pw.kernel is not None
 
 
 def _supported(linear) -> bool:
-    """int4 (either CPU form) or float32 Linear, without bias."""
+    """int4 (either CPU form) or GGML blocks on the extension's kernel, with or without a
+    (float32) bias, or a float32 Linear without one."""
     if isinstance(linear, QuantLinear):
-        return isinstance(linear.packed, CPU_INT4) and linear.bias is None
+        pw = linear.packed
+        fits = isinstance(pw, CPU_INT4) or _on_kernel(pw) or (
+            isinstance(pw, PartsWeight) and all(_on_kernel(p) for p in pw.parts))
+        return fits and (linear.bias is None or linear.bias.dtype == torch.float32)
     return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
+
+
+def _quant_layout(pw) -> tuple[list[int], list[torch.Tensor]]:
+    if isinstance(pw, CpuInt4Tiles):
+        return [INT4_TILES, pw.group_size], [pw.packed, pw.scales, pw.mins]
+    if isinstance(pw, GgmlWeight):
+        return [GGML, pw.type_id], [pw.data]
+    if isinstance(pw, PartsWeight):
+        types = torch.tensor([p.type_id for p in pw.parts], dtype=torch.int64)
+        return [GGML_PARTS, len(pw.parts)], [types, *(p.data for p in pw.parts)]
+    return [INT4_TORCH, pw.group_size], [pw.packed, pw.scales_zeros]
 
 
 def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
     """How the Python module computes one row, as batch1_cpu.cpp's code (see `linear` there):
     (code, parameter) and the tensors that code reads."""
     if isinstance(linear, QuantLinear):
-        pw = linear.packed
-        if isinstance(pw, CpuInt4Tiles):
-            return [INT4_TILES, pw.group_size], [pw.packed, pw.scales, pw.mins]
-        return [INT4_TORCH, pw.group_size], [pw.packed, pw.scales_zeros]
+        (code, parameter), tensors = _quant_layout(linear.packed)
+        if linear.bias is not None:
+            return [code | BIAS, parameter], [*tensors, linear.bias]
+        return [code, parameter], tensors
     blocks = linear.split_blocks(threads) if threads >= 2 else None
     return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks])
 
