@@ -95,10 +95,24 @@ class _InitParams(ctypes.Structure):
                 ("no_alloc", ctypes.c_bool)]
 
 
-class Ggml:
-    """ggml's mul_mat: one context and graph of y_i = W_i @ x for a list of weight matrices."""
+class _ThreadpoolParams(ctypes.Structure):   # ggml.h, GGML_MAX_N_THREADS = 512
+    _fields_ = [("cpumask", ctypes.c_bool * 512), ("n_threads", ctypes.c_int),
+                ("prio", ctypes.c_int), ("poll", ctypes.c_uint32), ("strict_cpu", ctypes.c_bool),
+                ("paused", ctypes.c_bool)]
 
-    def __init__(self, lib_dir: str) -> None:
+
+class _Cplan(ctypes.Structure):               # ggml-cpu.h
+    _fields_ = [("work_size", ctypes.c_size_t), ("work_data", ctypes.c_void_p),
+                ("n_threads", ctypes.c_int), ("threadpool", ctypes.c_void_p),
+                ("abort_callback", ctypes.c_void_p), ("abort_callback_data", ctypes.c_void_p),
+                ("use_ref", ctypes.c_bool)]
+
+
+class Ggml:
+    """ggml's mul_mat: one context and graph of y_i = W_i @ x for a list of weight matrices, run
+    on one persistent ggml threadpool (as llama.cpp runs its graphs) with its work buffer."""
+
+    def __init__(self, lib_dir: str, threads: int) -> None:
         self.base = ctypes.CDLL(os.path.join(lib_dir, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
         self.cpu = ctypes.CDLL(os.path.join(lib_dir, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
         b, c, p = self.base, self.cpu, ctypes.c_void_p
@@ -113,15 +127,26 @@ class Ggml:
         b.ggml_free.argtypes = [p]
         b.ggml_tensor_overhead.restype = ctypes.c_size_t
         b.ggml_graph_overhead.restype = ctypes.c_size_t
-        c.ggml_graph_compute_with_ctx.argtypes = [p, p, ctypes.c_int]
+        b.ggml_threadpool_params_default.restype = _ThreadpoolParams
+        b.ggml_threadpool_params_default.argtypes = [ctypes.c_int]
+        c.ggml_threadpool_new.restype = p
+        c.ggml_threadpool_new.argtypes = [ctypes.POINTER(_ThreadpoolParams)]
+        c.ggml_threadpool_free.argtypes = [p]
+        c.ggml_graph_plan.restype, c.ggml_graph_plan.argtypes = _Cplan, [p, ctypes.c_int, p]
+        c.ggml_graph_compute.argtypes = [p, ctypes.POINTER(_Cplan)]
         c.ggml_cpu_init()
+        params = b.ggml_threadpool_params_default(threads)
+        self.threads, self.pool = threads, c.ggml_threadpool_new(ctypes.byref(params))
 
-    def graph(self, weights: list[torch.Tensor], type_id: int, K: int, M: int, threads: int):
-        """A callable computing every W_i @ x (x random), and a function returning y_0."""
+    def close(self) -> None:
+        self.cpu.ggml_threadpool_free(self.pool)
+
+    def graph(self, weights: list[torch.Tensor], type_id: int, K: int, M: int):
+        """A callable computing every W_i @ x (x random), and a function returning (x, y_0)."""
         b = self.base
         size = sum(w.numel() for w in weights) + 4 * M * (K + sum(w.shape[0] for w in weights))
-        size += (2 * len(weights) + 2) * (b.ggml_tensor_overhead() + 4096) + b.ggml_graph_overhead()
-        ctx = b.ggml_init(_InitParams(size + (64 << 20), None, False))   # + the work buffer
+        size += (2 * len(weights) + 2) * (b.ggml_tensor_overhead() + 64) + b.ggml_graph_overhead()
+        ctx = b.ggml_init(_InitParams(size + (1 << 20), None, False))
         x = b.ggml_new_tensor_2d(ctx, 0, K, M)
         xs = torch.randn(M, K).numpy()
         ctypes.memmove(b.ggml_get_data(x), xs.ctypes.data, xs.nbytes)
@@ -133,15 +158,19 @@ class Ggml:
             ctypes.memmove(b.ggml_get_data(t), w.contiguous().data_ptr(), w.numel())
             outs.append(b.ggml_mul_mat(ctx, t, x))
             b.ggml_build_forward_expand(gf, outs[-1])
+        plan = self.cpu.ggml_graph_plan(gf, self.threads, self.pool)
+        work = ctypes.create_string_buffer(max(1, plan.work_size))
+        plan.work_data = ctypes.cast(work, ctypes.c_void_p)
 
         def run():
-            self.cpu.ggml_graph_compute_with_ctx(ctx, gf, threads)
+            self.cpu.ggml_graph_compute(gf, ctypes.byref(plan))
 
         def first_output() -> tuple[torch.Tensor, torch.Tensor]:
             y = np.empty((M, weights[0].shape[0]), np.float32)
             ctypes.memmove(y.ctypes.data, b.ggml_get_data(outs[0]), y.nbytes)
             return torch.from_numpy(xs), torch.from_numpy(y)
 
+        run.work = work                          # alive as long as the graph
         run.free = lambda: b.ggml_free(ctx)
         return run, first_output
 
@@ -163,7 +192,6 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
                 args, gen) -> dict:
     import gguf
     type_id = int(gguf.GGMLQuantizationType[type_name])
-    threads = torch.get_num_threads()
     w = random_blocks(type_name, N, K, gen)
     nbytes = w.numel()
     row = {"type": type_name, "shape": name, "N": N, "K": K, "MB": nbytes / 1e6}
@@ -201,7 +229,7 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
 
     if ggml is not None:
         group = [w] + [w.clone() for _ in range(copies_for(nbytes, args.stream_mb) - 1)]
-        run, first = ggml.graph(group, type_id, K, 1, threads)
+        run, first = ggml.graph(group, type_id, K, 1)
         row["lcpp_m1_us"] = median_time(run, args.passes) / len(group) * 1e6
         x0, y0 = first()
         row["lcpp_rel_err_vs_ours"] = ((y0 - module.ggml_matmul(x0, w, type_id)).abs().max()
@@ -209,7 +237,7 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
         run.free()
         del group
         for M in args.batches:
-            run, _ = ggml.graph([w], type_id, K, M, threads)
+            run, _ = ggml.graph([w], type_id, K, M)
             row[f"lcpp_m{M}_ms"] = median_time(run, args.passes) * 1e3
             run.free()
     return row
@@ -275,7 +303,7 @@ def main() -> int:
     print(f"CPU extension ready after {time.monotonic() - start:.1f} s; ggml kernels: "
           f"{module.ggml_kernel_path()}; {torch.get_num_threads()} threads; {platform.processor()}")
     lib = find_llama_cpp_lib(args.llama_cpp_lib)
-    ggml = Ggml(lib) if lib else None
+    ggml = Ggml(lib, torch.get_num_threads()) if lib else None
     print(f"llama.cpp: {lib or 'not found (--llama-cpp-lib)'}")
     bandwidth = read_bandwidth()
     gen = torch.Generator().manual_seed(0)
@@ -290,6 +318,8 @@ def main() -> int:
             if args.quick:
                 head_args.batches = [b for b in args.batches if b <= 64] or [1]
             rows.append(bench_shape(module, ggml, "Q6_K", *LM_HEAD, head_args, gen))
+    if ggml is not None:
+        ggml.close()
     print_table(rows, args, bandwidth)
     step = decode_step(rows)
     for k, v in step.items():

@@ -13,30 +13,36 @@
 //    s = max|x| / 127 over the block: blocks of 256 for the K formats (with the sums of every 16
 //    values, int16, and s times them, for the sub-block mins and offsets), blocks of 32 for the
 //    32-element formats (with s times the block's sum).
-// 2. Per weight block, the integer dot products of the weights' unsigned codes with a, summed in
-//    int32: AVX2 `_mm256_maddubs_epi16` (u8 x s8 pairs -> int16; no overflow: |code| <= 63 or
-//    |a| <= 127 with |w| <= 128 gives at most 2 * 128 * 127 < 2^15), then `_mm256_madd_epi16` by
-//    the sub-block scales (K formats) or by 1. Signed codes (Q8_0, IQ4_NL, IQ4_XS) go through
-//    the usual sign trick, maddubs(|w|, a * sign(w)). Offsets are folded into integers where they
-//    are integers: Q6_K's q - 32 and Q3_K's q - 4 as -32 (-4) * sum_i sc_i * sum16_i, added to
-//    the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and the mins of Q4_1/Q5_1 as
-//    (coefficient * s * sum) in float.
-// 3. The block's int32 sum times d * s into float32 lanes, plus the float mins term of Q2_K,
-//    Q4_K, Q5_K: (-dmin * m_j) * (s * sum_j) per sub-block j, as fused multiply-adds.
+// 2. Per weight block, the integer dot products of the weights' codes with a, exact in int32:
+//    AVX2 `_mm256_maddubs_epi16` (u8 code x s8 a, adjacent pairs summed -> int16: at most
+//    2 * 128 * 127 < 2^15), then `_mm256_madd_epi16` by the sub-block scales (K formats) or by 1
+//    (pairs summed -> int32). Unsigned codes (<= 63: all but Q8_0, IQ4_NL, IQ4_XS) leave room
+//    for one more pairwise add, so `_mm256_hadd_epi16` joins the products of two 32-element
+//    chunks (or blocks) and one madd serves both; signed codes go through the sign trick,
+//    maddubs(|w|, a * sign(w)). Integer offsets stay integers: Q6_K's q - 32 and Q3_K's q - 4 as
+//    -32 (-4) * sum_i sc_i * sum16_i in the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and
+//    the mins of Q4_1 / Q5_1 as coefficient * (s * sum) in float.
+// 3. K formats: the block's int32 sum times d * s into 8 float32 lanes, plus the float mins
+//    term of Q2_K, Q4_K, Q5_K, (-dmin * m_j) * (s * sum_j) per sub-block j, as fused
+//    multiply-adds. 32-element formats: 8 blocks at a time, their 8 int32 sums gathered into the
+//    8 lanes of one vector (hadd), times d * s per lane, plus coefficient * (s * sum).
 //
 // Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
 // (blocks in order into 8 float lanes, then one fixed lane sum), so it is bitwise the same
 // whatever M is, whatever the other rows are, however rows are tiled and on any thread count.
-// The work is split over output rows n (at::parallel_for); within a thread, groups of rows
-// (~64 KB of weights) and tiles of up to kTileRows rows of x: each weight block is unpacked
-// once per tile and multiplied with every row of the tile, so at M = 1 each weight byte is
-// read once from memory, and for M > 1 once from memory and then from the cache.
+// The work is split over output rows n: groups of rows (~64 KB of weights) that the threads of
+// one at::parallel_for region take in order from a shared counter. Within a group, tiles of up
+// to kTileRows rows of x: each weight block is unpacked once per tile (nibbles -> bytes, scales
+// -> int16 lanes) and multiplied with every row of the tile, so each weight byte is read once
+// from memory and, for M > 4, again from the L2 cache.
 //
 // Tolerance against float32 math on the dequantized weights: the quantization of x moves each
 // x_k by at most s_k / 2 = max|x over k's block| / 254 (a value below that rounds to 0: by at
 // most |x_k|), so |y - x @ W.T| <= sum_k |W[n, k]| * max|x over k's block| / 254, plus float32
-// rounding (~1e-6 relative to sum_k |x_k W[n, k]|). Random data lands near 1/sqrt(K) of that
-// bound; tests/test_cpu_ggml.py checks the bound itself.
+// rounding (~1e-6 relative to sum_k |x_k W[n, k]|). Random data stays within 0.1-0.3 of that
+// bound (the errors add up like a random walk); tests/test_cpu_ggml.py checks the bound itself.
+// The rounding of x is llama.cpp's: on the same bytes its outputs and these agree to ~3e-8 of
+// sum_k |x_k W[n, k]| for the K formats, ~3e-5 for the others (llama.cpp keeps s in float16).
 //
 // Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
 // plain C++ (any CPU; the compiler vectorizes what it can). ggml_kernel_path() says which.
@@ -50,8 +56,10 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -197,9 +205,10 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B) {
       int8_t* qr = a.q.data() + m * K;
       float* dr = a.d.data() + m * a.blocks;
       for (int64_t b = 0; b < a.blocks; ++b) {
-        const float amax = block_amax(xr + b * B, B);
+        const float amax = block_amax(xr + b * B, B), id = 127.0f / amax;
         dr[b] = amax / 127.0f;
-        quantize_values(xr + b * B, B, amax > 0.0f ? 127.0f / amax : 0.0f, qr + b * B);
+        // a block of zeros, or with max|x| < 127 / FLT_MAX (~4e-37), counts as zeros
+        quantize_values(xr + b * B, B, id <= std::numeric_limits<float>::max() ? id : 0.0f, qr + b * B);
       }
       for (int64_t j = 0; j < K / 32; ++j) {
         int32_t s[2] = {0, 0};
@@ -899,8 +908,8 @@ Kernel kernel_for(int id) {
     case kQ6_K: return {avx_tile<AvxQ6K, true>, kTileRows};
     case kIQ4_XS: return {avx_tile<AvxIQ4XS, true>, kTileRows};
   }
-#else
-  switch (id) {
+#endif
+  switch (id) {   // plain C++ (every format has an AVX2 kernel: this is for other CPUs)
     case kQ4_0: return {scalar_b_tile<unpack_q4_0, 18>, kScalarTileRows};
     case kQ4_1: return {scalar_b_tile<unpack_q4_1, 20>, kScalarTileRows};
     case kQ5_0: return {scalar_b_tile<unpack_q5_0, 22>, kScalarTileRows};
@@ -914,7 +923,6 @@ Kernel kernel_for(int id) {
     case kQ6_K: return {scalar_k_tile<unpack_q6_k, 210>, kScalarTileRows};
     case kIQ4_XS: return {scalar_k_tile<unpack_iq4_xs, 136>, kScalarTileRows};
   }
-#endif
   TORCH_CHECK(false, "ggml_matmul: no kernel for GGML type ", id);
   return {nullptr, 1};
 }
@@ -951,11 +959,19 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t stride = w.stride(0);
   float* yp = y.data_ptr<float>();
+  // Work items: groups of output rows (~64 KB of weights), taken in order from a shared counter
+  // by each thread of one parallel region: a thread that starts late (a busy core) takes fewer,
+  // instead of holding the others up with a fixed share. Which thread computes a row changes
+  // nothing in its result.
   const int64_t group = std::max<int64_t>(1, kGroupBytes / row_bytes);
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / (M * K));
-  at::parallel_for(0, N, grain, [&](int64_t n_begin, int64_t n_end) {
-    for (int64_t n0 = n_begin; n0 < n_end; n0 += group) {
-      const int64_t n1 = std::min(n_end, n0 + group);
+  const int64_t items = (N + group - 1) / group;
+  const int64_t min_macs = int64_t(1) << 18;   // per thread, else fewer threads
+  const int64_t threads = std::max<int64_t>(
+      1, std::min<int64_t>({at::get_num_threads(), items, M * N * K / min_macs}));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
       for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {
         const int64_t tm = std::min(kernel.rows, M - m0);
         for (int64_t n = n0; n < n1; ++n) kernel.fn(wp + n * stride, a, m0, tm, yp + m0 * N + n, N);
