@@ -68,7 +68,10 @@ class Rotary(nn.Module):
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             base = params.get("rope_theta", 10000.0)
-            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            # device="cpu" even inside the loader's meta-device context: a meta arange imports
+            # torch._dynamo (~3 s of a model load); the loader builds the real Rotary afterwards
+            steps = torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu")
+            inv_freq = 1.0 / (base ** (steps / head_dim))
             self.scaling = 1.0
         else:
             inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
@@ -189,7 +192,10 @@ class DecoderLayer(nn.Module):
 class DecoderModel(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # _weight: no random init (the loader fills it; on the meta device, init would import
+        # torch._dynamo, ~4 s of a model load)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
+                                         _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(DecoderLayer(config, head_dim)
                                     for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
@@ -231,7 +232,7 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
     source tensor is freed once its final form exists. On CPU the final tensors become the
     parameters (assign=True; to_empty's pages were never touched, so never resident): no second
     copy of the model. On a GPU to_empty's memory is real, so the weights are copied into it."""
-    model.to_empty(device=device).to(dtype)    # quantized modules hold no parameters: untouched
+    _empty_on(model, device, dtype)           # quantized modules hold no parameters: untouched
     assign = device.type == "cpu"
     final = _final_tensors(state, device, dtype, assign)
     _check_shapes(model, final)
@@ -245,6 +246,19 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     model.rotary = Rotary(model.config, model.head_dim).to(device)   # fp32, as in transformers
     model.eval().requires_grad_(False)
+
+
+def _empty_on(model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> None:
+    """model.to_empty(device).to(dtype) for the meta model, parameter by parameter: to_empty's
+    empty_like on meta tensors goes through torch._refs, whose first use imports torch's
+    symbolic-shapes machinery (~1 s of a model load)."""
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, t in table.items():
+                if t is not None and t.is_meta:
+                    new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype,
+                                      device=device)
+                    table[name] = nn.Parameter(new, requires_grad=False) if table is module._parameters else new
 
 
 def _check_shapes(model: LlamaForCausalLM, weights: dict[str, torch.Tensor]) -> None:
