@@ -7,8 +7,8 @@ Every test runs on three builds: the CPU extension's (-march=native: the AVX2 pa
 since Haswell / Zen), cpu_ggml.cpp alone with -march=x86-64 (SSE2: the plain C++ path), and,
 where the CPU has AVX-512, cpu_ggml.cpp alone with -march=haswell (the AVX2 path without the
 compiler's AVX-512). The builds of the file alone (with kernels/cpu_ggml_module.cpp, torch ops:
-~20 s on two cores) go to a temporary folder. On a CPU that is not x86-64 those builds skip,
-saying so; nothing skips on this machine."""
+20-40 s on two cores) go to a temporary folder. On a CPU that is not x86-64 those builds skip,
+saying so; on x86-64 nothing here skips."""
 
 import platform
 
