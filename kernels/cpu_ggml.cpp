@@ -156,18 +156,28 @@ struct Acts {
   std::vector<float> dsum32;    // [M, K / 32] s * (sum of 32 values)
 };
 
+// max |x| over a block, NaN where the block holds a NaN (so that its s, and y, are NaN: max
+// itself would drop it).
 float block_amax(const float* x, int64_t B) {
 #ifdef LOCALPAGED_GGML_AVX2
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  __m256 m = _mm256_setzero_ps();
-  for (int64_t i = 0; i < B; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+  __m256 m = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < B; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v));
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  if (_mm256_movemask_ps(nan)) return std::numeric_limits<float>::quiet_NaN();
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   h = _mm_max_ss(h, _mm_movehdup_ps(h));
   return _mm_cvtss_f32(h);
 #else
   float m = 0.0f;
-  for (int64_t i = 0; i < B; ++i) m = std::max(m, std::fabs(x[i]));
+  for (int64_t i = 0; i < B; ++i) {
+    if (std::isnan(x[i])) return std::numeric_limits<float>::quiet_NaN();
+    m = std::max(m, std::fabs(x[i]));
+  }
   return m;
 #endif
 }

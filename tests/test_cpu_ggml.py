@@ -170,6 +170,20 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(ggml
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_1], ids=lambda t: t.name)
+def test_a_nan_or_inf_in_a_row_spoils_that_row_only(ggml, qtype):
+    """Max |x| would drop a NaN (the block's scale must not): NaN or inf in x[m] gives y[m] no
+    finite value, and the other rows are bitwise what they are without it."""
+    K = 512
+    w = blocks(qtype, 11, K, seed=8)
+    x = torch.randn(4, K, generator=torch.Generator().manual_seed(9))
+    clean = ggml.matmul(x, w, qtype)
+    x[1, 300], x[2, 7] = float("nan"), float("inf")
+    got = ggml.matmul(x, w, qtype)
+    assert not torch.isfinite(got[1:3]).any()
+    assert torch.equal(got[0], clean[0]) and torch.equal(got[3], clean[3])
+
+
 def test_rows_may_lie_apart(ggml):
     w = blocks(T.Q4_K, 21, 512, seed=5)
     apart = torch.zeros(21, w.shape[1] + 40, dtype=torch.uint8)
