@@ -975,7 +975,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   // nothing in its result.
   const int64_t group = std::max<int64_t>(1, kGroupBytes / row_bytes);
   const int64_t items = (N + group - 1) / group;
-  const int64_t min_macs = int64_t(1) << 18;   // per thread, else fewer threads
+  const int64_t min_macs = int64_t(1) << 17;   // per thread (~10 us), else fewer threads
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>({at::get_num_threads(), items, M * N * K / min_macs}));
   std::atomic<int64_t> next{0};
