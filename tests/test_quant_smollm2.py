@@ -25,7 +25,7 @@ LLAMACPP = os.path.join(os.path.dirname(__file__), "data", "paragraph_llamacpp.j
 @pytest.fixture(scope="module")
 def ppl(smollm2_gguf):                   # the bundled GGUF: a required part (conftest)
     out = {}
-    for q in ("none", "int4", "int8"):
+    for q in ("none", "int4", "int8", "auto"):
         llm = LLM(smollm2_gguf, quantization=q, num_kv_blocks=16)
         ids = llm.tokenizer(open(TEXT).read().strip())["input_ids"]
         assert 120 <= len(ids) <= 160
@@ -39,6 +39,19 @@ def test_int4_within_file_size(ppl, smollm2_gguf):
     assert stats.weights_format.startswith("int4 g32 ·")
     assert stats.weights_bytes <= 1.15 * tensor_bytes
     assert ppl["none"][1].weights_bytes > 5 * tensor_bytes        # float32 for comparison
+
+
+def test_auto_keeps_the_file_as_it_is(ppl, smollm2_gguf, cpu_ext):
+    """The default: the Q4_1 / Q8_0 blocks as the file has them, on the CPU extension's integer
+    kernel; no further from float32 than llama.cpp on the same file (its arithmetic: int8
+    activations per block)."""
+    assert hasattr(cpu_ext, "ggml_matmul")
+    tensor_bytes = sum(int(t.n_bytes) for t in gguf_pkg.GGUFReader(smollm2_gguf).tensors)
+    auto, stats = ppl["auto"]
+    assert stats.weights_format.startswith("Q4_1 ·")
+    assert tensor_bytes <= stats.weights_bytes <= 1.02 * tensor_bytes
+    llamacpp, fp32 = json.load(open(LLAMACPP))["llama.cpp Q4_1"], ppl["none"][0]
+    assert abs(auto - fp32) <= abs(llamacpp - fp32)
 
 
 def test_perplexity(ppl):
