@@ -302,6 +302,15 @@ def child_bandwidth(spec: dict) -> dict:
             "threads": spec["threads"], "best_of": 3}
 
 
+PARTIAL: dict = {}        # the child's output file: each measurement is saved as it completes
+
+
+def _save_partial(result: dict) -> None:
+    if PARTIAL.get("path"):
+        with open(PARTIAL["path"], "w") as f:
+            json.dump(dict(result, partial=True), f)
+
+
 def _guard(result: dict, key: str, fn, threads: int, repeats: int = 1) -> None:
     """Run one measurement (`repeats` times, the fastest kept: a shared machine's contention only
     ever slows a run down); an exception is recorded verbatim and the next one still runs.
@@ -318,6 +327,7 @@ def _guard(result: dict, key: str, fn, threads: int, repeats: int = 1) -> None:
         result[key] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
         print(f"  {key}: {result[key]['error']}", file=sys.stderr, flush=True)
     wall = time.perf_counter() - start
+    _save_partial(result)
     result[key]["loadavg_1min_before"] = round(load, 2)
     result[key]["cpu_share"] = round((time.process_time() - cpu) / max(wall, 1e-9) / threads, 2)
     print(f"  {key} ({time.perf_counter() - start:.0f} s): "
@@ -417,6 +427,7 @@ def child_ours(spec: dict) -> dict:
                                            constructor_seconds=round(constructed, 2),
                                            parts_seconds={k: round(v, 2) for k, v in parts.items()}))
         print(f"  load {i + 1}: {result['loads'][-1]}", flush=True)
+        _save_partial(result)
     s = llm.stats()
     model = llm.engine.model
     embed_bytes = weights_summary(model.model.embed_tokens)[0]
@@ -520,6 +531,7 @@ def child_llama(spec: dict) -> dict:
             return result
         result["loads"].append(_load_entry(path, cached, time.perf_counter() - start))
         print(f"  load {i + 1}: {result['loads'][-1]}", flush=True)
+        _save_partial(result)
     result["after_load"] = proc_status()
     n_vocab = llm.n_vocab()
     result["n_batch"] = llm.n_batch
@@ -574,7 +586,7 @@ def child_llama(spec: dict) -> dict:
 CHILDREN = {"bandwidth": child_bandwidth, "ours": child_ours, "llama": child_llama}
 
 
-def wait_idle(limit_s: float, below: float = 0.5) -> float | None:
+def wait_idle(limit_s: float, below: float = 1.0) -> float | None:
     """Seconds waited for the 1-min load average to fall below `below` (None: no wait asked)."""
     if limit_s <= 0:
         return None
@@ -591,11 +603,13 @@ def run_child(kind: str, spec_file: str, workdir: str) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--child", kind, "--spec", spec_file,
                            "--child-out", out], check=False)
     wall = time.perf_counter() - start
-    if proc.returncode != 0 or not os.path.isfile(out):
-        return {"error": f"the {kind} process exited with status {proc.returncode}",
-                "wall_seconds": round(wall, 1)}
-    with open(out) as f:
-        result = json.load(f)
+    result: dict = {}
+    if os.path.isfile(out):                   # complete, or what was measured before it died
+        with open(out) as f:
+            result = json.load(f)
+    if proc.returncode != 0:
+        result["error"] = (result.get("error", "") + f" the {kind} process exited with status "
+                           f"{proc.returncode}" + (" (partial results kept)" if result else "")).strip()
     result["wall_seconds"] = round(wall, 1)
     return result
 
@@ -752,7 +766,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                     help="decode and prefill runs per engine, the fastest reported (full: 2)")
     ap.add_argument("--wait-idle", type=float, default=0.0, metavar="S",
                     help="before each engine, wait up to S seconds for the 1-min load average "
-                         "to fall below 0.5 (a shared machine)")
+                         "to fall below 1.0 (a shared machine)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--profile-steps", type=int, default=8,
                     help="ours: decode steps profiled after the measurements (0: none)")
@@ -767,6 +781,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.child:
         with open(args.spec) as f:
             spec = json.load(f)
+        PARTIAL["path"] = args.child_out
         out = CHILDREN[args.child](spec)
         with open(args.child_out, "w") as f:
             json.dump(out, f)
@@ -805,6 +820,11 @@ def main(argv: list[str] | None = None) -> dict | None:
                     "prompt_tokens": {"short": len(prompts["short"]), "long": len(prompts["long"]),
                                       "chats": [len(c) for c in prompts["chats"]]},
                     "machine": {"cpus": os.cpu_count()}, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stem = f"real_model-{path.stem.replace('.', '_')}-{args.quantization}" + \
+        (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "") + \
+        f"-{time.strftime('%Y%m%d-%H%M%S')}"
+    partial = RESULTS / f"{stem}.partial.json"      # after each engine; removed at the end
     with tempfile.TemporaryDirectory(prefix="real_model-") as work:
         spec_file = os.path.join(work, "spec.json")
         with open(spec_file, "w") as f:
@@ -817,6 +837,7 @@ def main(argv: list[str] | None = None) -> dict | None:
                 waited = wait_idle(args.wait_idle)
                 result[kind] = run_child(kind, spec_file, work)
                 result[kind]["waited_for_idle_s"] = waited
+                partial.write_text(json.dumps(result, indent=1))
         runs.append(run_child("bandwidth", spec_file, work))
         print(f"  read bandwidth: {runs[1].get('read_GBps')} GB/s", flush=True)
         best = max(runs, key=lambda r: r.get("read_GBps") or 0)
@@ -825,11 +846,8 @@ def main(argv: list[str] | None = None) -> dict | None:
     derive(result)
     md = table(result)
     print("\n" + md)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = f"real_model-{path.stem.replace('.', '_')}-{args.quantization}" + \
-        (f"-{args.tag}" if args.tag else "") + ("-quick" if args.quick else "") + \
-        f"-{time.strftime('%Y%m%d-%H%M%S')}"
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    partial.unlink(missing_ok=True)
     (RESULTS / f"{stem}.md").write_text(f"# {path.name}, {result['time']}\n\n"
                                         f"`python bench/real_model.py {' '.join(argv or sys.argv[1:])}`\n\n" + md)
     print(f"wrote {RESULTS / stem}.json and .md")

@@ -19,7 +19,8 @@ from localpaged.quant.ggml import GgmlWeight, PartsWeight
 from localpaged.runner.prompt_logprobs import perplexity
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "ggml")
-RECORD = json.load(open(os.path.join(DATA, "llamacpp_perplexity.json")))
+with open(os.path.join(DATA, "llamacpp_perplexity.json")) as _f:
+    RECORD = json.load(_f)
 TOLERANCE = 0.005
 
 

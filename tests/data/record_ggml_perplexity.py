@@ -39,7 +39,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))           # tests/, for ggml_models
 
-import ggml_models  # noqa: E402
+import ggml_models
 
 DATA = os.path.join(HERE, "ggml")
 RECORD = os.path.join(DATA, "llamacpp_perplexity.json")
