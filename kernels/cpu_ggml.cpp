@@ -46,6 +46,13 @@
 //
 // Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
 // plain C++ (any CPU; the compiler vectorizes what it can). ggml_kernel_path() says which.
+//
+// Speed (bench/ggml_kernels.py; 2 cores of an AMD EPYC Zen 1 VM, ~19 GB/s read bandwidth, idle):
+// Qwen2.5-1.5B's linears (28 layers of Q4_K + a Q6_K lm_head, 928 MB) at M = 1 in 101 ms,
+// ~9-10 GB/s on the large matrices: compute-bound here (Zen 1 runs maddubs / madd at half
+// rate; one core streams ~6 GB/s), on par with llama.cpp's ggml (100 ms), 5x torch float32 on
+// the dequantized weights. M = 8: 401 ms (llama.cpp 1044, torch 2321); M = 512: 25.0 s,
+// ~30 GMAC/s (llama.cpp without its repacked layouts 27.2 s, torch float32 27.7 s).
 
 #include "cpu_ggml.h"
 
