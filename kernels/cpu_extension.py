@@ -6,8 +6,9 @@ attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in c
 kernels/cpu_ggml.cpp (matmul over GGUF quantized blocks kept as the file's bytes: Q4_0 .. Q8_0,
 Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`), kernels/cpu_norm.cpp (RMSNorm,
 models/llama.py), models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and
-cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
-per machine and source version (~40 s), then it is cached under ~/.cache/torch_extensions, named
+cpu_extension.cpp (the Python bindings). g++ and ninja compile it once per machine and source
+version (~3 min from scratch on two cores; a changed file alone, ~30-100 s), then it is cached
+under ~/.cache/torch_extensions, named
 after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
 
 It builds in a background thread, started by the first model load or engine on CPU: until it is
