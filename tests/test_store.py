@@ -148,13 +148,24 @@ def test_export_import_json_round_trip(store, chat):
     with pytest.raises(ValueError, match="import_json: not a localpaged.conversation export"):
         store.import_json({"format": "something else"})
     broken = {**exported, "messages": exported["messages"][1:]}  # a1's parent is missing
-    with pytest.raises(ValueError, match=r"import_json: messages \[\d+, \d+\] have no parent"):
+    with pytest.raises(ValueError, match=rf"import_json: messages\[0\].parent_id: no message "
+                                         rf"has id {u1.id}"):
         store.import_json(broken)
+
+
+def test_import_failing_midway_writes_nothing(store, chat, monkeypatch):
+    exported = store.export_json(chat[0].id)
     before = len(store.list_conversations())
-    bad_row = {**exported, "messages": exported["messages"][:2] + [
-        {**exported["messages"][2], "content": None}]}  # NOT NULL fails mid-transaction
-    with pytest.raises(ValueError, match="import_json: NOT NULL constraint failed: messages.content"):
-        store.import_json(bad_row)
+    real, calls = store._insert, []
+
+    def insert(cid, parent_id, role, content, *rest, **kwargs):
+        calls.append(content)               # the third message breaks a constraint
+        return real(cid, parent_id, role, None if len(calls) == 3 else content, *rest, **kwargs)
+    monkeypatch.setattr(store, "_insert", insert)
+    with pytest.raises(ValueError, match="import_json: NOT NULL constraint failed: "
+                                         "messages.content"):
+        store.import_json(exported)
+    assert len(calls) == 3
     assert len(store.list_conversations()) == before  # rolled back, nothing half imported
 
 

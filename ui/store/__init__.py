@@ -4,7 +4,9 @@
   tree.py           MessageTree: messages (add, update, delete, siblings, active path)
   export.py         ExportImport: fork, export to JSON / Markdown, import
   db.py             StoreBase: the connection, the lock, transactions, errors
-  schema.py         the DDL, migrations, row dataclasses, tree queries
+  schema.py         the DDL, migrations, tree queries
+  rows.py           Conversation, Message: rows read as safe values, whatever a row holds
+  validate.py       the schema an import must meet (checked whole before anything is written)
   instance_lock.py  InstanceLock: one app per data directory (taken before the store opens)
 
 The names below are what the rest of the app imports (`from localpaged.ui.store import Store`).

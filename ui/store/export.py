@@ -5,13 +5,12 @@ export to JSON (the whole tree) and Markdown (the active path), and import from 
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
-from .schema import SCHEMA_VERSION, Conversation, message_from_row, parents_first
+from .rows import Conversation, message_from_row
+from .schema import SCHEMA_VERSION
 from .tree import MessageTree, guarded
-
-EXPORT_FORMAT = "localpaged.conversation"
+from .validate import EXPORT_FORMAT, check_export
 
 
 class ExportImport(MessageTree):
@@ -45,37 +44,29 @@ class ExportImport(MessageTree):
 
     @guarded
     def import_json(self, data: dict[str, Any]) -> Conversation:
-        """A new conversation from an export_json() dict (new ids; active branches kept)."""
-        if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-            raise ValueError(f"import_json: not a {EXPORT_FORMAT} export")
-        c, msgs = data["conversation"], parents_first(data.get("messages", []))
-        for m in msgs:
-            self._check(role=m["role"], status=m.get("status", "complete"))
-        now = time.time()
+        """A new conversation from an export_json() dict (new ids; active branches kept).
+        The whole export is checked first (`validate.py`): ValueError naming the field and
+        the record, and nothing written, when it does not fit."""
+        plan = check_export(data)
+        c = plan.conversation
         with self._write():
-            cid = self._insert_conversation(
-                c.get("title", "Imported chat"), c.get("system_prompt", ""), c.get("model"),
-                c.get("sampling"), c.get("created"), c.get("updated"))
+            cid = self._insert_conversation(c["title"], c["system_prompt"], c["model"],
+                                            c["sampling"], c["created"], c["updated"])
             ids: dict[Any, int] = {}
-            for m in msgs:
-                ids[m["id"]] = self._insert(cid, ids.get(m.get("parent_id")), m["role"],
-                                            m["content"], m.get("sampling"),
-                                            m.get("status", "complete"), m.get("stats") or {},
-                                            m.get("created", now))
-            self._restore_active(cid, c, msgs, ids)
+            for m in plan.messages:     # parents first
+                ids[m["id"]] = self._insert(cid, ids.get(m["parent_id"]), m["role"], m["content"],
+                                            m["sampling"], m["status"], m["stats"], m["created"])
+            self._restore_active(cid, c["active_root_id"], plan.messages, ids)
         return self.get_conversation(cid)
 
-    def _restore_active(self, cid: int, c: dict, msgs: list[dict], ids: dict) -> None:
+    def _restore_active(self, cid: int, root: Any, msgs: list[dict], ids: dict) -> None:
         # _insert left the last-inserted child active; the export's choice wins where it names
-        # a child of that parent (a root for active_root_id).
-        parent_of = {m["id"]: m.get("parent_id") for m in msgs}
-        root = c.get("active_root_id")
-        if root in ids and parent_of[root] is None:
+        # one (check_export made sure it names a child of that parent, a root for the root).
+        if root is not None:
             self._activate(cid, None, ids[root])
         for m in msgs:
-            child = m.get("active_child_id")
-            if child in ids and parent_of[child] == m["id"]:
-                self._activate(cid, ids[m["id"]], ids[child])
+            if m["active_child_id"] is not None:
+                self._activate(cid, ids[m["id"]], ids[m["active_child_id"]])
 
     @guarded
     def export_markdown(self, conversation_id: int) -> str:

@@ -1,5 +1,5 @@
 """Data model of the conversation store (`store.py`): the DDL of the current version, the
-migrations that bring an older file up to it, the row dataclasses, and the tree queries.
+migrations that bring an older file up to it, and the tree queries (the row types: `rows.py`).
 
 The version lives in `PRAGMA user_version`:
   0  a new, empty file: the current schema is created directly.
@@ -24,11 +24,8 @@ one active root, which is one of its roots.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from sqlite_utils import Database
 
@@ -154,67 +151,3 @@ def _run(db: Database, statements: list[str], version: int) -> None:
         for sql in statements:
             db.execute(sql)
         db.execute(f"PRAGMA user_version = {int(version)}")
-
-
-# -- row types ---------------------------------------------------------------------------
-
-@dataclass
-class Conversation:
-    id: int
-    title: str
-    created: float  # Unix seconds
-    updated: float  # bumped by every write to the conversation or its messages
-    system_prompt: str
-    model: str | None
-    sampling: dict[str, Any]  # default sampling settings for new replies
-    active_root_id: int | None
-    options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
-    context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
-
-
-@dataclass
-class Message:
-    id: int
-    conversation_id: int
-    parent_id: int | None  # None: a root
-    role: str  # one of ROLES
-    content: str
-    created: float
-    sampling: dict[str, Any] | None  # settings this reply was generated with
-    active_child_id: int | None  # None: a leaf
-    status: str  # one of STATUSES
-    stats: dict[str, Any]  # see STATS_KEYS
-    prepared: str | None = None  # one of PREPARED: a reply made in the background, opened or not
-    token_ids: list[int] | None = None  # a reply's tokens as generated (None: unknown)
-
-
-def conversation_from_row(row: dict) -> Conversation:
-    return Conversation(**{**row, "sampling": json.loads(row["sampling"] or "{}"),
-                           "options": json.loads(row.get("options") or "{}")})
-
-
-def message_from_row(row: dict) -> Message:
-    sampling = json.loads(row["sampling"]) if row["sampling"] is not None else None
-    ids = row.get("token_ids")
-    return Message(**{**row, "sampling": sampling, "stats": json.loads(row["stats"] or "{}"),
-                      "token_ids": json.loads(ids) if ids else None})
-
-
-def parents_first(msgs: list[dict]) -> list[dict]:
-    """Order exported messages so each parent precedes its children; ValueError on a message
-    whose parent is missing (or a cycle)."""
-    done: set = set()
-    order: list[dict] = []
-    pending = list(msgs)
-    while pending:
-        rest = []
-        for m in pending:
-            if m.get("parent_id") is None or m["parent_id"] in done:
-                done.add(m["id"])
-                order.append(m)
-            else:
-                rest.append(m)
-        if len(rest) == len(pending):
-            raise ValueError(f"import_json: messages {[m['id'] for m in rest]} have no parent")
-        pending = rest
-    return order

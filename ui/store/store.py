@@ -17,8 +17,8 @@ from typing import Any
 
 from .db import DB_FILENAME, guarded
 from .export import EXPORT_FORMAT, ExportImport
-from .schema import (CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES, Conversation, Message,
-                           StoreError, conversation_from_row)
+from .rows import Conversation, Message, conversation_from_row
+from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES, StoreError
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
            "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]

@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from .db import StoreBase, guarded
-from .schema import (ACTIVE_PATH_SQL, PATH_TO_SQL, SUBTREE_SQL, Message,
-                           message_from_row)
+from .rows import Message, message_from_row
+from .schema import ACTIVE_PATH_SQL, PATH_TO_SQL, SUBTREE_SQL
 
 log = logging.getLogger(__name__)
 
