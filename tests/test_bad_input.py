@@ -4,6 +4,7 @@ import pytest
 from engine_helpers import greedy, prompts
 
 from localpaged import LLM, SamplingParams
+from localpaged.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 
 @pytest.mark.parametrize("field,value", [
@@ -11,10 +12,16 @@ from localpaged import LLM, SamplingParams
     ("n", 0), ("max_tokens", 0), ("repetition_penalty", 0.0), ("presence_penalty", 3.0),
     ("frequency_penalty", -2.5), ("seed", 1.5), ("logprobs", 100), ("stop", [""]),
     ("stop_token_ids", [-1]), ("temperature", float("nan")),
+    ("stop", ["x"] * (MAX_STOP_STRINGS + 1)), ("stop", "x" * (MAX_STOP_CHARS + 1)),
 ])
 def test_bad_sampling_values_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
         SamplingParams(**{field: value})
+
+
+def test_stop_strings_at_the_caps_are_accepted():
+    stop = ["x" * MAX_STOP_CHARS] * MAX_STOP_STRINGS
+    assert SamplingParams(stop=stop).stop == stop
 
 
 @pytest.fixture(scope="module")

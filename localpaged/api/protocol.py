@@ -11,6 +11,10 @@ Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, 
 stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our own extension
 `context_overflow` ("error" | "drop_oldest") fits a chat that is too long for the context
 (localpaged.chat.context_window); without it nothing is ever dropped.
+
+Every list, map and string a request may carry has a cap (below), so no field can make the
+server's work per request unbounded; the body itself is at most MAX_BODY_BYTES (errors.py), and
+the prompt's length is bounded by the model's context before it is tokenized (prompt_bound.py).
 """
 
 from __future__ import annotations
@@ -21,14 +25,29 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from localpaged.api.errors import APIError
-from localpaged.core.sampling_params import SamplingParams
+from localpaged.core.sampling_params import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 
-# Below this a temperature is greedy: dividing logits by ~0 would overflow to inf/NaN.
+# Caps on what one request may carry. OpenAI's own where it has one (128 tools, 20 top
+# logprobs); elsewhere far above what a real client sends, low enough that each is cheap.
+MAX_MESSAGES = 4096           # a long chat; the context limit refuses long texts on its own
+MAX_CONTENT_PARTS = 256       # content parts of one message
+MAX_NAME_CHARS = 256          # model, message name, user
+MAX_TOOLS = 128
+MAX_LOGIT_BIAS = 300          # entries (logit_bias is refused anyway; this bounds the parsing)
+MAX_STOP_TOKEN_IDS = 64
+MAX_N = 128                   # samples per request (also at most the engine's max_num_seqs)
+MAX_TOP_LOGPROBS = 20
 
 _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
-StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=16)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+StopList = Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)]
+Name = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 def check_text(text: str, param: str) -> str:
@@ -57,25 +76,26 @@ class _Common(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
     model_config = _CONFIG
 
-    model: Annotated[str, Field(min_length=1)]
-    n: Annotated[int, Field(ge=1, le=128)] | None = 1
+    model: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
     temperature: Annotated[float, Field(ge=0.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    stop: Annotated[str, Field(min_length=1)] | StopList | None = None
+    stop: StopString | StopList | None = None
     seed: int | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    user: Name | None = None
     # extensions (vLLM's names)
     top_k: Annotated[int, Field(ge=-1)] | None = None
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Field(ge=0.01, le=100.0)] | None = None
     ignore_eos: bool | None = False
-    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
+                              Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -117,8 +137,9 @@ class OtherPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = _CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart | OtherPart] | None = None
-    name: str | None = None
+    content: str | Annotated[list[TextPart | OtherPart],
+                             Field(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Name | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -133,11 +154,11 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
-    tools: list[Any] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[Any], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     # extensions: vLLM's names for continuing the last assistant message in place
@@ -196,7 +217,7 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 class CompletionRequest(_Common):
     prompt: str | TokenIds | list[str] | list[TokenIds]
     max_tokens: Annotated[int, Field(ge=0)] | None = 16      # OpenAI's default; 0 only with echo
-    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool | None = False
     best_of: Annotated[int, Field(ge=1)] | None = None
     suffix: str | None = None

@@ -3,13 +3,12 @@
 `create_api` returns an APIRouter for any FastAPI app; include it before mounting Gradio at "/".
 Requests from every client go to the one AsyncEngine, so they share its batches. The engine is
 read from a `ServedModel` at each request, so the UI can switch the model under a running server.
-Tokenizing and the chat template run in a worker thread; the engine request is created in the
-event loop.
+Tokenizing and the chat template run in a worker thread, after a cheap bound on the prompt's
+length (prompt_bound.py) and under no shared lock; the engine request is created in the event loop.
 """
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import jinja2
@@ -24,6 +23,7 @@ from localpaged.api.errors import (
     route_class,
 )
 from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
+from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served import Model, ServedModel, as_served
 from localpaged.api.serving import Generation, SSEResponse, chat_prompt
@@ -60,7 +60,9 @@ class _API:
     def __init__(self, served: ServedModel, recorder: MetricsRecorder) -> None:
         self.served = served
         self.recorder = recorder
-        self._tokenizer_lock = threading.Lock()     # HF fast tokenizers dislike concurrent use
+        # No lock around the tokenizer: HF fast tokenizers encode and decode from several threads
+        # at once (the engine's detokenizer and the UI use the same one); only changing their
+        # truncation or padding is unsafe beside a call, and nothing here asks for either.
 
     # ---- models, health, metrics ---------------------------------------------------------
     @staticmethod
@@ -106,23 +108,23 @@ class _API:
         if isinstance(prompt, str):
             if not prompt:
                 raise APIError("prompt must not be empty.", param="prompt", code="invalid_value")
+            check_fits(model.engine.tokenizer, len(prompt), model.engine.context_limit(),
+                       "The prompt", "prompt")
             prompt = await run_in_threadpool(self._encode, model, prompt)
         return await self._generate(model, "completion", body, prompt, params, request, "prompt")
 
     def _chat_ids(self, model: Model, messages: list[dict], body: ChatCompletionRequest,
                   max_tokens: int | None) -> tuple[list[int], dict]:
         try:
-            with self._tokenizer_lock:
-                return chat_prompt(model.engine.tokenizer, messages, body,
-                                   model.engine.context_limit(), max_tokens)
+            return chat_prompt(model.engine.tokenizer, messages, body,
+                               model.engine.context_limit(), max_tokens)
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
 
     def _encode(self, model: Model, text: str) -> list[int]:
         try:
-            with self._tokenizer_lock:
-                return list(model.engine.tokenizer.encode(text, add_special_tokens=True))
+            return list(model.engine.tokenizer.encode(text, add_special_tokens=True))
         except (ValueError, TypeError) as exc:
             raise APIError(f"Could not tokenize the prompt: {exc}", param="prompt",
                            code="invalid_value") from exc

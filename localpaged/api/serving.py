@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
+from localpaged.api.prompt_bound import chars_of, check_fits, drop_turns_beyond
 from localpaged.api.protocol import ChatCompletionRequest, Echo
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
@@ -43,6 +44,7 @@ def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, li
                 max_tokens: int | None) -> tuple[list[int], dict]:
     """The chat's prompt token ids, and the extension fields its response carries.
 
+    Text that cannot fit is refused before the template or the tokenizer runs (prompt_bound.py).
     Without `context_overflow` the whole chat is sent (a chat that is too long is refused later,
     as before). With it, ContextWindow.fit keeps prompt + reply within `limit`: the reply's room
     is max_tokens, else min(DEFAULT_REPLY_RESERVE, limit // 4); "drop_oldest" leaves out the
@@ -52,18 +54,25 @@ def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, li
                  continue_final_message=bool(body.continue_final_message))
     window = ContextWindow(tokenizer, limit)
     if body.context_overflow is None:
+        check_fits(tokenizer, chars_of(messages), limit, "The conversation", "messages")
         return window.token_ids(messages, **flags), {}
     reserve = max_tokens or min(DEFAULT_REPLY_RESERVE, limit // 4)
     if reserve >= limit:
         raise APIError(f"{body.max_tokens_param} is {reserve}; this model's context limit is "
                        f"{limit} tokens, prompt included.", param=body.max_tokens_param,
                        code="context_length_exceeded")
+    cut = 0
+    if body.context_overflow == "drop_oldest":
+        messages, cut = drop_turns_beyond(tokenizer, messages, limit - reserve)
+    check_fits(tokenizer, chars_of(messages), limit - reserve,
+               "The conversation" if cut == 0 else "Its system prompt and latest turn",
+               "messages")
     try:
         fit = window.fit(messages, reserve, body.context_overflow, **flags)
     except ContextOverflowError as exc:
         raise APIError(f"The conversation does not fit this model's context ({exc}).",
                        param="messages", code="context_length_exceeded") from exc
-    return fit.token_ids, {"dropped_messages": fit.num_dropped}
+    return fit.token_ids, {"dropped_messages": cut + fit.num_dropped}
 
 
 class TokenText:

@@ -16,6 +16,11 @@ INTERACTIVE = "interactive"
 BACKGROUND = "background"
 PRIORITIES = (INTERACTIVE, BACKGROUND)     # scheduling classes; see scheduler.py for what they mean
 
+# Stop strings are matched after every token, and a stream holds back up to the longest one's
+# length less one character (text that may be the start of a stop string): both stay small.
+MAX_STOP_STRINGS = 16            # OpenAI allows 4; vLLM-style clients send a few more
+MAX_STOP_CHARS = 200             # a few lines of text: a stream is never held back more
+
 
 def check_priority(priority: object) -> str:
     """Return priority if it is a supported scheduling class, else raise a ValueError naming them."""
@@ -75,13 +80,16 @@ class SamplingParams:
             ("prompt_logprobs", self.prompt_logprobs is None
              or (_is_int(self.prompt_logprobs) and 0 <= self.prompt_logprobs <= 20),
              "must be an integer in [0, 20] or None"),
-            ("stop", all(isinstance(s, str) and s for s in self.stop), "must be non-empty strings"),
+            ("stop", len(self.stop) <= MAX_STOP_STRINGS
+             and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in self.stop),
+             (f"must be at most {MAX_STOP_STRINGS} non-empty strings of at most "
+              f"{MAX_STOP_CHARS} characters")),
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
         ]
         for name, ok, rule in checks:
             if not ok:
-                raise ValueError(f"SamplingParams.{name} {rule}, got {getattr(self, name)!r}")
+                raise ValueError(f"SamplingParams.{name} {rule}, got {_shown(getattr(self, name))}")
         check_choice("SamplingParams.priority", self.priority, PRIORITIES)
 
     @property
@@ -93,6 +101,12 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters (a refused list may be long)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _is_int(x: object) -> bool:
