@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import base64
 import http.client
+import http.server
+import json
 import logging
+import select
 import socket
+import threading
 
 import pytest
 
 from localpaged import cli
+from localpaged.api.errors import MAX_BODY_BYTES
 from localpaged.api.guard import CSP, GuardPolicy, host_name
 from localpaged.api.security import login_secrets, require_login_for_bind
 from localpaged.api.server import make_server, start_in_thread
@@ -178,3 +183,142 @@ def test_which_secrets_log_in():
     assert login_secrets("127.0.0.1", "pw", "key") == ["pw", "key"]
     assert login_secrets("0.0.0.0", None, "key") == ["key"]         # public: the key is the login
     assert login_secrets("0.0.0.0", None, None) == []
+
+
+# ---- request bodies: the bytes read are counted, chunked or not ----------------------------------
+BIG = 33 * 2**20                   # past every route's limit (32 MiB)
+
+
+UPLOAD_HEAD = (b"--XX\r\nContent-Disposition: form-data; name=\"files\"; filename=\"a.txt\"\r\n"
+               b"Content-Type: text/plain\r\n\r\n")
+UPLOAD_TYPE = "multipart/form-data; boundary=XX"
+
+
+def send_body(port: int, path: str, size: int, *, chunked: bool = True,
+              content_type: str = "application/json", head: bytes = b"") -> tuple[int, bytes]:
+    """POST a body of `size` bytes (`head`, then x's) to path, chunked or with Content-Length,
+    over a raw socket, stopping early once the server answers; returns (status, body)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {size}"
+    sock.sendall((f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                  f"Authorization: Bearer {API_KEY}\r\nContent-Type: {content_type}\r\n"
+                  f"{framing}\r\n\r\n").encode())
+    piece, sent = b"x" * 2**16, 0
+    try:
+        part = head
+        while sent < size and not select.select([sock], [], [], 0)[0]:
+            part = part or piece[:size - sent]
+            sock.sendall(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+            sent, part = sent + len(part), b""
+        if sent >= size and chunked:
+            sock.sendall(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass                                  # the server stopped reading: its answer is there
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    body = resp.read()
+    sock.close()
+    return resp.status, body
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/gradio_api/upload",
+                                  "/gradio_api/queue/join", "/gradio_api/cancel"])
+@pytest.mark.parametrize("chunked", [True, False])
+def test_a_body_past_the_limit_gets_413_on_every_route(served, path, chunked):
+    upload = dict(content_type=UPLOAD_TYPE, head=UPLOAD_HEAD) if "upload" in path else {}
+    status, body = send_body(served, path, BIG, chunked=chunked, **upload)
+    assert status == 413, (path, chunked, status, body[:200])
+    if path.startswith("/v1/"):
+        error = json.loads(body)["error"]
+        assert error["code"] == "request_too_large" and str(MAX_BODY_BYTES) in error["message"]
+    else:
+        assert str(MAX_BODY_BYTES).encode() in body
+
+
+def test_bodies_within_the_limit_are_still_served(served, tiny_llama):
+    chat = json.dumps({"model": tiny_llama, "max_tokens": 2, "temperature": 0,
+                       "messages": [{"role": "user", "content": "hi " * 100}]}).encode()
+    status, body = send_json_chunked(served, "/v1/chat/completions", chat)
+    assert status == 200, body[:300]
+    assert json.loads(body)["choices"][0]["finish_reason"] == "length"
+    form = UPLOAD_HEAD + b"y" * 2**20 + b"\r\n--XX--\r\n"
+    status, body = send_json_chunked(served, "/gradio_api/upload", form, UPLOAD_TYPE)
+    assert status == 200, body[:300]
+    assert json.loads(body)[0].endswith("a.txt")
+
+
+def send_json_chunked(port: int, path: str, body: bytes,
+                      content_type: str = "application/json") -> tuple[int, bytes]:
+    """POST `body` in chunks of 64 KiB (no Content-Length); returns (status, response body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    pieces = (body[i:i + 2**16] for i in range(0, len(body), 2**16))
+    conn.request("POST", path, body=pieces, encode_chunked=True,
+                 headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": content_type,
+                          "Transfer-Encoding": "chunked"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, data
+
+
+# ---- Gradio's file routes: the app's own files, never a URL ------------------------------------
+@pytest.fixture
+def recorder():
+    """A local HTTP server that records every request it gets (none may come)."""
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):                                     # noqa: N802
+            seen.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.end_headers()
+            self.wfile.write(b"\x89PNG secret")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], seen
+    server.shutdown()
+
+
+def test_file_routes_refuse_urls_and_make_no_request(served, recorder, monkeypatch):
+    port, seen = recorder
+    # Gradio fetches a URL here itself (through safehttpx, which admits public hosts only):
+    # let it take the local recorder for a public host, so a fetch would show.
+    import gradio.route_utils
+
+    async def any_host_is_public(hostname: str) -> str:
+        return "127.0.0.1"
+    monkeypatch.setattr(gradio.route_utils.safehttpx, "async_validate_url", any_host_is_public)
+    target = f"127.0.0.1:{port}/leak.png?q=secret"
+    for route in ("/gradio_api/file=", "/gradio_api/file/", "/file=", "/file/",
+                  "/gradio_api/proxy=", "//gradio_api/file="):
+        for url in (f"http://{target}", f"https://{target}", f"//{target}", f"HTTP://{target}"):
+            resp = request(served, "GET", route + url)
+            assert resp.status == 403, (route, url, resp.status)
+    resp = request(served, "GET", f"/gradio_api/file%3Dhttp://{target}")
+    assert resp.status == 403
+    assert seen == []
+
+
+def test_file_routes_serve_only_the_apps_own_files(served, tmp_path):
+    secret = tmp_path / "secret.txt"                  # readable, but not the app's
+    secret.write_text("not for the browser")
+    for path in (str(secret), "/etc/passwd", "etc/passwd"):
+        for route in ("/gradio_api/file=", "/gradio_api/file/"):
+            assert request(served, "GET", route + path).status == 403, (route, path)
+    form = UPLOAD_HEAD + b"mine" + b"\r\n--XX--\r\n"
+    status, body = send_json_chunked(served, "/gradio_api/upload", form, UPLOAD_TYPE)
+    assert status == 200
+    uploaded = json.loads(body)[0]                    # inside Gradio's own upload folder
+    conn = http.client.HTTPConnection("127.0.0.1", served, timeout=30)
+    conn.request("GET", "/gradio_api/file=" + uploaded,
+                 headers={"Authorization": f"Bearer {API_KEY}"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == b"mine"
+    conn.close()
+    escape = uploaded.rsplit("/", 1)[0] + "/../../.." + str(secret)
+    assert request(served, "GET", "/gradio_api/file=" + escape).status == 403

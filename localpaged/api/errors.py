@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 32 * 2**20
+MAX_BODY_BYTES = 32 * 2**20          # a request body, on any route (body_limit.py)
 
 # Union members and other pydantic loc entries that are not field names.
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "is-instance"}
@@ -139,7 +139,9 @@ def check_auth(request: Request, api_key: str | None) -> None:
 
 
 def check_body_size(request: Request) -> None:
-    """Refuse a body announced as longer than MAX_BODY_BYTES before reading it."""
+    """Refuse a body announced as longer than MAX_BODY_BYTES before reading it: this router's
+    own check wherever it is mounted. The bytes actually read are counted by body_limit.py's
+    layer, which build_app and guard_app put in front of every route."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise APIError(f"The request body is {int(length)} bytes; at most {MAX_BODY_BYTES} are "

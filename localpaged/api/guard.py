@@ -14,8 +14,16 @@ In order, for every HTTP and WebSocket request:
 3. Login, when the policy has secrets (a password and/or the API key): `Authorization: Basic`
    (any user name, the password) or `Authorization: Bearer <secret>`; else 401 with a Basic
    challenge, which browsers answer with their own login prompt.
-4. Security headers on every response: the Content-Security-Policy (see `CSP`), no framing,
+4. Gradio's file routes (`/gradio_api/file=`, its alias `/gradio_api/file/`, and the root
+   `/file=` and `/file/` of older Gradio) serve only files inside the app's own directories
+   (`gradio_file_roots`): a URL there (`http://`, `https://`, `//`) or any other path gets 403
+   before Gradio sees it. Gradio itself would fetch a public URL server-side and stream it back,
+   which would make `img-src 'self'` reach any host. Its `/proxy=` route (Spaces only) is
+   refused outright.
+5. Security headers on every response: the Content-Security-Policy (see `CSP`), no framing,
    no MIME sniffing, no referrer.
+
+The body limit (body_limit.py) sits right behind the guard.
 """
 
 from __future__ import annotations
@@ -23,13 +31,19 @@ from __future__ import annotations
 import base64
 import hmac
 import ipaddress
+import os
+import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localpaged.api.body_limit import limit_bodies
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
@@ -56,6 +70,12 @@ CSP = "; ".join([
 ])
 SECURITY_HEADERS = {"content-security-policy": CSP, "x-frame-options": "DENY",
                     "x-content-type-options": "nosniff", "referrer-policy": "no-referrer"}
+
+
+# Gradio's routes that read a file (or URL) named in the path, with and without its API prefix.
+FILE_ROUTE = re.compile(r"^/(?:gradio_api/)?file[=/](?P<target>.*)$", re.DOTALL)
+PROXY_ROUTE = re.compile(r"^/(?:gradio_api/)?proxy=")
+URL_LIKE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:|[/\\]{2})")    # scheme: or // or \\
 
 
 def host_name(value: str) -> str:
@@ -134,11 +154,37 @@ class GuardPolicy:
         return any(hmac.compare_digest(value.encode(), s.encode()) for s in self.secrets)
 
 
-class GuardMiddleware:
-    """Pure ASGI (so SSE streams pass through untouched): checks, then adds security headers."""
+def gradio_file_roots(app) -> list[Path]:
+    """The directories Gradio mounted on `app` serves files from: its upload and cache folder,
+    its examples cache, the Blocks' allowed_paths and gr.set_static_paths. Empty without Gradio."""
+    roots: list[str | Path] = []
+    for route in getattr(app, "routes", []):
+        sub = getattr(route, "app", None)
+        if hasattr(sub, "uploaded_file_dir") and hasattr(sub, "get_blocks"):
+            from gradio import utils
+            from gradio.data_classes import _StaticFiles
+            blocks = sub.get_blocks()
+            roots += [sub.uploaded_file_dir, utils.get_cache_folder(),
+                      *getattr(blocks, "allowed_paths", []), *_StaticFiles.all_paths]
+    return [Path(os.path.realpath(r)) for r in roots]
 
-    def __init__(self, app: ASGIApp, policy: GuardPolicy) -> None:
-        self.app, self.policy = app, policy
+
+def file_allowed(target: str, roots: list[Path]) -> bool:
+    """Whether a file route may serve `target`: a local path (no URL) that resolves, links and
+    `..` followed, to a place inside one of `roots`."""
+    if not target or URL_LIKE.match(target):
+        return False
+    real = Path(os.path.realpath(target))
+    return any(real.is_relative_to(root) for root in roots)
+
+
+class GuardMiddleware:
+    """Pure ASGI (so SSE streams pass through untouched): checks, then adds security headers.
+    `file_roots` gives the directories the file routes may serve (none: every file refused)."""
+
+    def __init__(self, app: ASGIApp, policy: GuardPolicy,
+                 file_roots: Callable[[], list[Path]] = list) -> None:
+        self.app, self.policy, self.file_roots = app, policy, file_roots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -152,6 +198,9 @@ class GuardMiddleware:
             return await self._refuse(scope, receive, send, 403, "cross-origin request refused")
         if not self.policy.authorized(headers.get("authorization")):
             return await self._refuse(scope, receive, send, 401, "login required")
+        if scope["type"] == "http" and not self._path_allowed(scope.get("path", "")):
+            return await self._refuse(scope, receive, send, 403,
+                                      "file not served: only the app's own files are")
 
         async def send_secured(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -163,6 +212,13 @@ class GuardMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_secured)
+
+    def _path_allowed(self, path: str) -> bool:
+        path = "/" + path.lstrip("/")                  # //gradio_api/... as the router may read it
+        if PROXY_ROUTE.match(path):
+            return False
+        match = FILE_ROUTE.match(path)
+        return match is None or file_allowed(match["target"], self.file_roots())
 
     @staticmethod
     async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, text: str) -> None:
@@ -177,7 +233,9 @@ class GuardMiddleware:
 
 def guard_app(app, policy: GuardPolicy):
     """Put the guard in front of everything on `app` (a FastAPI/Starlette app, before it starts;
-    Gradio mounted on it included). Returns app."""
-    app.add_middleware(GuardMiddleware, policy=policy)
+    Gradio mounted on it included), the body limit (body_limit.py) right behind it. Returns app."""
+    limit_bodies(app)
+    app.add_middleware(GuardMiddleware, policy=policy,      # added last: runs first
+                       file_roots=lambda: gradio_file_roots(app))
     app.state.guard_policy = policy
     return app

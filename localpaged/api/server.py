@@ -31,6 +31,7 @@ from localpaged.api import (
     install_error_handlers,
     resolve_api_key,
 )
+from localpaged.api.body_limit import limit_bodies
 from localpaged.api.guard import GuardPolicy, guard_app
 from localpaged.api.security import (
     OPEN_FLAG,
@@ -53,6 +54,7 @@ def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
     metrics = MetricsRecorder()                 # this app's own registry behind /metrics
     app.include_router(create_api(served, api_key=api_key, recorder=metrics))
     install_error_handlers(app)
+    limit_bodies(app)                           # counts the bytes read, chunked or not
     app.state.metrics = metrics
     app.state.served = served
     app.state.api_key = api_key
