@@ -313,7 +313,8 @@ def test_not_a_database(tmp_path):
     bad.write_bytes(b"this is not sqlite\n" * 200)
     with pytest.raises(StoreError) as e:
         Store(bad)
-    assert str(bad) in str(e.value) and "move" in str(e.value)
+    assert str(bad) in str(e.value) and e.value.cause == "damaged"
+    assert "aside" not in str(e.value) and "move" not in str(e.value)
     foreign = tmp_path / "other.db"
     conn = sqlite3.connect(foreign)
     conn.execute("CREATE TABLE t (x)")

@@ -6,7 +6,9 @@ A Turn outlives the browser event that started it: Gradio handlers only *follow*
 `Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
 to the store. The store is written when the turn starts (replies with status 'streaming'), about
 once a second while it streams, and when it ends ('complete' or 'stopped', with stats); a reply's
-token ids are written with its text, always in step, so Continue can resume token-exact.
+token ids are written with its text, always in step, so Continue can resume token-exact. The
+final write is retried until it lands (a busy, full or read-only file); the turn is done once
+it has.
 
 Continue runs as a Turn too: its LiveReply starts from the stored reply (`prefix_ids`, text) and
 the engine's new tokens join it; the whole text is decoded in one piece (`decode`).
@@ -26,6 +28,7 @@ from localpaged.chat.backend import ChatBackend
 from localpaged.engine.outputs import RequestOutput
 
 from .store import Store
+from .store.retry import until_saved
 
 log = logging.getLogger(__name__)
 
@@ -200,17 +203,26 @@ class Turn:
             self._cond.notify_all()
 
     def _save_final(self, reply: LiveReply) -> None:
-        try:
-            if self.error and not reply.text and not reply.prefix_ids:
-                self._store.delete_message(reply.message_id)    # nothing to keep
-                reply.status = "deleted"
+        """Write the reply's last state, retried until it lands (`until_saved`). Until then
+        the turn is not done: the UI keeps showing the reply from memory, and the
+        conversation stays busy, so nothing is built on a reply the store does not hold."""
+        drop = bool(self.error) and not reply.text and not reply.prefix_ids  # nothing to keep
+
+        def write() -> None:
+            if drop:
+                self._store.delete_message(reply.message_id)
             else:
                 self._store.update_message(reply.message_id, content=reply.text,
                                            status=reply.status, stats=reply.stats,
                                            token_ids=reply.token_ids)
-        except Exception as exc:  # noqa: BLE001
+        try:
+            until_saved(self._store, write, f"reply {reply.message_id}")
+        except Exception as exc:  # noqa: BLE001 - a closed store or a bug: say so, keep going
             log.exception("could not save reply %d", reply.message_id)
             self.error = self.error or f"could not save the reply: {exc}"
+            return
+        if drop:
+            reply.status = "deleted"
 
 
 class TurnRegistry:

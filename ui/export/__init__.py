@@ -1,1 +1,2 @@
-"""Export of a chat tab's conversation: Markdown (the shown path) and JSON (the whole tree)."""
+"""Export of a chat tab's conversation: Markdown (the shown path) and JSON (the whole tree),
+written to private files (`files.py`)."""

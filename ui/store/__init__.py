@@ -3,7 +3,9 @@
   store.py          Store: conversations (create, list/search, rename, update, delete)
   tree.py           MessageTree: messages (add, update, delete, siblings, active path)
   export.py         ExportImport: fork, export to JSON / Markdown, import
-  db.py             StoreBase: the connection, the lock, transactions, errors
+  db.py             StoreBase: the connection, the lock, transactions
+  errors.py         StoreError and its causes (disk full, read-only, locked, damaged, ...)
+  private.py        owner-only modes for the data dir, the database, exports
   schema.py         the DDL, migrations, tree queries
   rows.py           Conversation, Message: rows read as safe values, whatever a row holds
   validate.py       the schema an import must meet (checked whole before anything is written)

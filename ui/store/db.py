@@ -3,8 +3,9 @@
 (`store.py`); the tree (`tree.py`) and export/import (`export.py`) build on it.
 
 Durability: every write method is one transaction (`_write`), committed before it returns; WAL
-mode. Nothing fails silently: a busy or damaged file raises StoreError naming the file, and the
-write it interrupted is rolled back, not half done.
+mode. Nothing fails silently: a full disk, a read-only, busy or damaged file raises StoreError
+naming the file and the cause (`errors.py`), and the write it interrupted is rolled back, not
+half done. Privacy: the file and its folder are its owner's alone (`private.py`).
 
 Threads: Gradio calls from worker threads, so the store holds one `sqlite3` connection opened
 with `check_same_thread=False` (wrapped by `sqlite_utils.Database`) and an RLock taken by every
@@ -25,14 +26,17 @@ from typing import Any, Iterator
 
 from sqlite_utils import Database
 
-from .schema import PREPARED, ROLES, STATUSES, StoreError, migrate
+from .errors import StoreError, describe, store_error
+from .private import private_dir, private_file, tighten
+from .schema import PREPARED, ROLES, STATUSES, migrate
 
 DB_FILENAME = "conversations.db"
 
 
 def guarded(method):
-    """Run a public method under the store's lock; SQLite errors become StoreError (busy or
-    damaged file) or ValueError (a constraint the arguments broke)."""
+    """Run a public method under the store's lock; SQLite errors become StoreError (full disk,
+    read-only, busy or damaged file: see errors.py) or ValueError (a constraint the arguments
+    broke)."""
     @functools.wraps(method)
     def wrapper(self: "StoreBase", *args, **kwargs):
         with self._lock:
@@ -54,15 +58,7 @@ class StoreBase:
         self.path = path / DB_FILENAME if path.is_dir() else path
         self.busy_timeout_ms = busy_timeout_ms
         self._lock = threading.RLock()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create the data dir {self.path.parent}: {e}") from e
-        try:
-            conn = sqlite3.connect(self.path, check_same_thread=False,
-                                   timeout=busy_timeout_ms / 1000)
-        except sqlite3.Error as e:
-            raise self._store_error(e) from e
+        conn = self._connect()
         try:
             self.db = Database(conn)
             self._open()
@@ -72,30 +68,50 @@ class StoreBase:
                 raise self._store_error(e) from e
             raise
 
+    def _connect(self) -> sqlite3.Connection:
+        """The connection to a file only we may read: a new data dir is 0700, the file (and
+        its -wal/-shm, which SQLite creates with the file's mode) 0600."""
+        try:
+            private_dir(self.path.parent)
+            private_file(self.path)
+            for suffix in ("-wal", "-shm"):
+                tighten(Path(f"{self.path}{suffix}"))
+            return sqlite3.connect(self.path, check_same_thread=False,
+                                   timeout=self.busy_timeout_ms / 1000)
+        except (OSError, sqlite3.Error) as e:
+            raise self._store_error(e) from e
+
     def _open(self) -> None:
-        self.db.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        self._set_busy_timeout(self.busy_timeout_ms)
         self.db.execute("PRAGMA foreign_keys = ON")
         problems = [row[0] for row in self.db.execute("PRAGMA quick_check").fetchall()]
         if problems != ["ok"]:
-            raise StoreError(f"{self.path} is damaged (PRAGMA quick_check: "
-                             f"{'; '.join(problems[:5])}): {self._advice()}")
+            raise StoreError(describe("damaged", self.path,
+                                      f"PRAGMA quick_check: {'; '.join(problems[:5])}"),
+                             "damaged")
         self.db.enable_wal()
         migrate(self.db, self.path)
 
-    def _advice(self) -> str:
-        return (f"move {self.path} aside (a new empty store is then created) "
-                "or restore it from a backup")
+    def _store_error(self, e: BaseException) -> StoreError:
+        return store_error(e, self.path, self.busy_timeout_ms)
 
-    def _store_error(self, e: sqlite3.Error) -> StoreError:
-        text = str(e)
-        if "locked" in text or "busy" in text:
-            return StoreError(
-                f"database is locked: {self.path} was held by another writer for longer than "
-                f"{self.busy_timeout_ms} ms; the change was NOT saved. Close the other program "
-                "(another localpaged?) using this file, then retry")
-        if "closed" in text:
-            return StoreError(f"the store on {self.path} is closed")
-        return StoreError(f"{self.path} cannot be used ({text}): {self._advice()}")
+    @contextlib.contextmanager
+    def busy_wait(self, ms: int) -> Iterator[None]:
+        """Store calls made inside wait at most `ms` for a busy file (instead of
+        busy_timeout_ms), holding the store's lock no longer: for a writer that retries on its
+        own. Other threads' calls wait for the block to end."""
+        with self._lock:
+            self._set_busy_timeout(ms)
+            try:
+                yield
+            finally:
+                self._set_busy_timeout(self.busy_timeout_ms)
+
+    def _set_busy_timeout(self, ms: int) -> None:
+        try:
+            self.db.execute(f"PRAGMA busy_timeout = {int(ms)}")
+        except sqlite3.Error as e:
+            raise self._store_error(e) from e
 
     def close(self) -> None:
         with self._lock:

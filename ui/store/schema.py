@@ -29,6 +29,8 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
+from .errors import StoreError
+
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
@@ -39,11 +41,6 @@ PREPARED = (None, "unseen", "seen")     # messages.prepared
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped")
 CONTEXT_POLICIES = ("drop_oldest", "error")
-
-
-class StoreError(Exception):
-    """The database file cannot be used: locked by another writer, damaged, not a SQLite
-    database, or written by a newer version. The message names the file and what to do."""
 
 
 _STATUS_CHECK = "CHECK (status IN ('complete', 'streaming', 'stopped', 'interrupted'))"

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from .db import DB_FILENAME, guarded
+from .errors import StoreError
 from .export import EXPORT_FORMAT, ExportImport
 from .rows import Conversation, Message, conversation_from_row
-from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES, StoreError
+from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
            "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]
