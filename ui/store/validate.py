@@ -234,13 +234,21 @@ def _json_size(value: Any, depth: int) -> int:
         raise _BadJson(f"expected a JSON value, got {_kind(value)}")
     if depth > MAX_JSON_DEPTH:
         raise _BadJson(f"nested deeper than {MAX_JSON_DEPTH}")
-    size = 2
-    for k, v in (value.items() if kind is dict else enumerate(value)):
-        if kind is dict and type(k) is not str:
-            raise _BadJson(f"expected string keys, got {_kind(k)}")
-        try:
-            size += len(str(k)) + 4 + _json_size(v, depth + 1)
-        except _BadJson as e:
-            e.path.append(f".{k}" if kind is dict else f"[{k}]")
-            raise
+    is_dict, size = kind is dict, 2
+    for k, v in (value.items() if is_dict else enumerate(value)):
+        if is_dict:
+            if type(k) is not str:
+                raise _BadJson(f"expected string keys, got {_kind(k)}")
+            size += len(k) + 4
+        item = type(v)
+        if item is str:                     # the common flat cases inline: no call
+            size += len(v) + 3
+        elif item is int or item is bool or v is None or (item is float and math.isfinite(v)):
+            size += 24
+        else:
+            try:
+                size += _json_size(v, depth + 1) + 1
+            except _BadJson as e:
+                e.path.append(f".{k}" if is_dict else f"[{k}]")
+                raise
     return size
