@@ -135,7 +135,7 @@ def test_validation_is_linear(store):
     seconds(500)                                     # warm up
     small, large = min(seconds(1000) for _ in range(3)), min(seconds(8000) for _ in range(3))
     assert large / small < 24, (small, large)        # 8x the messages; quadratic would be 64x
-    assert seconds(4000) < 0.5                       # a generous bound for a busy machine
+    assert min(seconds(4000) for _ in range(3)) < 0.5    # generous, for a busy machine
     c = store.import_json(export(*chain(4000)))
     assert len(store.active_path(c.id)) == 4000
 
