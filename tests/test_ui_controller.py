@@ -6,6 +6,8 @@ decoding is deterministic, which is what these tests compare."""
 
 from __future__ import annotations
 
+import html
+import re
 import threading
 
 import pytest
@@ -15,7 +17,7 @@ from ui_helpers import TinyBackend, tiny_backend
 
 from localpaged import LLM, ModelNotFoundError
 from localpaged.ui import engine_panel as kvmap
-from localpaged.ui import render
+from localpaged.ui import markdown, render
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
 from localpaged.ui.store import Store
@@ -238,11 +240,12 @@ def test_html_and_script_are_shown_as_text(ctl):
     ctl.store.add_message(cid, None, "user", evil)
     content = render.chat_messages(ctl.view(cid))[0]["content"]
     assert "<script>" not in content and "&lt;script&gt;alert('x')&lt;/script&gt;" in content
-    assert "`<b>code</b>`" in content and "\n<i>raw</i>\n" in content   # code: Markdown escapes
-    assert "&amp;amp;" in content and "**bold**" in content
+    assert "<code>&lt;b&gt;code&lt;/b&gt;</code>" in content and "<strong>bold</strong>" in content
+    assert '<code class="language-html">' in content and "<i" not in content
+    assert "\n<i>raw</i>\n" in html.unescape(re.sub(r"<[^>]+>", "", content))   # code, verbatim
+    assert content.count("<p>") == 2 and "<p>&amp;</p>" in content      # the entity, as text
     panel = kvmap.render_panel(kvmap.KvMap(ctl).collect([cid]))
     assert "<img" not in panel and "&lt;img src=x" in panel
-    assert render.escape_markdown("a <b>\n```\n<b>\n```\n<b>") == "a &lt;b&gt;\n```\n<b>\n```\n&lt;b&gt;"
 
 
 def test_fork_rename_delete_search(ctl):
@@ -398,7 +401,7 @@ def test_compare_handler_with_own_settings_per_column(ctl):
     steps = list(CompareEvents(ctl).run(NEW_CONVERSATION, P1, 2, True, per_column))
     last = steps[-1]
     assert last.prompt == "" and len(last.outs) == len(last.picks) == MAX_COLUMNS
-    assert last.outs[0] == render.escape_markdown(alone) and last.outs[2:] == [""] * (MAX_COLUMNS - 2)
+    assert last.outs[0] == markdown.render(alone) and last.outs[2:] == [""] * (MAX_COLUMNS - 2)
     replies = [ctl.message(m) for m in last.state["messages"]]
     assert [r.stats["generated_tokens"] for r in replies] == [24, 5]
     assert [r.sampling["max_tokens"] for r in replies] == [24, 5]

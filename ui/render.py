@@ -1,98 +1,30 @@
-"""Turning controller data into what Gradio components show: Chatbot messages (escaped
-Markdown, `‹ 2/3 ›` markers at branch points, a stats line under each reply), sidebar choices
-and the small status texts.
+"""Turning controller data into what Gradio components show: Chatbot messages (HTML from
+`markdown.render`, `‹ 2/3 ›` markers at branch points, a stats line under each reply), sidebar
+choices and the small status texts.
 
-Safety: chat text is untrusted, and rendering it must never make the browser send a request.
-Outside code spans and fenced blocks, `&`, `<` and `>` are escaped, so HTML and scripts in a
-message show as text (inside code, Markdown itself escapes); a Markdown image becomes a link-text
-placeholder naming its host (never loaded); a link whose destination is not http(s) loses its
-link syntax (no javascript:, data:, relative or obfuscated URLs), and so does a reference
-definition. The Chatbot's own sanitizer and the page's Content-Security-Policy (api/guard.py)
-stay on as further lines of defence. The only markup added here is built from numbers and
-fixed strings.
+Safety: chat text is untrusted; `markdown.py` owns the rule (an allow-list of elements and
+attributes, no image ever loaded, http(s) links only). The Chatbot gets HTML (its own Markdown
+parser is off), so the server is the only Markdown parser. The markup added here is `<sub>`
+around footers built from numbers, fixed strings and escaped text.
 """
 
 from __future__ import annotations
 
 import html
-import re
 import time
 from typing import Any
 
 from localpaged.engine.outputs import FINISH_DETAILS, NATURAL_ENDS
 
+from . import markdown
 from .controller import View
 from .store import Conversation, Message
 from .turns import LiveReply
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
-# ![alt](<url> "title"): alt without unescaped brackets, url without spaces or parentheses.
-_IMAGE = re.compile(r"!\[((?:[^\[\]\\]|\\.)*)\]\(\s*<?([^\s<>()]*)>?"
-                    r"(?:\s+(?:\"[^\"]*\"|'[^']*'|\([^)]*\)))?\s*\)")
-_LINK_OPEN = re.compile(r"\]\(\s*")                      # where an inline link's destination starts
-_REF_DEF = re.compile(r"^( {0,3})\[(?=[^\]]+\]:\s*)")    # "[label]: destination" at a line start
-_HTTP = re.compile(r"<?https?://", re.I)
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
 PREPARED_NOTE = "⚡ prepared in the background"
-
-
-def escape_markdown(text: str) -> str:
-    """Escape HTML in Markdown text except inside code (fenced blocks and inline spans),
-    which Markdown renders literally. An unclosed fence (a streaming reply) runs to the end."""
-    out: list[str] = []
-    fence: str | None = None
-    for line in text.split("\n"):
-        m = _FENCE.match(line)
-        if fence is not None:
-            out.append(line)
-            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) \
-                    and not line.strip().strip(fence[0]):
-                fence = None
-        elif m:
-            fence = m.group(1)
-            out.append(_escape_info(line, m.end()))
-        else:
-            out.append(_escape_inline(line))
-    return "\n".join(out)
-
-
-def _escape_info(line: str, end: int) -> str:
-    """A fence line: the fence stays, its info string (language name) is escaped."""
-    return line[:end] + html.escape(line[end:], quote=True)
-
-
-def _escape_inline(line: str) -> str:
-    m = _REF_DEF.match(line)
-    if m and not _HTTP.match(line[line.index("]:") + 2:].lstrip()):
-        line = m.group(1) + "\\" + line[len(m.group(1)):]     # "\[label]: ..." is plain text
-    parts, pos = [], 0
-    for m in _INLINE_CODE.finditer(line):
-        parts.append(_defuse(html.escape(line[pos:m.start()], quote=False)))
-        parts.append(m.group(0))
-        pos = m.end()
-    parts.append(_defuse(html.escape(line[pos:], quote=False)))
-    return "".join(parts)
-
-
-def _defuse(text: str) -> str:
-    """Markdown text (outside code) with no image and no non-http(s) inline link left."""
-    text = _IMAGE.sub(_image_placeholder, text)
-    text = text.replace("![", "!\\[")                      # any other image form: not an image
-    return _LINK_OPEN.sub(lambda m: m.group(0) if _HTTP.match(text, m.end())
-                          else "\\" + m.group(0), text)
-
-
-def _image_placeholder(m: re.Match) -> str:
-    """`![alt](url)` -> `[🖼 image: alt (host.example, not loaded)](url)`: a link the user may
-    click (a new tab), never an image the browser fetches; text only when url is not http(s)."""
-    alt, url = m.group(1).strip() or "image", m.group(2)
-    if not _HTTP.match(url):
-        return f"🖼 image: {alt} (not loaded)"
-    host = re.sub(r"^<?https?://", "", url, flags=re.I).split("/")[0].split("?")[0]
-    host = re.sub(r"[\[\]()\\`*_]", "", host)
-    return f"[🖼 image: {alt} ({host}, not loaded)]({url})"
+CURSOR = " ▌"
 
 
 def fmt_stats(stats: dict[str, Any]) -> str:
@@ -128,30 +60,32 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) ->
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
             bits.append(fmt_stats(stats))
-    return _defuse(html.escape(" · ".join(bits), quote=False))    # errors may quote a server
+    return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
 
 
 def chat_messages(view: View) -> list[dict[str, str]]:
-    """One Chatbot message per message on the active path (index i is view.path[i])."""
+    """One Chatbot message (HTML) per message on the active path (index i is view.path[i])."""
     out = []
     cut = context_cut(view)
     for i, (msg, pos) in enumerate(zip(view.path, view.siblings)):
         live = view.live.get(msg.id)
-        text = live.text if live else msg.content
-        body = escape_markdown(text)
-        if live and live.status == "streaming" and not text and live.progress:
-            body = prefill_note(*live.progress)
-        elif live and live.status == "streaming":
-            body += " ▌"
-        elif not text and msg.role == "assistant":
-            body = "*(empty reply)*"
+        body = markdown.render(_source(msg, live))
         note = footer(msg, pos, live)
         if note:
-            body += f"\n\n<sub>{note}</sub>"
+            body += f"<sub>{note}</sub>"
         if cut and i == cut:
-            body = f"<sub>{context_marker(cut)}</sub>\n\n{body}"
+            body = f"<sub>{html.escape(context_marker(cut), quote=False)}</sub>{body}"
         out.append({"role": msg.role, "content": body})
     return out
+
+
+def _source(msg: Message, live: LiveReply | None) -> str:
+    """The Markdown a message shows: its text (with a cursor while it streams), the prefill's
+    progress before the first token, or a note for an empty reply."""
+    text = live.text if live else msg.content
+    if live and live.status == "streaming":
+        return prefill_note(*live.progress) if not text and live.progress else text + CURSOR
+    return text or ("*(empty reply)*" if msg.role == "assistant" else "")
 
 
 def context_cut(view: View) -> int:

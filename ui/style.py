@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import gradio as gr
+from pygments.formatters import HtmlFormatter
+
+from .markdown import HIGHLIGHT_PREFIX
 
 THEME = gr.themes.Soft(primary_hue="indigo", secondary_hue="violet", neutral_hue="slate",
                        radius_size="md", text_size="md",
@@ -84,4 +87,25 @@ footer { display: none !important; }
 .lp-row-label { font-size: .78rem; margin-bottom: 2px; overflow: hidden; text-overflow: ellipsis;
   white-space: nowrap; }
 .lp-pool, .lp-strip { display: block; max-width: 100%; }
+
+.lp-chat pre, .lp-cmp-out pre { overflow-x: auto; padding: 8px 10px; border-radius: 6px;
+  background: var(--background-fill-secondary); font-size: .85rem; line-height: 1.4; }
+.lp-chat table, .lp-cmp-out table { border-collapse: collapse; margin: 6px 0; }
+.lp-chat th, .lp-chat td, .lp-cmp-out th, .lp-cmp-out td {
+  border: 1px solid var(--border-color-primary); padding: 3px 8px; }
+.lp-chat blockquote, .lp-cmp-out blockquote { border-left: 3px solid var(--border-color-primary);
+  margin: 6px 0; padding-left: 10px; color: var(--body-text-color-subdued); }
+.lp-align-left { text-align: left; }
+.lp-align-center { text-align: center; }
+.lp-align-right { text-align: right; }
 """
+
+
+def _highlight_css(style: str, scope: str) -> str:
+    """Colours for the code spans markdown.render makes with Pygments."""
+    formatter = HtmlFormatter(classprefix=HIGHLIGHT_PREFIX, style=style)
+    return "\n".join(formatter.get_token_style_defs([f"{scope}.lp-chat pre",
+                                                       f"{scope}.lp-cmp-out pre"]))
+
+
+CSS += _highlight_css("default", "") + "\n" + _highlight_css("github-dark", ".dark ")

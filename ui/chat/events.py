@@ -160,12 +160,6 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
         for v in events.edit(slot_cids, i, sel, text, system, *sampling):
             yield ui.flatten(v)
 
-    def edit_inline(slot_cids, system, temperature, top_p, top_k, min_p, seed, max_tokens,
-                    evt: gr.EditData) -> Iterator[list]:
-        for v in events.edit(slot_cids, i, evt.index, evt.value, system, temperature, top_p,
-                             top_k, min_p, seed, max_tokens):
-            yield ui.flatten(v)
-
     def follow(slot_cids) -> Iterator[list]:
         for v in events.follow(slot_cids, i):
             yield ui.flatten(v)
@@ -177,7 +171,6 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
         page.refresh_after(trigger(send, [slots, ui.msg, *settings], out, **GEN))
     page.refresh_after(ui.regen.click(regenerate, [slots, ui.sel, *settings], out, **GEN))
     ui.chatbot.retry(retry, [slots, *settings], out, **GEN)
-    ui.chatbot.edit(edit_inline, [slots, *settings], out, **GEN)
     ui.chatbot.select(select, slots, out, **QUICK)
     ui.stop.click(lambda c: events.stop(c, i), slots, None, **QUICK)
     def switch(step: int):

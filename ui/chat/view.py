@@ -110,9 +110,11 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
     """Chat tab i; `sel` (made outside gr.Tabs, which takes only Tab children) holds the
     index of the selected message."""
     with gr.Tab(f"Chat {i + 1}", id=f"slot{i}", visible=False, elem_id=f"tab{i}") as tab:
+        # The messages are HTML (render.chat_messages): Gradio's Markdown pass is off, and so is
+        # its inline edit, which would edit that HTML (the Edit button edits the stored text).
         chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
-                             buttons=["copy", "copy_all"], editable="user", sanitize_html=True,
-                             allow_tags=False, render_markdown=True, layout="bubble",
+                             buttons=["copy", "copy_all"], sanitize_html=True, allow_tags=False,
+                             render_markdown=False, layout="bubble",
                              feedback_options=None, elem_classes="lp-chat",
                              placeholder="**Start the conversation below.**\n\nReplies stream "
                                          "in; every regenerate and edit is kept as a branch.")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from .. import render
+from .. import markdown, render
 from ..controller import ChatController
 from ..queues import GEN, QUICK
 from ..settings.logic import SAMPLING_KEYS, from_fields
@@ -67,7 +67,7 @@ class CompareEvents:
                 texts.append(""), stats.append(""), picks.append(gr.Button(interactive=False))
                 continue
             r = turn.replies[j]
-            texts.append(render.escape_markdown(r.text) + (" ▌" if r.status == "streaming" else ""))
+            texts.append(markdown.render(r.text + (render.CURSOR if r.status == "streaming" else "")))
             note = render.fmt_stats(r.stats)
             if turn.beam and r.stats.get("beam_score") is not None and turn.done:
                 note = f"score {float(r.stats['beam_score']):.3f} · {note}"

@@ -24,7 +24,7 @@ COLUMN_PRESETS = [{"temperature": 0.2}, {"temperature": 0.8}, {"temperature": 1.
 class CompareValues:
     """What a compare run shows; lists have one entry per column (MAX_COLUMNS)."""
     state: Any = KEEP                 # {"cid", "messages"}: what "Continue with this" picks from
-    outs: Any = KEEP                  # each column's text (Markdown)
+    outs: Any = KEEP                  # each column's text (HTML: markdown.render)
     stats: Any = KEEP                 # each column's stats line
     picks: Any = KEEP                 # each column's "Continue with this" (interactive or not)
     prompt: Any = KEEP                # the prompt box ("" when done)
@@ -80,8 +80,8 @@ def build_compare() -> CompareUI:
                 gr.Markdown(f"**Column {j + 1}**")
                 with gr.Accordion("Settings", open=False, visible=False) as acc:
                     ui.fields.append(sampling_fields(f"cmp{j}-", COLUMN_PRESETS[j], rows=False))
-                ui.outs.append(gr.Markdown("", elem_id=f"cmp-out{j}", elem_classes="lp-cmp-out",
-                                           sanitize_html=True, min_height=120))
+                ui.outs.append(gr.HTML("", elem_id=f"cmp-out{j}", elem_classes="lp-cmp-out",
+                                       min_height=120, js_on_load=None))
                 ui.stats.append(gr.Markdown("", elem_id=f"cmp-stats{j}", elem_classes="lp-meta"))
                 ui.picks.append(gr.Button("Continue with this", size="sm", elem_id=f"cmp-pick{j}",
                                           interactive=False))

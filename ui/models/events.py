@@ -8,11 +8,12 @@ from collections.abc import Iterator
 
 import gradio as gr
 
+from ..markdown import literal
 from ..queues import GEN, QUICK
 from ..tabs.events import Page
 from ..toasts import warn
 from .logic import ModelManager
-from .view import ModelPickerUI, header, status
+from .view import ModelPickerUI, header
 
 POLL_S = 0.5
 
@@ -23,13 +24,13 @@ def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> No
         try:
             job = models.load(name or "", quantization if models.quantization else None)
         except ValueError as exc:
-            yield str(exc), gr.skip()
+            yield literal(str(exc)), gr.skip()           # it may quote the name
             return
         while not job.done.wait(POLL_S):
-            yield status(models), gr.skip()
+            yield models.status(), gr.skip()
         if job.error:
             warn(f"Could not load {job.name}; the current model stays loaded.")
-        yield status(models), header(models)
+        yield models.status(), header(models)
 
     loaded = ui.load.click(load, [ui.name, ui.quantization], [ui.status, ui.header], **GEN)
     loaded.then(page.handler(page.tabs.titles), page.ui.slots, page.ui.outputs(), **QUICK)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 from localpaged.chat.backend import ChatBackend
 from localpaged.core.config import QUANTIZATION, check_choice, default
 
+from ..markdown import literal
+
 if TYPE_CHECKING:
     from localpaged.api import ServedModel
 
@@ -133,16 +135,18 @@ class ModelManager:
             threading.Timer(2.0, shutdown).start()   # let the stops reach their streams
 
     def status(self) -> str:
-        """Markdown for the model panel (model names are escaped by the caller's component)."""
+        """Markdown for the model panel: names, progress and errors are user or server text,
+        so each shows literally (`markdown.literal`)."""
         job, current = self.job, self.model_name
         if job and not job.done.is_set():
             detail = f": {job.detail}" if job.detail else ""
-            return f"Loading `{job.name}` — {job.phase}{detail} ({job.elapsed():.0f} s)"
+            return (f"Loading **{literal(job.name)}** — {literal(job.phase + detail)} "
+                    f"({job.elapsed():.0f} s)")
         if job and job.error:
-            keep = f"Still using `{current}`." if current else "No model is loaded."
-            return f"⚠ Could not load `{job.name}`: {job.error}\n\n{keep}"
+            keep = f"Still using **{literal(current)}**." if current else "No model is loaded."
+            return f"⚠ Could not load **{literal(job.name)}**: {literal(job.error)}\n\n{keep}"
         if current:
-            return f"✓ Loaded `{job.name}` in {job.elapsed():.0f} s" if job else "✓ Ready"
+            return f"✓ Loaded **{literal(job.name)}** in {job.elapsed():.0f} s" if job else "✓ Ready"
         return "No model loaded."
 
 

@@ -11,7 +11,6 @@ import gradio as gr
 
 from localpaged.core.config import QUANTIZATION, default
 
-from .. import render
 from ..style import BRAND
 from .logic import ModelManager
 
@@ -40,13 +39,8 @@ def build_model_panel(models: ModelManager, header_html: gr.HTML) -> ModelPicker
                             value=models.quantization or default("quantization"), label="Weights",
                             elem_id="model-quant", visible=models.quantization is not None)
         load = gr.Button("Load model", elem_id="model-load", size="sm")
-        status_md = gr.Markdown(status(models), elem_id="model-status")
+        status_md = gr.Markdown(models.status(), elem_id="model-status")
     return ModelPickerUI(header_html, name, quant, load, status_md)
-
-
-def status(models: ModelManager) -> str:
-    """The model panel's Markdown; model names and errors are user text, so escaped."""
-    return render.escape_markdown(models.status())
 
 
 def header(models: ModelManager) -> str:

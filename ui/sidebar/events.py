@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .. import render
+from ..markdown import literal
 from ..controller import ChatController
 from ..queues import QUICK
 from ..tabs.events import Page
@@ -42,7 +42,7 @@ class SidebarEvents:
         if cid is None:
             warn("Pick a conversation in the list first.")
             return gr.skip(), gr.skip()
-        title = render.escape_markdown(self.ctl.conversation(cid).title)
+        title = literal(self.ctl.conversation(cid).title)
         return gr.Group(visible=True), (f"Delete **{title}** and all its branches? "
                                          "This cannot be undone.")
 
