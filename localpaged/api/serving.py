@@ -33,7 +33,7 @@ from localpaged.chat.context_window import (
 )
 from localpaged.core.request import TokenLogprob
 from localpaged.engine.async_engine import RequestStream
-from localpaged.engine.outputs import CompletionOutput, RequestOutput
+from localpaged.engine.outputs import CompletionOutput, OutputAccumulator, RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +144,10 @@ def without_generation(out: RequestOutput) -> RequestOutput:
     return replace(out, outputs=outputs)
 
 
-def usage(out: RequestOutput) -> dict:
-    completion = sum(len(o.token_ids) for o in out.outputs)
+def usage(out: RequestOutput, completion: int | None = None) -> dict:
+    """The usage object; `completion` tokens counted by the caller when out is a delta."""
+    if completion is None:
+        completion = sum(len(o.token_ids) for o in out.outputs)
     prompt = len(out.prompt_token_ids)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
@@ -192,10 +194,10 @@ class Generation:
     # ---- whole response --------------------------------------------------------------------
     async def collect(self, request: Request | None = None) -> dict:
         watcher = asyncio.create_task(self._watch(request)) if request is not None else None
-        final: RequestOutput | None = None
+        total = OutputAccumulator(from_start=True)
         try:
-            async for out in self.stream:
-                final = out
+            async for out in self.stream.deltas():
+                total.add(out)
         except ValueError as exc:
             raise APIError(str(exc)) from exc
         except RuntimeError as exc:
@@ -203,7 +205,7 @@ class Generation:
         finally:
             if watcher is not None:
                 watcher.cancel()
-        assert final is not None
+        final = total.output()
         self._record(final)
         if self.echo is not None and not self.echo.generate:
             final = without_generation(final)
@@ -260,6 +262,7 @@ class Generation:
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
     async def sse(self, n: int) -> AsyncIterator[str]:
+        """The stream's deltas as chunks: a reader that fell behind gets fewer, larger ones."""
         sent_text = [0] * n
         sent_tokens = [0] * n
         done = [False] * n
@@ -270,8 +273,11 @@ class Generation:
                                 "logprobs": None, "finish_reason": None} for i in range(n)],
                               extensions=self.extensions)
         final: RequestOutput | None = None
+        prompt_lps = None                       # a delta carries them only when they changed
         try:
-            async for out in self.stream:
+            async for out in self.stream.deltas():
+                prompt_lps = out.prompt_logprobs or prompt_lps
+                out = replace(out, prompt_logprobs=prompt_lps)
                 if self.echo is not None:
                     prompt_text = prompt_text or self._echo_text(out)
                     if not self.echo.generate:
@@ -280,8 +286,8 @@ class Generation:
                 choices = []
                 for o in out.outputs:
                     i = o.index
-                    delta = o.text[sent_text[i]:]
-                    new_lps = (o.logprobs or [])[sent_tokens[i]:] if self.logprobs else []
+                    delta = o.text
+                    new_lps = (o.logprobs or []) if self.logprobs else []
                     newly_done = o.finish_reason is not None and not done[i]
                     if not (delta or new_lps or newly_done or not echoed[i]):
                         continue
@@ -290,8 +296,8 @@ class Generation:
                     if not echoed[i]:
                         delta, lps = self._with_echo(out, prompt_text, delta, lps)
                         echoed[i] = True
-                    sent_text[i] = max(sent_text[i], len(o.text))
-                    sent_tokens[i] = len(o.token_ids)
+                    sent_text[i] += len(o.text)
+                    sent_tokens[i] += len(o.token_ids)
                     done[i] = done[i] or newly_done
                     reason = o.finish_reason if newly_done else None
                     if self.kind == "chat":
@@ -310,7 +316,7 @@ class Generation:
         if final is not None:
             self._record(final)
             if self.include_usage:
-                yield self._chunk([], usage(final))
+                yield self._chunk([], usage(final, sum(sent_tokens)))
         yield "data: [DONE]\n\n"
 
 

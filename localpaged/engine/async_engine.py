@@ -16,57 +16,123 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing, closing
 
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
-from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, StepRecord
+from localpaged.engine.outputs import (
+    DeltaCursor,
+    EngineInfo,
+    EngineStats,
+    OutputAccumulator,
+    RequestOutput,
+    StepRecord,
+)
 
 logger = logging.getLogger(__name__)
 
 
 class RequestStream:
-    """The outputs of one request, in order; ends after the finished output."""
+    """The outputs of one request, in order; ends after the finished output.
+
+    `for out in stream` / `async for out in stream` yield full outputs (every token and the
+    whole text so far); `stream.deltas()` yields deltas (only what is new, see outputs.py).
+    Between the engine thread and the reader sits one buffer, not a queue: each output the
+    engine delivers is added (as a delta) into it, and a read takes the whole buffer. A reader
+    that falls behind (a client that stopped reading) so gets fewer, larger deltas; the buffer
+    never holds more than the reply itself, whose tokens and logprobs the engine holds anyway.
+    """
 
     def __init__(self, request_id: str, engine: "AsyncEngine",
-                 loop: asyncio.AbstractEventLoop | None) -> None:
+                 loop: asyncio.AbstractEventLoop | None, full_outputs: bool = False) -> None:
         self.request_id = request_id
         self._engine = engine
         self._loop = loop
-        self._sync: queue.Queue = queue.Queue()
-        self._async: asyncio.Queue | None = asyncio.Queue() if loop else None
+        # A beam search reorders its beams: it sends full outputs, each replacing the last.
+        self._cursor = None if full_outputs else DeltaCursor()
+        self._cond = threading.Condition()      # guards _pending and _error
+        self._pending: OutputAccumulator | None = None
+        self._error: BaseException | None = None
+        self._wake = asyncio.Event() if loop else None
         self.finished = False
 
+    # ---- the engine thread -------------------------------------------------------------------
     def put(self, item: RequestOutput | BaseException) -> None:
+        with self._cond:
+            if isinstance(item, BaseException):
+                self._error = item
+            else:
+                self._pending = self._pending or OutputAccumulator()
+                self._pending.add(self._cursor.delta(item) if self._cursor else item)
+            self._cond.notify_all()
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._async.put_nowait, item)
-        else:
-            self._sync.put(item)
+            try:
+                self._loop.call_soon_threadsafe(self._wake.set)
+            except RuntimeError:                  # the reader's event loop is gone
+                pass
 
+    # ---- the reader ------------------------------------------------------------------------
     def cancel(self) -> None:
         if not self.finished:
             self._engine.abort(self.request_id)
 
-    def _accept(self, item) -> RequestOutput:
-        if isinstance(item, BaseException):
+    def _take(self) -> RequestOutput | None:
+        """Everything delivered since the last take, as one output; None when nothing was.
+        Raises the request's error after its last output."""
+        with self._cond:
+            pending, self._pending = self._pending, None
+            error = self._error if pending is None else None
+        if error is not None:
             self.finished = True
-            raise item
-        self.finished = item.finished
-        return item
+            raise error
+        if pending is None:
+            return None
+        out = pending.output()
+        self.finished = out.finished
+        return out
 
-    def __iter__(self) -> Iterator[RequestOutput]:
+    def _next_sync(self) -> RequestOutput:
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending is not None or self._error is not None)
+        return self._take()
+
+    async def _next_async(self) -> RequestOutput:
+        while True:
+            self._wake.clear()                    # before looking: a later put sets it again
+            out = self._take()
+            if out is not None:
+                return out
+            await self._wake.wait()
+
+    def _sync_deltas(self) -> Iterator[RequestOutput]:
         try:
             while not self.finished:
-                yield self._accept(self._sync.get())
+                yield self._next_sync()
         finally:
             self.cancel()                 # a consumer that stops early aborts its request
 
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+    async def deltas(self) -> AsyncIterator[RequestOutput]:
+        """The outputs as deltas (a full output where a beam search replaces its beams)."""
         try:
             while not self.finished:
-                yield self._accept(await self._async.get())
+                yield await self._next_async()
         finally:
             self.cancel()
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        total = OutputAccumulator(from_start=True)
+        with closing(self._sync_deltas()) as deltas:      # closed (so cancelled) at once
+            for out in deltas:
+                total.add(out)
+                yield total.output()
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        total = OutputAccumulator(from_start=True)
+        async with aclosing(self.deltas()) as deltas:
+            async for out in deltas:
+                total.add(out)
+                yield total.output()
 
 
 class AsyncEngine:
@@ -109,7 +175,7 @@ class AsyncEngine:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        stream = RequestStream(group.request_id, self, loop)
+        stream = RequestStream(group.request_id, self, loop, full_outputs=beam is not None)
         with self._lock:
             if group.request_id in self._streams:
                 raise ValueError(f"request id {group.request_id!r} is already running")

@@ -1,8 +1,16 @@
-"""What the engine hands back: request outputs (streamed and final) and engine statistics."""
+"""What the engine hands back: request outputs (streamed and final) and engine statistics.
+
+A `RequestOutput` is either full (every token, the whole text and logprobs so far: what
+`LLMEngine.step` returns and what iterating a RequestStream yields) or a delta (`delta=True`:
+per completion only what is new since the stream's previous output; its scalar fields, such as
+finish_reason, metrics and prefill progress, are current). `DeltaCursor` turns a request's
+successive full outputs into deltas; `OutputAccumulator` adds deltas back up, into one larger
+delta or the full output.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from localpaged.core.request import TokenLogprob
 
@@ -66,6 +74,8 @@ class RequestOutput:
     # Prefill progress: prompt tokens whose K/V are in the cache (prefix hits included), of
     # num_prompt_tokens. Below it, a chunked prefill is still reading the prompt.
     num_computed_prompt_tokens: int = 0
+    # The outputs hold only what is new since the previous output of the stream (see above).
+    delta: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -74,6 +84,87 @@ class RequestOutput:
     @property
     def prefilling(self) -> bool:
         return not self.finished and self.num_computed_prompt_tokens < self.num_prompt_tokens
+
+
+class DeltaCursor:
+    """What one stream has sent so far, per completion index: (tokens, text chars, logprobs).
+
+    Assumes a completion only grows (tokens, text and logprobs are appended to, never changed):
+    true of sampling; a beam search reorders its beams, so its streams send full outputs.
+    """
+
+    def __init__(self) -> None:
+        self._sent: dict[int, tuple[int, int, int]] = {}
+        self._prompt_logprobs = -1            # how many prompt logprobs were sent
+
+    def delta(self, out: RequestOutput) -> RequestOutput:
+        """out (full) as a delta past what this cursor sent before; the cursor moves on."""
+        return replace(out, outputs=[self._advance(o) for o in out.outputs],
+                       prompt_logprobs=self._new_prompt_logprobs(out.prompt_logprobs),
+                       delta=True)
+
+    def _advance(self, o: CompletionOutput) -> CompletionOutput:
+        tokens, chars, lps = self._sent.get(o.index, (0, 0, 0))
+        self._sent[o.index] = (len(o.token_ids), max(chars, len(o.text)), len(o.logprobs or ()))
+        return replace(o, text=o.text[chars:], token_ids=o.token_ids[tokens:],
+                       logprobs=None if o.logprobs is None else o.logprobs[lps:])
+
+    def _new_prompt_logprobs(self, lps: list | None) -> list | None:
+        """The prompt's logprobs when they changed (they grow while a prompt is prefilled)."""
+        if lps is None or len(lps) == self._prompt_logprobs:
+            return None
+        self._prompt_logprobs = len(lps)
+        return lps
+
+
+@dataclass
+class _Parts:
+    """One completion's pieces, in order."""
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
+
+
+class OutputAccumulator:
+    """Outputs of one stream added up in order; `output()` is their sum.
+
+    from_start: the first output added is the stream's first, so the sum is the full output
+    (a RequestStream's reader). Otherwise the sum is one delta spanning those added (a stream's
+    buffer for a reader that fell behind). A full output added replaces everything before it.
+    """
+
+    def __init__(self, from_start: bool = False) -> None:
+        self._whole = from_start               # output() is full, not a delta
+        self._last: RequestOutput | None = None
+        self._prompt_logprobs: list | None = None
+        self._parts: dict[int, _Parts] = {}
+
+    def add(self, out: RequestOutput) -> None:
+        if not out.delta:                      # a full output: it is the sum so far
+            self._parts, self._prompt_logprobs, self._whole = {}, None, True
+        for o in out.outputs:
+            parts = self._parts.setdefault(o.index, _Parts())
+            parts.token_ids.extend(o.token_ids)
+            parts.texts.append(o.text)
+            if o.logprobs is not None:
+                parts.logprobs = parts.logprobs if parts.logprobs is not None else []
+                parts.logprobs.extend(o.logprobs)
+        self._prompt_logprobs = out.prompt_logprobs or self._prompt_logprobs
+        self._last = out
+
+    def output(self) -> RequestOutput:
+        """The sum so far, in fresh lists (later adds do not change it)."""
+        assert self._last is not None, "nothing added"
+        return replace(self._last, outputs=[self._completion(o) for o in self._last.outputs],
+                       prompt_logprobs=self._prompt_logprobs, delta=not self._whole)
+
+    def _completion(self, o: CompletionOutput) -> CompletionOutput:
+        parts = self._parts[o.index]
+        if len(parts.texts) > 1:
+            parts.texts[:] = ["".join(parts.texts)]
+        return replace(o, token_ids=list(parts.token_ids),
+                       text=parts.texts[0] if parts.texts else "",
+                       logprobs=None if parts.logprobs is None else list(parts.logprobs))
 
 
 @dataclass(frozen=True)
