@@ -287,6 +287,25 @@ _BLOCK_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "F32": _f32, "F16": _plain_f16, "BF16": _bf16,
 }
 
+# Byte offsets of each format's fp16 scale fields (d, dmin or m) inside a block.
+SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+                "IQ4_NL": (0,), "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2),
+                "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+
+
+def random_blocks(kind: str, N: int, K: int, generator: torch.Generator | None = None,
+                  scale: float = 0.01) -> torch.Tensor:
+    """uint8 [N, row_bytes] of `kind`: every code, sub-scale and bit field random, the fp16
+    scales random in [0, scale) (finite, so the weights are too). For kernel tests."""
+    fmt = block_format(kind)
+    data = torch.randint(0, 256, (N, row_bytes(kind, K)), dtype=torch.uint8, generator=generator)
+    blocks = data.view(N, K // fmt.block_elems, fmt.block_bytes)
+    for at in SCALE_FIELDS[kind]:
+        halves = (torch.rand(N, K // fmt.block_elems, generator=generator) * scale).half()
+        blocks[:, :, at:at + 2] = halves.view(torch.uint8).view(N, -1, 2)
+    return data
+
+
 # Weights dequantized per step: bounds the temporaries (a few times this many bytes x 4) no
 # matter how many rows come in; the output itself is the only full-size allocation.
 CHUNK_ELEMS = 1 << 21

@@ -88,9 +88,10 @@ def build(args: argparse.Namespace):
     from localpaged.ui.models import ModelManager, local_factory
     from localpaged.ui.store import DB_FILENAME, Store, default_data_dir
     from localpaged.ui.store.instance_lock import InstanceLock
+    from localpaged.ui.store.private import private_dir
 
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(data_dir)                 # 0700 when we create it: conversations are private
     # The lock first: only its holder may mark 'streaming' replies interrupted (no live writer).
     lock = InstanceLock.acquire(data_dir, f"http://{_display_host(args.host)}:{args.port}/")
     store = Store(data_dir / DB_FILENAME)

@@ -3,10 +3,11 @@
 `GgmlWeight` keeps a GGUF matrix exactly as the file stores it: `data` uint8 [N, row_bytes], row
 n holding output row n's K / block_elems blocks (layouts: kernels/ggml_reference.py). On CPU it is
 a view of the mapped file (quant/gguf_file.py): loading copies nothing, and the weights in memory
-are the file's own pages. The CPU extension multiplies it (kernels/cpu_ggml.cpp: activations
-quantized to int8 per block, integer dot products, the way llama.cpp does); elsewhere, or where a
-kernel is missing, `dequantize()` (the torch reference, bit-exact with gguf-py) then F.linear.
-Which of the two serves a weight is fixed when it is made, never switched while a model serves.
+are the file's own pages. On CPU the extension multiplies it (kernels/cpu_ggml.cpp: activations
+quantized to int8 per block, integer dot products, the way llama.cpp does); on CUDA a Triton
+kernel reads the same bytes (kernels/triton_ggml.py: dequantized in registers); elsewhere, or
+where a kernel is missing, `dequantize()` (the torch reference, bit-exact with gguf-py) then
+F.linear. Which serves a weight is fixed when it is made, never switched while a model serves.
 
 `PartsWeight` is a fused projection (q/k/v, gate/up) whose parts are kept in different formats
 (a Q4_K_M file keeps attn_v in Q6_K beside Q4_K q and k): one matmul per part, outputs side by
@@ -28,10 +29,17 @@ FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmu
 
 @dataclass(frozen=True)
 class NativeKernel:
-    """A matmul over GGML blocks, (x float32 [M, K], data, type id) -> [M, N], and the formats
-    it takes."""
+    """A matmul over GGML blocks, (x [M, K], data, type id) -> [M, N] in x's dtype, the formats
+    it takes and the device type it runs on."""
     kernel: Callable
     kinds: frozenset[str]
+    device_type: str = "cpu"
+
+
+def _cpu_matmul(module) -> Callable:
+    def matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
+        return module.ggml_matmul(x.float().contiguous(), data, type_id).to(x.dtype)
+    return matmul
 
 
 def cpu_native() -> NativeKernel | None:
@@ -41,7 +49,7 @@ def cpu_native() -> NativeKernel | None:
     if module is None or not hasattr(module, "ggml_supported"):
         return None
     kinds = frozenset(k for k, f in ggml_reference.FORMATS.items() if module.ggml_supported(f.type_id))
-    return NativeKernel(module.ggml_matmul, kinds)
+    return NativeKernel(_cpu_matmul(module), kinds)
 
 
 @dataclass
@@ -49,7 +57,7 @@ class GgmlWeight:
     kind: str                      # a key of ggml_reference.FORMATS
     data: torch.Tensor             # uint8 [N, row_bytes]
     shape: tuple[int, int]         # logical (N, K)
-    kernel: Callable | None = None  # the extension's ggml_matmul; None: dequantize-then-matmul
+    native: NativeKernel | None = None  # the kernel of data's device; None: dequantize, F.linear
     release: Callable[[], None] | None = field(default=None, repr=False)  # drops the file pages
 
     def __post_init__(self) -> None:
@@ -62,6 +70,10 @@ class GgmlWeight:
     @property
     def nbytes(self) -> int:
         return self.data.numel()
+
+    @property
+    def kernel(self) -> Callable | None:
+        return self.native.kernel if self.native is not None else None
 
     @property
     def type_id(self) -> int:
@@ -77,9 +89,12 @@ class GgmlWeight:
         return {self.kind: self.shape[0] * self.shape[1]}
 
     def to(self, device: torch.device) -> GgmlWeight:
-        if self.data.device == torch.device(device):
+        """On `device`, keeping the kernel when it was made for that device type."""
+        device = torch.device(device)
+        if self.data.device == device:
             return self
-        return GgmlWeight(self.kind, self.data.to(device), self.shape)
+        native = self.native if self.native and self.native.device_type == device.type else None
+        return GgmlWeight(self.kind, self.data.to(device), self.shape, native)
 
     def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
         data = self.data if rows is None else self.data.index_select(0, rows.to(self.data.device))
@@ -87,8 +102,8 @@ class GgmlWeight:
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [M, K] -> [M, N] in x.dtype."""
-        if self.kernel is not None and x.device.type == "cpu":
-            return self.kernel(x.float().contiguous(), self.data, self.type_id).to(x.dtype)
+        if self.native is not None and self.native.device_type == x.device.type == self.data.device.type:
+            return self.native.kernel(x, self.data, self.type_id)
         N = self.shape[0]
         parts = [F.linear(x, self.dequantize(x.dtype, torch.arange(i, min(i + FALLBACK_ROWS, N))))
                  for i in range(0, N, FALLBACK_ROWS)]
@@ -97,7 +112,7 @@ class GgmlWeight:
     def permute_rows(self, index: torch.Tensor) -> GgmlWeight:
         """Output rows reordered (llama.cpp's q/k rotary order undone): whole rows move, exact.
         A copy: the file's pages of this tensor are dropped from memory."""
-        out = GgmlWeight(self.kind, self.data.index_select(0, index), self.shape, self.kernel)
+        out = GgmlWeight(self.kind, self.data.index_select(0, index), self.shape, self.native)
         if self.release is not None:
             self.release()
         return out
@@ -143,4 +158,4 @@ def cat_ggml(parts: list[GgmlWeight]) -> GgmlWeight:
     for p in parts:
         if p.release is not None:
             p.release()
-    return GgmlWeight(first.kind, data, (data.shape[0], first.shape[1]), first.kernel)
+    return GgmlWeight(first.kind, data, (data.shape[0], first.shape[1]), first.native)

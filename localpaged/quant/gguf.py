@@ -95,7 +95,7 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
             continue
         is_matrix = len(t.shape) == 2 and name.endswith(".weight")
         if is_matrix and t.kind in keep:
-            value = GgmlWeight(t.kind, torch.from_numpy(file.array(t)), t.shape, native.kernel,
+            value = GgmlWeight(t.kind, torch.from_numpy(file.array(t)), t.shape, native,
                                release=functools.partial(file.drop_pages, t))
         else:
             bits = target_bits(quantization, t.kind, "embed_tokens" in name or name.startswith("lm_head")) \

@@ -33,6 +33,15 @@ from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
 from localpaged.runner.gguf_meta import config_and_tokenizer
+from localpaged.runner.startup_check import triton_ggml_native
+from localpaged.runner.model_check import (
+    built_config,
+    check_config,
+    check_shapes,
+    gguf_shapes,
+    raw_config,
+    safetensors_shapes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -150,13 +159,14 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     source = resolve(name, revision)
     stamp = _file_stamp(source)
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
+    _check_model_files(source, config)   # before any kernel sees a size or any weight is read
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
     tokenizer = _tokenizer(source.path, source.gguf_file, stamp)
     packed: dict = {}
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
-        native = cpu_native() if device.type == "cpu" else None
+        native = cpu_native() if device.type == "cpu" else triton_ggml_native(device)
         state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization,
                                   native)
     elif prequantized:
@@ -179,6 +189,19 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     return LoadedModel(model, config, tokenizer, eos, source)
 
 
+def _check_model_files(source: ModelSource, config: PretrainedConfig) -> None:
+    """The config's sizes, then every weight's shape from the files' directories
+    (runner/model_check.py): a ValueError naming the field or tensor and the file."""
+    if source.gguf_file:
+        path = os.path.join(source.path, source.gguf_file)
+        check_config(config, path)
+        shapes, file_names = gguf_shapes(path)
+        check_shapes(shapes, config, path, file_names)
+    else:
+        check_config(config, os.path.join(source.path, "config.json"))
+        check_shapes(safetensors_shapes(source.path), config, source.path)
+
+
 def _use_cpu_kernels(model: LlamaForCausalLM) -> None:
     """RMSNorm in the CPU extension where it is built (cached) now; chosen once per load, like the
     int4 form (quant/cpu.py: for_cpu), so a model never switches kernels while it serves."""
@@ -198,7 +221,9 @@ def _config(path: str, gguf_file: str | None, stamp: int) -> PretrainedConfig:
     """The model's config, parsed once per process (from a GGUF: runner/gguf_meta.py)."""
     if gguf_file:
         return _gguf_meta(path, gguf_file, stamp)[0]
-    return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    file = os.path.join(path, "config.json")
+    check_config(raw_config(file), file)       # before transformers' validators divide by them
+    return built_config(lambda: AutoConfig.from_pretrained(path, trust_remote_code=False), file)
 
 
 @functools.lru_cache(maxsize=4)

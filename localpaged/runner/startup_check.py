@@ -2,7 +2,8 @@
 
 Until a GPU has run a given build, its Triton kernels and captured graphs are untested there. At
 start-up on CUDA the engine runs each Triton kernel once on a small input against the torch
-reference (`check_kernels`) and, when decode graphs are on, one captured replay against the same
+reference (`check_kernels`; the GGML block matmul: `ggml_kernel_mismatch`, before a GGUF file's
+weights are kept in their block formats) and, when decode graphs are on, one captured replay against the same
 step run eagerly (`build_decode_graphs`). On an error or a mismatch it logs one line naming what
 failed and falls back: the torch attention backend (and eager decode), or eager decode alone.
 """
@@ -13,15 +14,53 @@ import logging
 
 import torch
 
+from localpaged.kernels import ggml_reference
 from localpaged.models.attention import (
     AttentionBackend,
     AttentionMetadata,
     PagedAttention,
     get_backend,
 )
+from localpaged.quant.ggml import NativeKernel
 from localpaged.runner.cuda_graphs import DecodeGraphRunner, capture_sizes
 
 logger = logging.getLogger(__name__)
+
+def ggml_kernel_mismatch(kernel, device: torch.device, dtype: torch.dtype = torch.float32
+                         ) -> str | None:
+    """Run a GGML block matmul (quant/ggml.py: NativeKernel.kernel) once per block format and
+    row count (1: GEMV, 20: tiles) against x @ dequantize(w).T; None, or what failed and how."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    tol = _tolerance(dtype)
+    for kind, fmt in ggml_reference.FORMATS.items():
+        data = ggml_reference.random_blocks(kind, 48, 512, g)
+        w = ggml_reference.dequantize(data, kind).to(device)
+        for m in (1, 20):
+            x = torch.randn(m, 512, generator=g).to(device=device, dtype=dtype)
+            want = x.float() @ w.T
+            try:
+                got = kernel(x, data.to(device), fmt.type_id).float()
+                err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
+            except Exception as exc:  # noqa: BLE001 - any failure means "do not use this kernel"
+                return f"{kind} (M={m}) raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+            if not err <= tol:                # also catches NaN
+                return f"{kind} (M={m}) differs from the torch reference by {err:.3g} (tolerance {tol})"
+    return None
+
+
+def triton_ggml_native(device: torch.device) -> NativeKernel | None:
+    """The Triton GGML kernel (kernels/triton_ggml.py) for a CUDA device once its check passed;
+    None elsewhere or when it fails (the loader then requantizes a GGUF file's K-quants)."""
+    if device.type != "cuda":
+        return None
+    from localpaged.kernels import triton_ggml
+    problem = ggml_kernel_mismatch(triton_ggml.ggml_matmul, device)
+    if problem is not None:
+        logger.warning("start-up self-check: Triton GGML kernel %s; GGUF weights are requantized",
+                       problem)
+        return None
+    return NativeKernel(triton_ggml.ggml_matmul, frozenset(ggml_reference.FORMATS), "cuda")
+
 
 KERNELS = ("write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")
 
