@@ -718,18 +718,24 @@ def test_api_beside_gradio(engine):
 
 
 # ---- a model switch in the UI moves the API along -----------------------------------------------
-def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
-    from tiny_models import build
-
+def serve_switchable(llm: LLM):
+    """The UI's model manager over a chat backend on `llm`, and a server whose API follows it:
+    (backend, manager, server, openai client)."""
     from localpaged.chat.backend import LocalChatBackend
     from localpaged.ui.models import ModelManager, local_factory
-    llm = LLM(tiny_llama, num_kv_blocks=64)
     llm.tokenizer.chat_template = CHAT_TEMPLATE
     first = LocalChatBackend(AsyncEngine(llm.engine))
     mm = ModelManager(local_factory(num_kv_blocks=64), backend=first)
     mm.served = served = ServedModel(first.engine, first.model_name)
     url, server = start_server(None, app=build_app(served))
     c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=30)
+    return first, mm, server, c
+
+
+def test_ui_model_switch_moves_the_api(tiny_root, tiny_llama):
+    from tiny_models import build
+    llm = LLM(tiny_llama, num_kv_blocks=64)
+    first, mm, server, c = serve_switchable(llm)
     try:
         assert [m.id for m in c.models.list().data] == [first.model_name]
         running = c.chat.completions.create(

@@ -23,6 +23,8 @@ from pathlib import Path
 import transformers
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
 
+from localpaged.runner.model_check import built_config
+
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "LOCALPAGED_CACHE_DIR"
@@ -55,7 +57,9 @@ def config_and_tokenizer(folder: str, gguf_file: str) -> tuple[PretrainedConfig,
             logger.warning("cached config/tokenizer of %s unreadable (%s): converting again",
                            gguf_file, exc)
     logger.info("reading the config and tokenizer of %s (once per file)", gguf_file)
-    config = AutoConfig.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
+    config = built_config(lambda: AutoConfig.from_pretrained(folder, gguf_file=gguf_file,
+                                                             trust_remote_code=False),
+                          os.path.join(folder, gguf_file))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
     _store(entry, config, tokenizer)
     return config, tokenizer
