@@ -3,10 +3,12 @@
 #   1. install the project (pip install -e .[test]; offline machines fall back to --no-deps;
 #      SKIP_INSTALL=1 skips this)
 #   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset)
-#   3. the quantized-matmul kernel tests (tests/test_quant_kernels.py), compiled
+#   3. the quantized-matmul kernel tests (tests/test_quant_kernels.py, and the GGUF block-format
+#      kernel with a Q4_K_M file on the GPU: tests/test_triton_ggml.py), compiled
 #   4. the engine-vs-transformers equality tests with the Triton backend, where present
 #   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
-#   6. bench/gpu_quant.py: int8/int4 weight-only matmul vs fp16, batch-1 weight bandwidth
+#   6. bench/gpu_quant.py: int8/int4 and GGUF Q4_K/Q6_K/Q8_0 matmul vs fp16, batch-1 weight
+#      bandwidth
 #   7. bench/throughput.py --device cuda --quick, where present
 #   8. bench/latency.py --cuda-graphs: batch-1 decode tok/s with and without CUDA graphs, equal
 #      tokens, fraction of HBM bandwidth (cuda_graphs.json)
@@ -82,11 +84,12 @@ export PY
 export -f install_project engine_tests throughput
 step install 60 install_project
 step kernel_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
-step quant_tests 50 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py
-step engine_tests 100 engine_tests
+step quant_tests 70 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py \
+    tests/test_triton_ggml.py
+step engine_tests 90 engine_tests
 step bench_kernels 55 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step bench_quant 60 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
-step throughput 40 throughput
+step throughput 30 throughput
 step cuda_graphs 55 "$PY" bench/latency.py --cuda-graphs --out "$DEST/cuda_graphs.json"
 
 printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"

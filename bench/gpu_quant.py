@@ -6,6 +6,8 @@ projection, MLP up and MLP down) and each M (1 and 16 decode rows, 2048 prefill 
 - fp16: ``F.linear`` on an fp16 weight (cuBLAS);
 - int8: per-row scales (fp32), the canonical int8 layout;
 - int4 g128 / int4 g32: packed nibbles, fp16 scales and mins per group;
+- GGUF Q4_K / Q6_K / Q8_0: the file's block bytes (localpaged.kernels.triton_ggml), random
+  blocks (ggml_reference.random_blocks);
 with fp16 activations, each by ``triton.testing.do_bench`` (L2 flushed before every call, so
 weights come from HBM; median of the runs; the split-K sum is part of the timed call).
 It reports weight bandwidth = bytes of packed weights + scales (+ mins) / time, its fraction of
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 logger = logging.getLogger("gpu_quant")
 LAYERS = ((4096, 4096), (14336, 4096), (4096, 14336))   # (N, K)
 FORMATS = (("int8", 8, None), ("int4 g128", 4, 128), ("int4 g32", 4, 32))
+GGUF_FORMATS = ("Q4_K", "Q6_K", "Q8_0")
 MAX_REL_ERR = 1e-2   # fp16 output rounding is ~1e-3 of the largest output
 
 
@@ -55,30 +58,47 @@ def time_ms(fn) -> float:
     return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
 
 
-def bench_layer(N, K, M, args, gen, device="cuda") -> list[dict]:
+def packed_case(x, N, K, bits, group, gen):
+    """(run, reference output, weight bytes, extra row fields) of one packed int8/int4 case."""
     from localpaged.kernels import quant_reference as qref
     from localpaged.kernels import triton_quant_matmul as qmm
+    q, s, mn = make_weights(N, K, bits, group, gen, x.device)
+    ref = qref.quant_matmul_reference(x, q, s, mn, group, bits).float()
+    extra = ({"decode_config": qmm.decode_config(x.shape[0], N, K, bits, group, x.device)}
+             if x.shape[0] <= qmm.DECODE_MAX_M else {})
+    return (lambda: qmm.quant_matmul(x, q, s, mn, group, bits)), ref, nbytes(q, s, mn), extra
+
+
+def gguf_case(x, N, K, kind):
+    """The same for a GGUF block format: the file's bytes, the Triton block kernel."""
+    from localpaged.kernels import ggml_reference, triton_ggml
+    data = ggml_reference.random_blocks(kind, N, K, scale=0.5 / K ** 0.5).to(x.device)
+    ref = (x.float() @ ggml_reference.dequantize(data, kind).T)
+    tid = ggml_reference.FORMATS[kind].type_id
+    return (lambda: triton_ggml.ggml_matmul(x, data, tid)), ref, nbytes(data), {}
+
+
+def bench_layer(N, K, M, args, gen, device="cuda") -> list[dict]:
     x = (torch.randn(M, K, generator=gen, device=device) * 0.5).half()
     w16 = (torch.randn(N, K, generator=gen, device=device) / K ** 0.5).half()
     ms16 = time_ms(lambda: F.linear(x, w16))
     rows = [dict(layer=f"{N}x{K}", N=N, K=K, M=M, format="fp16 torch", ms=ms16,
                  weight_bytes=nbytes(w16))]
     del w16
-    for name, bits, group in FORMATS:
+    cases = [(name, lambda b=bits, g=group: packed_case(x, N, K, b, g, gen))
+             for name, bits, group in FORMATS]
+    cases += [(kind, lambda k=kind: gguf_case(x, N, K, k)) for kind in GGUF_FORMATS]
+    for name, make in cases:
         row = dict(layer=f"{N}x{K}", N=N, K=K, M=M, format=name)
         try:
-            q, s, mn = make_weights(N, K, bits, group, gen, device)
-            ref = qref.quant_matmul_reference(x, q, s, mn, group, bits).float()
-            out = qmm.quant_matmul(x, q, s, mn, group, bits).float()
+            run, ref, weight_bytes, extra = make()
+            out = run().float()
             row["max_rel_err"] = ((out - ref).abs().max() / ref.abs().max()).item()
             if not row["max_rel_err"] <= MAX_REL_ERR:   # NaN fails too
                 raise AssertionError(f"max relative error {row['max_rel_err']:.2e} > "
                                      f"{MAX_REL_ERR}: wrong result, not timed")
-            row["ms"] = time_ms(lambda: qmm.quant_matmul(x, q, s, mn, group, bits))
-            row["weight_bytes"] = nbytes(q, s, mn)
-            if M <= qmm.DECODE_MAX_M:
-                row["decode_config"] = qmm.decode_config(M, N, K, bits, group, x.device)
-            del q, s, mn, ref, out
+            row.update(ms=time_ms(run), weight_bytes=weight_bytes, **extra)
+            del run, ref, out
         except Exception as exc:   # record and go on: the script runs blind
             logger.exception("%s %dx%d M=%d failed", name, N, K, M)
             row["error"] = f"{type(exc).__name__}: {exc}"
@@ -132,7 +152,7 @@ def main(argv=None) -> int:
         for M in args.ms:               # M=1 first: the headline figure lands even on a timeout
             for N, K in LAYERS:
                 result["rows"] += bench_layer(N, K, M, args, gen)
-                for r in result["rows"][-4:]:
+                for r in result["rows"][-(1 + len(FORMATS) + len(GGUF_FORMATS)):]:
                     logger.info("%s M=%d %s: %s", r["layer"], M, r["format"],
                                 r.get("error") or f"{r['ms']:.4f} ms {r['GBps']:.0f} GB/s")
                 _write(out, result)     # after every layer, in case a later one hangs
