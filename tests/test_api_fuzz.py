@@ -14,8 +14,10 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from test_api import MODEL, make_engine, start_server, stop_server, wait_idle
+
+from localpaged.api.protocol import MAX_NAME_CHARS
+from localpaged.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 # ---- strategies ---------------------------------------------------------------------------------
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70),
@@ -70,7 +72,11 @@ WRONG = {
     "n": st.one_of(st.integers(-3, 0), st.integers(17, 10**6), junk),
     "temperature": st.one_of(st.floats(-5, -0.001), junk),
     "top_p": st.one_of(st.sampled_from([0, 1.5, -1]), junk),
-    "stop": st.one_of(st.just(""), st.lists(st.just(""), min_size=1, max_size=2), junk),
+    "stop": st.one_of(st.just(""), st.lists(st.just(""), min_size=1, max_size=2), junk,
+                      st.text(min_size=MAX_STOP_CHARS + 1, max_size=MAX_STOP_CHARS + 4),
+                      st.lists(vocab_text, min_size=MAX_STOP_STRINGS + 1,
+                               max_size=MAX_STOP_STRINGS + 2)),
+    "user": st.text(min_size=MAX_NAME_CHARS + 1, max_size=MAX_NAME_CHARS + 4),
     "stop_token_ids": st.one_of(st.lists(st.integers(-5, -1), min_size=1, max_size=2), junk),
     "logprobs": st.one_of(st.integers(21, 100), st.integers(-5, -1), junk),
     "top_logprobs": st.one_of(st.integers(21, 100), junk),

@@ -252,9 +252,14 @@ def fuse_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def build_model(config: PretrainedConfig) -> LlamaForCausalLM:
-    if config.model_type not in SUPPORTED_ARCHITECTURES:
+def check_architecture(model_type: str | None, architectures: list[str] | None = None) -> None:
+    """A ValueError naming the architecture and the supported ones, unless it is one of them."""
+    if model_type not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES.values()))
-        arch = (getattr(config, "architectures", None) or [config.model_type])[0]
+        arch = (architectures or [model_type])[0]
         raise ValueError(f"unsupported architecture {arch}; supported: {supported}")
+
+
+def build_model(config: PretrainedConfig) -> LlamaForCausalLM:
+    check_architecture(config.model_type, getattr(config, "architectures", None))
     return LlamaForCausalLM(config)

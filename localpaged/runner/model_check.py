@@ -3,7 +3,7 @@ runs: a damaged or mislabelled model is refused with a ValueError naming the fie
 tensor and the file, instead of failing inside an engine step (or, for a zero size, crashing the
 process in a kernel's division).
 
-    check_config(config, where)                  # sizes, divisibility, eps, rope, positions
+    check_config(config, where)                  # architecture, sizes, heads, eps, rope
     built_config(build, where)                   # transformers' own refusals as a ValueError
     check_shapes(shapes, config, where)          # {parameter name: shape} of a file's tensors
     gguf_shapes(path), safetensors_shapes(folder)   # those directories, without reading weights
@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping
 
 from transformers import PretrainedConfig
 
+from localpaged.models.llama import check_architecture
+
 # Far above every released model (Llama 3.1 405B: hidden 16384, 126 layers, 128 heads; vocabularies
 # to 256k; contexts to 10M positions), far below what would exhaust memory before an error.
 SIZE_LIMITS = {
@@ -36,12 +38,14 @@ LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def check_config(config: PretrainedConfig | Mapping, where: str) -> None:
-    """Every size positive and within SIZE_LIMITS, heads that divide as attention needs, a
-    finite positive rms_norm_eps and rope_theta; else a ValueError naming the field and `where`.
+    """A supported architecture, every size positive and within SIZE_LIMITS, heads that divide
+    as attention needs, a finite positive rms_norm_eps and rope_theta; else a ValueError naming
+    the field and `where`.
     `config` may be a config.json's raw fields, checked before transformers builds the config
     (whose own checks divide by some of them): a field it leaves out is checked once built."""
     raw = isinstance(config, Mapping)
     get = config.get if raw else (lambda name: getattr(config, name, None))
+    check_architecture(get("model_type"), get("architectures"))   # other families: other fields
     for name, top in SIZE_LIMITS.items():
         value = get(name)
         if value is None and (raw or name in OPTIONAL):
