@@ -47,11 +47,23 @@ from localpaged.api.body_limit import limit_bodies
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
-# What the Gradio page needs, and nothing more: its own scripts and styles (it inlines its config
-# and theme CSS, and compiles event `js`), its own API over fetch/SSE (connect-src 'self'), images
-# and media only from itself or data:/blob: (uploads, avatars), fonts from itself or data:.
-# Remote images, scripts, styles, fonts, frames, plugins and connections are all blocked, so text a
-# model writes can never make the browser send a request elsewhere.
+# What the Gradio page needs, and nothing more: its own scripts and styles, its own API over
+# fetch/SSE (connect-src 'self'), images and media only from itself or data:/blob: (uploads,
+# avatars), fonts from itself or data:. Remote images, scripts, styles, fonts, frames, plugins and
+# connections are all blocked, so text a model writes can never make the browser send a request
+# elsewhere; and `/gradio_api/file=` (same origin, so inside img-src 'self') serves only the app's
+# own files (GuardMiddleware), never a URL.
+# Why the two script keywords stay (tried in Chromium on this app, Gradio 6):
+# - 'unsafe-eval': Gradio compiles every event `js=` (ui/context/events.py's FOCUS_JS) with the
+#   AsyncFunction constructor when the page loads, and one refusal leaves the page blank; and it
+#   compiles every gr.HTML value as a Handlebars template with `Function` (each render fails
+#   without it). Neither can be turned off from the app.
+# - 'unsafe-inline': the page inlines five scripts: its config and API info (the frontend fetches
+#   /config instead when they are blocked), `__gradio_mode__ = "app"`, the iframe resizer loader
+#   and a body-padding fix. The page works without them, but each refusal is a CSP violation
+#   report, and three of them embed the config, so no fixed hash covers them; only a per-response
+#   nonce written into the page would (then 'unsafe-inline' is ignored, and inline event handlers
+#   and javascript: URLs are blocked too).
 CSP = "; ".join([
     "default-src 'self'",
     "script-src 'self' 'unsafe-inline' 'unsafe-eval'",
