@@ -65,7 +65,7 @@ footer { display: none !important; }
 .lp-columns { gap: 10px; }
 .lp-column { background: var(--background-fill-secondary); border-radius: 10px; padding: 8px; }
 .lp-cmp-out { background: var(--background-fill-primary); border-radius: 8px; padding: 8px 10px;
-  min-height: 120px; font-size: .92rem; }
+  min-height: 120px; font-size: .92rem; overflow-wrap: anywhere; }
 .lp-meta, .lp-meta p { color: var(--body-text-color-subdued); font-size: .78rem; }
 
 #lp-right { gap: 10px; }
