@@ -1,14 +1,20 @@
 """Untrusted output in a real browser: the chat app started with `--backend` on a local fake
-OpenAI-compatible server whose reply holds a Markdown image, an <img>, a `javascript:` link and
-an ordinary link, all pointing at the fake server's own /leak/ paths. The fake server records
-every path it is asked for, and the browser records every request it sends.
+OpenAI-compatible server whose reply is built to break a Markdown renderer: a Markdown image,
+an <img>, a `javascript:` link, an ordinary link, a full-page `<b style="position:fixed">`
+overlay, a fence whose info string holds a backtick, uneven inline-code backtick runs, a fence
+indented in a list item, reference definitions with `\\]` in the label pointing at javascript:
+and `/gradio_api/file=https://...`, a highlighted code block and an unclosed fence; every URL
+points at the fake server's own /leak/ paths. The fake server records every path it is asked
+for, and the browser records every request it sends.
 
 The app runs with `--password`: the browser without credentials gets 401, with them (its Basic
-login) the whole UI works. Checks: the reply renders; no request reaches /leak/ (neither from the browser nor anywhere
-else); the browser asks nothing of any origin but the app's; no clickable `javascript:` link
-and no <img> pointing outside the page; the ordinary link opens in a new tab with
-rel="noopener noreferrer"; the page carries the Content-Security-Policy and the browser reports
-no CSP violation (Gradio works under it). Screenshot in artifacts/ui/untrusted.png.
+login) the whole UI works. Checks: the reply renders; every element and attribute in the chat's
+messages is on ui/markdown.py's allow-list (no style, no img), nothing covers the page, no
+script ran; no request reaches /leak/ (neither from the browser nor anywhere else); the browser
+asks nothing of any origin but the app's; links open in a new tab with rel="noopener
+noreferrer"; the page carries the Content-Security-Policy and the browser reports no CSP
+violation (Gradio works under it); Copy puts the reply's own Markdown on the clipboard, not the
+HTML shown. Screenshot in artifacts/ui/untrusted.png, the messages' HTML beside it.
 """
 
 from __future__ import annotations
@@ -219,6 +225,15 @@ def test_a_hostile_reply_causes_no_request_and_no_script(fake, app_url):
             assert "overlay" in text and OVERLAY in text      # the tag itself shows as text
             assert not page.evaluate(OVERLAY_ON_TOP)
             assert page.evaluate("() => window.__pwned") is None
+            # Copy puts the reply's own Markdown on the clipboard, not the HTML shown.
+            context.grant_permissions(["clipboard-read", "clipboard-write"], origin=app_url)
+            page.click("#copy0")
+            deadline = time.monotonic() + 30
+            while not (copied := page.evaluate("() => navigator.clipboard.readText()")):
+                assert time.monotonic() < deadline, (console, page.evaluate(
+                    "() => document.querySelector('#seltext0 textarea')?.value"))
+                time.sleep(0.2)
+            assert copied == _reply(fake.base)
         finally:
             browser.close()
     leaked = [pth for pth in fake.paths if "/leak/" in pth]

@@ -105,6 +105,17 @@ class ChatEvents:
         chat = self.chat(slots[i], index)
         return TabValues(sel_md=chat.sel_md, sel=chat.sel)
 
+    def copy_source(self, slots: list, i: int, sel: int | None) -> TabValues:
+        """The selected message's own text (its Markdown as written, a streaming reply's text
+        so far) for the Copy button's clipboard step: the Chatbot holds HTML."""
+        view = self.ctl.view(slots[i]) if slots[i] is not None else None
+        if view is None or not view.path:
+            warn("Nothing to copy yet.")
+            return TabValues()
+        msg = view.path[-1 if sel is None or not 0 <= sel < len(view.path) else sel]
+        live = view.live.get(msg.id)
+        return TabValues(sel_text=live.text if live else msg.content)
+
     def switch(self, slots: list, i: int, sel: int | None, step: int) -> TabValues:
         try:
             self.ctl.switch(self.ctl.message_at(slots[i], sel).id, step)
@@ -132,6 +143,11 @@ class ChatEvents:
             return self.tabset.open(slots, current, None)
         info("Forked into a new conversation: it is open in a new tab.")
         return self.tabset.open(slots, current, conv.id)
+
+
+# Runs in the browser after copy_source filled the hidden textbox (the click's user activation
+# still holds; 127.0.0.1 is a secure context, so navigator.clipboard exists).
+COPY_JS = "(text) => { navigator.clipboard.writeText(text || ''); }"
 
 
 def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
@@ -180,6 +196,8 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     ui.next.click(switch(1), [slots, ui.sel], out, **QUICK)
     ui.edit.click(lambda c, sel: ui.flatten(events.edit_open(c, i, sel)), [slots, ui.sel], out,
                   **QUICK)
+    ui.copy.click(lambda c, sel: ui.flatten(events.copy_source(c, i, sel)), [slots, ui.sel], out,
+                  **QUICK).then(None, ui.sel_text, None, js=COPY_JS)
     ui.edit_save.click(lambda: ui.flatten(hidden), None, out, **QUICK)
     ui.edit_save.click(edit, [slots, ui.sel, ui.edit_box, *settings], out, **GEN)
     ui.edit_cancel.click(lambda: ui.flatten(hidden), None, out, **QUICK)

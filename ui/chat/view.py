@@ -38,6 +38,7 @@ class TabValues:
     chatbot: Any = KEEP               # the messages of the shown path
     sel_md: Any = KEEP                # which message the toolbar acts on (Markdown)
     sel: Any = KEEP                   # its index on the path (None: none)
+    sel_text: Any = KEEP              # its own text, for the Copy button's clipboard step
     msg: Any = KEEP                   # the message box ("" after a send)
     edit_row: Any = KEEP              # the edit box's group (visibility)
     edit_box: Any = KEEP              # the text being edited
@@ -76,6 +77,8 @@ class ChatTabUI:
     gauge: Any = None                 # context/view.py: gauge, policy, Continue
     policy: Any = None
     cont: Any = None
+    copy: Any = None                  # Copy: the selected message's text (Markdown) to the clipboard
+    sel_text: Any = None              # a hidden textbox the Copy button fills, then copies
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -110,10 +113,11 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
     """Chat tab i; `sel` (made outside gr.Tabs, which takes only Tab children) holds the
     index of the selected message."""
     with gr.Tab(f"Chat {i + 1}", id=f"slot{i}", visible=False, elem_id=f"tab{i}") as tab:
-        # The messages are HTML (render.chat_messages): Gradio's Markdown pass is off, and so is
-        # its inline edit, which would edit that HTML (the Edit button edits the stored text).
+        # The messages are HTML (render.chat_messages): Gradio's Markdown pass is off, and so are
+        # its inline edit and copy buttons, which would edit or copy that HTML (Edit and Copy in
+        # the toolbar take the stored text).
         chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
-                             buttons=["copy", "copy_all"], sanitize_html=True, allow_tags=False,
+                             buttons=[], sanitize_html=True, allow_tags=False,
                              render_markdown=False, layout="bubble",
                              feedback_options=None, elem_classes="lp-chat",
                              placeholder="**Start the conversation below.**\n\nReplies stream "
@@ -125,6 +129,9 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             regen = gr.Button("↻ Regenerate", size="sm", elem_id=f"regen{i}", scale=0, min_width=110)
             edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
             fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
+            copy = gr.Button("⧉ Copy", size="sm", elem_id=f"copy{i}", scale=0, min_width=70)
+            sel_text = gr.Textbox(visible="hidden", elem_id=f"seltext{i}", show_label=False,
+                                  container=False)
             cont = build_continue(i)
             close = gr.Button("✕ Close tab", size="sm", elem_id=f"close{i}", scale=0, min_width=96)
         with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
@@ -150,4 +157,4 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             export = build_export(i)
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
-                     sampling, export, prepare, edit_cost, gauge, policy, cont)
+                     sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text)
