@@ -16,6 +16,14 @@
 #include "cpu_int4.h"
 #include "cpu_norm.h"
 
+#include <ATen/TensorOperators.h>   // x * y, x + y on tensors
+#include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/silu.h>
+
 using at::Tensor;
 
 namespace {

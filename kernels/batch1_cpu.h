@@ -1,7 +1,7 @@
 // The decoder layers of one decode step at batch 1 on CPU (batch1_cpu.cpp, batch1_cpu.py).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <vector>
 

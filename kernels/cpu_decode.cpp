@@ -16,6 +16,8 @@
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/record_function.h>
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Paged decode attention on CPU (cpu_decode.cpp): the `cpu` attention backend's decode kernel.
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 // One query token per sequence: q [B, H, D] float32 attends to the seq_lens[b] tokens that
 // block_tables[b] ([B, max_blocks] int32) points at in k_cache / v_cache

@@ -6,6 +6,8 @@
 #include "cpu_int4.h"
 #include "cpu_norm.h"
 
+#include <torch/extension.h>   // pybind11 and torch's type casters: only this file pays for them
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // None needs the GIL: the server's threads (streaming, HTTP) run while a step computes.
   m.def("paged_decode_attention", &paged_decode_attention,

@@ -7,9 +7,11 @@ kernels/cpu_ggml.cpp (matmul over GGUF quantized blocks kept as the file's bytes
 Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`), kernels/cpu_norm.cpp (RMSNorm,
 models/llama.py), models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and
 cpu_extension.cpp (the Python bindings). g++ and ninja compile it once per machine and source
-version (~3 min from scratch on two cores; a changed file alone, ~30-100 s), then it is cached
+version (81 s from scratch on two cores, idle; a changed file alone, 10-100 s), then it is cached
 under ~/.cache/torch_extensions, named
 after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
+Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API: ~60 s
+of a file's compile time); the kernels include ATen's Tensor and the ops they call.
 
 It builds in a background thread, started by the first model load or engine on CPU: until it is
 ready, or when it cannot be built (one warning line), decode attention runs the torch reference

@@ -21,6 +21,7 @@
 #include "cpu_int4.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 #include <ATen/record_function.h>
 
 #include <cstring>

@@ -1,7 +1,7 @@
 // Int4 weight-only matmul on CPU over the "tiles" layout (cpu_int4.cpp; quant/cpu.py: CpuInt4Tiles).
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 // x [M, K] float32 -> [M, N] float32 with w[n, k] = q[n, k] * scales[k / G, n] + mins[k / G, n]:
 // packed int32 [N / 32, K / 8, 2, 16] (see cpu_int4.cpp), scales and mins float16 [K / G, N].

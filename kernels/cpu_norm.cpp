@@ -10,6 +10,7 @@
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/record_function.h>
 
 #include <cmath>
