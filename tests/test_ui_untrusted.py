@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from localpaged.api.guard import CSP
+from localpaged.ui.store import DB_FILENAME
 from localpaged.ui.markdown import ELEMENTS
 
 pytestmark = pytest.mark.slow
@@ -168,6 +169,8 @@ def app_url(fake, tmp_path_factory):
         except OSError:
             assert time.monotonic() < deadline, f"the app did not come up:\n{log.read_text()}"
             time.sleep(0.3)
+    data = log.parent / "data"            # made by the app: private to this user
+    assert data.stat().st_mode & 0o777 == 0o700 and (data / DB_FILENAME).stat().st_mode & 0o777 == 0o600
     yield url
     proc.terminate()
     proc.wait(30)
