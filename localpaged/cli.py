@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="paged-attention kernels (default auto: triton on CUDA, checked at "
                         "start-up with a fallback to torch; on CPU cpu, the torch reference "
                         "with decode attention in C++)")
+    p.add_argument("--speculation", default=config.default("speculation"),
+                   choices=config.SPECULATION,
+                   help="speculative decoding: ngram drafts tokens from the conversation itself "
+                        "and verifies them in one step; it pauses itself where it does not pay "
+                        "(default off)")
     p.add_argument("--eager", action="store_true",
                    help="decode steps in plain Python: no CUDA graphs (on by default on CUDA), "
                         "no C++ layer loop for one conversation on CPU")
@@ -102,7 +107,8 @@ def build(args: argparse.Namespace):
     else:
         factory = local_factory(args.num_kv_blocks, args.dtype, max_model_len=args.max_model_len,
                                 quantization=args.quantization,
-                                attention_backend=args.attention_backend, enforce_eager=args.eager)
+                                attention_backend=args.attention_backend, enforce_eager=args.eager,
+                                speculation=args.speculation)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

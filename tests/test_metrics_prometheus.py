@@ -34,7 +34,7 @@ def stats(**kw) -> EngineStats:
                 blocks_shared=3, blocks_without_sharing=13, tokens_in_use=150,
                 prefix_cache_queries=96, prefix_cache_hits=32, num_preemptions=2,
                 num_swapped_out=0, num_cpu_blocks=0, cpu_blocks_in_use=0, num_running=2,
-                num_waiting=1, num_swapped=0)
+                num_waiting=1, num_swapped=0, draft_tokens=40, accepted_draft_tokens=29)
     base.update(kw)
     return EngineStats(**base)
 
@@ -56,6 +56,8 @@ def test_recorder_exposition_parses_to_recorded_values():
     assert got[("localpaged_kv_cache_usage_ratio", ())] == pytest.approx(10 / 64)
     assert got[("localpaged_prefix_cache_hits_total", ())] == 32
     assert got[("localpaged_num_preemptions_total", ())] == 2
+    assert got[("localpaged_spec_decode_draft_tokens_total", ())] == 40
+    assert got[("localpaged_spec_decode_accepted_tokens_total", ())] == 29
     assert got[("localpaged_num_requests_waiting", ())] == 1
     for reason in ("length", "stop", "abort"):
         assert got[("localpaged_requests_finished_total", (("finish_reason", reason),))] == 1

@@ -16,8 +16,10 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU, bf1
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # auto: triton on CUDA, cpu on CPU
 BACKGROUND_BATCH = ("auto", "share", "idle")        # auto: share on CUDA, idle on CPU
+SPECULATION = ("off", "ngram")                      # off: one token per step and sequence
 CHOICES = {"quantization": QUANTIZATION, "preemption_mode": PREEMPTION_MODES,
-           "attention_backend": ATTENTION_BACKENDS, "background_batch": BACKGROUND_BATCH}
+           "attention_backend": ATTENTION_BACKENDS, "background_batch": BACKGROUND_BATCH,
+           "speculation": SPECULATION}
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -59,6 +61,10 @@ class EngineConfig:
     # where batch rows are nearly free, GPUs), "idle" (only steps without interactive work; on
     # CPUs a batch row costs about as much as a lone request), "auto": share on CUDA, else idle.
     background_batch: str = "auto"
+    # Speculative decoding: "ngram" drafts tokens from each sequence's own prompt and output
+    # (core/speculation.py), up to num_speculative_tokens a step, verified in one forward.
+    speculation: str = "off"             # SPECULATION
+    num_speculative_tokens: int = 4
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -76,3 +82,6 @@ class EngineConfig:
             check_choice(name, getattr(self, name), choices)
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError(f"num_speculative_tokens must be in [1, 16], got "
+                             f"{self.num_speculative_tokens}")

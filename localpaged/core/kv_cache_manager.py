@@ -222,6 +222,14 @@ class KVCacheManager:
         """The device-to-device copies among the pending block ops (read-only view)."""
         return [pair for op in self.block_ops if op.kind is BlockOpKind.COPY for pair in op.pairs]
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks of seq's table past the first num_tokens tokens' (a verified
+        draft's rejected positions), tail first; they never held a computed token."""
+        table = self.tables.get(seq.seq_id, [])
+        keep = -(-num_tokens // self.block_size)
+        while len(table) > keep:
+            self.pool.decref(table.pop())
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares every block of parent (ref_count + 1 each), so its K/V are computed as
         far as the parent's are."""

@@ -60,6 +60,8 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.text = ""                          # detokenized output, stop string handled
         self.detok_state = (0, 0)               # (prefix_offset, read_offset) into output tokens
+        # Speculative draft tokens at the end of token_ids, within one step (core/speculation.py)
+        self.num_draft_tokens = 0
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -76,6 +78,13 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    def drop_drafts(self, keep: int = 0) -> None:
+        """Keep only the first `keep` draft tokens; the others leave token_ids."""
+        drop = self.num_draft_tokens - max(0, keep)
+        if drop > 0:
+            del self.token_ids[-drop:]
+            self.num_draft_tokens -= drop
 
     def fork(self, index: int, generator: torch.Generator | None) -> "Sequence":
         child = Sequence(self.token_ids, self.prompt_len, index, generator)

@@ -80,6 +80,10 @@ class StepResult:
     forks: list[Fork] = field(default_factory=list)
     frees: list[Sequence] = field(default_factory=list)          # seqs dropped from a running group
     finished: list[SequenceGroup] = field(default_factory=list)  # every seq has a finish_reason
+    # Verified drafts, by seq_id: the tokens of the step whose K/V stay (the input token and the
+    # accepted drafts; the rejected positions' slots are given back), and (drafted, accepted).
+    kept: dict[int, int] = field(default_factory=dict)
+    drafts: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,8 +130,17 @@ class Scheduler:
             budget = self._schedule_waiting(out, budget, INTERACTIVE)
         if self.background_shares_batch or not out.scheduled:
             self._schedule_background(out, budget)
+        self._drop_unscheduled_drafts(out)
         out.block_ops = self.block_manager.take_block_ops()
         return out
+
+    def _drop_unscheduled_drafts(self, out: SchedulerOutput) -> None:
+        """A draft of a sequence that does not run this step is gone (it is only a guess)."""
+        scheduled = {item.seq.seq_id for item in out.scheduled}
+        for group in self.running:
+            for seq in group.unfinished_seqs():
+                if seq.num_draft_tokens and seq.seq_id not in scheduled:
+                    seq.drop_drafts()
 
     def _schedule_background(self, out: SchedulerOutput, budget: int) -> None:
         """Steps 3 and 4: background work within what interactive work left of the step."""
@@ -177,7 +190,12 @@ class Scheduler:
                     max_per_seq or budget)
             if n <= 0:
                 continue
+            seq.drop_drafts(keep=n - 1)        # a draft runs whole or in part, never past n
             while not self.block_manager.allocate_slots(seq, n):
+                if seq.num_draft_tokens:       # a draft never preempts anyone: it goes first
+                    seq.drop_drafts()
+                    n = seq.num_uncomputed_tokens
+                    continue
                 victim = self._victim()
                 if victim is group and len(self.running) == 1:   # alone, and still no room
                     self.running.remove(group)
@@ -196,6 +214,8 @@ class Scheduler:
         out.preempted.append(group)
         self.num_preemptions += 1
         seqs = group.unfinished_seqs()
+        for seq in seqs:
+            seq.drop_drafts()
         if self.preemption_mode == "swap" and self.block_manager.can_swap_out(seqs):
             self.block_manager.swap_out(seqs)
             group.status = GroupStatus.SWAPPED
@@ -282,7 +302,10 @@ class Scheduler:
         """Apply one step: what ran is computed, full blocks are cached, forks share blocks,
         dropped sequences and finished groups free theirs. The only place a group finishes."""
         for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_tokens
+            kept = result.kept.get(item.seq.seq_id)
+            item.seq.num_computed_tokens += item.num_tokens if kept is None else kept
+            if kept is not None:               # blocks only rejected draft positions needed
+                self.block_manager.trim(item.seq, item.seq.num_computed_tokens + 1)
             self.block_manager.cache_full_blocks(item.seq)
         for fork in result.forks:
             self.block_manager.fork(fork.parent, fork.child)

@@ -27,6 +27,7 @@ from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.core.request import BeamParams, BeamState, Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
+from localpaged.core.speculation import Drafter
 from localpaged.engine import output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, SeqStep, StepRecord
@@ -72,6 +73,7 @@ class LLMEngine:
             self.model, self.kv_cache.layers, self.backend)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend,
                                   graphs, batch1)
+        self.drafter = Drafter(config.num_speculative_tokens) if config.speculation == "ngram" else None
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -198,7 +200,10 @@ class LLMEngine:
     def step(self, timings: StepTimings | None = None) -> list[RequestOutput]:
         """One engine step; `timings`, when given, accumulates seconds per phase."""
         phase = phase_of(timings)
+        started = time.perf_counter()
         with phase("schedule"):
+            if self.drafter is not None:
+                self.drafter.attach(self.scheduler.running)
             out = self.scheduler.schedule()
         logits, rows, prompt_lps = self.runner.execute(out, timings)
         prompt_logprobs.record(out.scheduled, prompt_lps)
@@ -215,6 +220,8 @@ class LLMEngine:
                 self._end(seq, "length", "kv_cache_full")
             result.finished.append(group)
             touched.append(group)
+        if self.drafter is not None:
+            self._account_drafts(out, result, time.perf_counter() - started)
         self._update(out, result)
         # A prompt chunk that sampled nothing still reports its prefill progress.
         touched += [it.group for it in out.scheduled
@@ -224,6 +231,19 @@ class LLMEngine:
         if timings is not None:
             timings.steps += 1
         return outputs
+
+    def _account_drafts(self, out: SchedulerOutput, result: StepResult, seconds: float) -> None:
+        """Per sequence, what its draft earned; for a decode-only step, its cost per token."""
+        tokens, decode_only = 0, bool(out.scheduled)
+        for item in out.scheduled:
+            drafted, accepted = result.drafts.get(item.seq.seq_id, (0, 0))
+            if drafted:
+                self.drafter.verified(item.seq, drafted, accepted)
+            decode_only &= item.samples and item.num_tokens == 1 + drafted \
+                and item.seq.num_output_tokens > 1 + accepted
+            tokens += 1 + accepted
+        if decode_only:
+            self.drafter.pays.observe(seconds, tokens, bool(result.drafts))
 
     def _end(self, seq: Sequence, reason: str, detail: str) -> None:
         """Finish seq from outside its own step (abort, out of memory), flushing its text."""
@@ -237,6 +257,8 @@ class LLMEngine:
         for group in result.finished:
             self.groups.pop(group.request_id, None)
             group.finished_time = now
+            if self.drafter is not None:
+                self.drafter.forget(group.seqs)
         if self.debug_checks:
             self.check_invariants()
 
@@ -280,7 +302,9 @@ class LLMEngine:
             num_cpu_blocks=blocks.num_cpu_blocks, cpu_blocks_in_use=blocks.cpu_in_use,
             num_running=len(sched.running), num_waiting=len(sched.waiting),
             num_swapped=len(sched.swapped), block_tables=tables,
-            weights_bytes=self.weights_bytes, weights_format=self.weights_format)
+            weights_bytes=self.weights_bytes, weights_format=self.weights_format,
+            draft_tokens=self.drafter.drafted if self.drafter else 0,
+            accepted_draft_tokens=self.drafter.accepted if self.drafter else 0)
 
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""

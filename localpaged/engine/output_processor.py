@@ -21,7 +21,7 @@ from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
 from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from localpaged.engine.sampler import record
+from localpaged.engine.sampler import record, verify
 from localpaged.engine.sampler import sample as sample_rows
 
 
@@ -29,12 +29,18 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
            result: StepResult, tokenizer) -> list[SequenceGroup]:
     """Sample every sequence that reached its end; decisions go into result. Returns the groups
     that got a token (or a beam step)."""
-    rows, seqs, params, groups = [], [], [], []
+    rows, seqs, params, groups = [], [], [], []     # groups[i] is seqs[i]'s
+    verified: list[SequenceGroup] = []
     beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
     for item in out.scheduled:
         if item.seq.seq_id not in row_of:
             continue
         group, row = item.group, row_of[item.seq.seq_id]
+        if item.seq.num_draft_tokens:
+            _verify_draft(group, item.seq, logits[row:row + 1 + item.seq.num_draft_tokens],
+                          result, tokenizer)
+            verified.append(group)
+            continue
         if group.beam is not None:
             beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
             continue
@@ -48,6 +54,7 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
         for seq, group, sampled in zip(seqs, groups, sample_rows(batch, seqs, params)):
             record(seq, sampled)
             check_stop(group, seq, result, tokenizer)
+    groups += verified
     for group, beam_logits in beams.items():
         _beam_step(group, beam_logits, result, tokenizer)
         groups.append(group)
@@ -55,6 +62,25 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
     for group in groups:
         group.first_token_time = group.first_token_time or now
     return groups
+
+
+def _verify_draft(group: SequenceGroup, seq: Sequence, logits: torch.Tensor,
+                  result: StepResult, tokenizer) -> None:
+    """Keep what the model confirms of seq's draft (sampler.verify), token by token through
+    the stop rules; result.kept says how many of the step's positions keep their K/V."""
+    draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
+    seq.drop_drafts()
+    chosen = verify(logits, seq, group.params_for(seq), draft)
+    accepted = len(chosen) - 1
+    recorded = 0
+    for sampled in chosen:
+        record(seq, sampled)
+        recorded += 1
+        check_stop(group, seq, result, tokenizer)
+        if seq.is_finished:
+            break
+    result.kept[seq.seq_id] = 1 + min(recorded, accepted)    # the input token, accepted drafts
+    result.drafts[seq.seq_id] = (len(draft), accepted)
 
 
 def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> list[Sequence]:

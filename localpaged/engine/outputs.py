@@ -202,6 +202,12 @@ class EngineStats:
     block_tables: dict[str, list[list[int]]] = field(default_factory=dict)  # request -> per seq
     weights_bytes: int = 0             # resident model weights (packed tables counted once)
     weights_format: str = ""           # e.g. "int4 g32 · 97 MB", "float32 · 540 MB"
+    draft_tokens: int = 0              # speculative decoding: tokens drafted so far
+    accepted_draft_tokens: int = 0     # of those, tokens the model confirmed
+
+    @property
+    def draft_acceptance(self) -> float:
+        return self.accepted_draft_tokens / max(1, self.draft_tokens)
 
     @property
     def kv_utilization(self) -> float:

@@ -41,6 +41,45 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
             for i, (t, p) in enumerate(zip(tokens.tolist(), params))]
 
 
+def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
+           draft: list[int]) -> list[SampleResult]:
+    """The tokens a sequence keeps from a draft of d tokens, given the logits [d + 1, V] at its
+    input token and at each draft token: the accepted drafts, then one token of its own (the
+    correction of the first rejected draft, or one more after them all).
+
+    Greedy: a draft token is accepted while it is the argmax, so the tokens are exactly those
+    of decoding one at a time. Sampling: draft token x (a guess with probability 1) is accepted
+    with probability p(x) under the request's filtered distribution p; a rejection samples from
+    p without x, renormalized (the rejection rule of speculative sampling, with q a point
+    mass), so every kept token has the distribution of decoding one at a time. Logprobs as in
+    `sample`: the raw distribution at each position. Requests with penalties are not drafted
+    (speculation.eligible): their distribution at a position depends on the tokens before it.
+    """
+    logprobs = torch.log_softmax(logits, dim=-1)
+    if p.greedy:
+        target = logits.argmax(dim=-1).tolist()
+        accepted = next((j for j, t in enumerate(draft) if target[j] != t), len(draft))
+        chosen = target[:accepted + 1]
+    else:
+        chosen = _rejection_sample(_filtered_probs(logits, [p] * len(logits)), draft,
+                                   seq.generator)
+    return [SampleResult(t, float(logprobs[j, t]), _top(logprobs[j], p.logprobs))
+            for j, t in enumerate(chosen)]
+
+
+def _rejection_sample(probs: torch.Tensor, draft: list[int],
+                      generator: torch.Generator | None) -> list[int]:
+    chosen = []
+    for j, x in enumerate(draft):
+        if float(torch.rand(1, generator=generator)) < float(probs[j, x]):
+            chosen.append(x)
+            continue
+        residual = probs[j:j + 1].clone()
+        residual[0, x] = 0.0
+        return chosen + [int(_draw(residual, [generator])[0])]
+    return chosen + [int(_draw(probs[-1:], [generator])[0])]
+
+
 def _top(row_logprobs: torch.Tensor, k: int | None) -> dict[int, float]:
     if not k:
         return {}

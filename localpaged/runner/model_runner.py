@@ -81,8 +81,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, timings: StepTimings | None = None
                 ) -> tuple[torch.Tensor | None, dict[int, int], dict]:
-        """Run one step; returns float32 CPU logits [S, V], per sampling seq_id its row, and
-        the prompt logprobs computed this step per seq_id (prompt_logprobs.compute)."""
+        """Run one step; returns float32 CPU logits [S, V], per sampling seq_id its row (a
+        sequence with d draft tokens has d + 1 rows from there: the positions of its input
+        token and of each draft), and the prompt logprobs computed this step per seq_id
+        (prompt_logprobs.compute)."""
         phase = phase_of(timings)
         for op in out.block_ops:
             self.kv_cache.apply(op, self.backend)
@@ -105,11 +107,12 @@ class ModelRunner:
         if not sampling:
             return None, {}, prompt_lps
         with phase("logits"):
-            if len(sampling) != hidden.shape[0]:
-                ends = torch.tensor(_last_token_indices(items), dtype=torch.long, device=self.device)
-                hidden = hidden.index_select(0, ends)
+            picked = _sampled_positions(items)
+            if len(picked) != hidden.shape[0]:
+                hidden = hidden.index_select(0, torch.tensor(picked, dtype=torch.long,
+                                                             device=self.device))
             logits = self.model.compute_logits(hidden).float().cpu()
-        return logits, {it.seq.seq_id: i for i, it in enumerate(sampling)}, prompt_lps
+        return logits, _first_rows(sampling), prompt_lps
 
     def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         B = self.block_manager.block_size
@@ -169,6 +172,17 @@ def _cumsum(xs: list[int]) -> list[int]:
     return out
 
 
-def _last_token_indices(items: list[ScheduledSeq]) -> list[int]:
+def _sampled_positions(items: list[ScheduledSeq]) -> list[int]:
+    """Rows of the step's hidden states that get logits: each sampling item's last token, or
+    its last 1 + d tokens when it verifies a draft of d."""
     ends = _cumsum([it.num_tokens for it in items])
-    return [end - 1 for end, it in zip(ends, items) if it.samples]
+    return [p for end, it in zip(ends, items) if it.samples
+            for p in range(end - 1 - it.seq.num_draft_tokens, end)]
+
+
+def _first_rows(sampling: list[ScheduledSeq]) -> dict[int, int]:
+    rows, row = {}, 0
+    for it in sampling:
+        rows[it.seq.seq_id] = row
+        row += 1 + it.seq.num_draft_tokens
+    return rows

@@ -1,0 +1,165 @@
+"""Speculative decoding's drafts: tokens guessed for a decoding sequence from what it already
+holds (prompt lookup: its last n tokens found earlier in its prompt or output, and the tokens
+that followed there), for the model to verify in one forward over every draft position.
+
+Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how many tokens to draft next,
+following how many were accepted) and `Drafter` (which sequences get drafts in a step, and how
+many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the bookkeeping the
+scheduler's and the KV cache manager's; this module only guesses.
+
+Invariants:
+- A draft is never trusted: a sequence keeps exactly the tokens decoding without speculation
+  keeps (greedy), or tokens of the same distribution (sampling, by the rejection rule).
+- Draft tokens sit at the end of `seq.token_ids` only between `attach` and the verification of
+  the same step, counted by `seq.num_draft_tokens`; the scheduler drops those it does not run
+  (`Sequence.drop_drafts`), so a draft is never a computed token, never hashed into the prefix
+  cache, never shown.
+- A draft never costs another request anything: when its blocks do not fit, it is dropped
+  before anyone is preempted (scheduler).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from localpaged.core.request import Sequence, SequenceGroup
+
+NGRAM_MAX, NGRAM_MIN = 4, 2           # the longest and shortest suffix looked up
+SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup searches
+OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
+PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
+CONTROL_EVERY = 8                     # every 8th step drafts nothing (PayCheck's plain figure)
+PAUSE_STEPS = 64                      # steps without drafts after drafts cost more than they saved
+
+
+def propose(token_ids: list[int], k: int, ngram_max: int = NGRAM_MAX,
+            ngram_min: int = NGRAM_MIN) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
+    token_ids (ngram_max down to ngram_min tokens long) within the last SEARCH_WINDOW tokens;
+    [] when no suffix occurs earlier."""
+    if k <= 0 or len(token_ids) <= ngram_min:
+        return []
+    window = np.asarray(token_ids[-SEARCH_WINDOW:], dtype=np.int64)
+    L = len(window)
+    for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
+        suffix = window[L - n:]
+        # starts i < L - n with window[i:i+n] == suffix, latest first
+        starts = np.flatnonzero(window[:L - n] == suffix[0])
+        for i in starts[::-1]:
+            if i + n < L and np.array_equal(window[i:i + n], suffix):
+                return window[i + n:i + n + k].tolist()
+    return []
+
+
+@dataclass
+class DraftState:
+    """One sequence's drafting: the next draft length and the counts so far.
+
+    rate: an exponential average of the share of drafted tokens accepted. Below OFF_BELOW the
+    sequence stops drafting and tries one draft every PROBE_EVERY steps."""
+    k: int
+    drafted: int = 0
+    accepted: int = 0
+    rate: float = 1.0
+    idle_steps: int = 0
+
+    def next_k(self, k_max: int) -> int:
+        if self.rate >= OFF_BELOW:
+            return self.k
+        self.idle_steps += 1
+        return self.k if self.idle_steps % PROBE_EVERY == 0 else 0
+
+    def update(self, drafted: int, accepted: int, k_max: int) -> None:
+        """After verification: accepted of drafted tokens were kept."""
+        if drafted == 0:
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
+        # all accepted: draft one more next time; a rejection: as many as were accepted, plus one
+        self.k = min(k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+
+
+@dataclass
+class PayCheck:
+    """Whether drafts pay on this machine and model: seconds per generated token of decode
+    steps with drafts against steps without (exponential averages). A verification runs the
+    1 + d positions through the prefill path, which on a compute-bound CPU costs nearly what
+    1 + d steps do; on a GPU it costs about one step. Every CONTROL_EVERY-th step drafts
+    nothing, so the plain figure stays current; while drafted steps cost more per token,
+    drafting pauses for PAUSE_STEPS steps, then tries again."""
+    plain: float | None = None
+    drafted: float | None = None
+    step: int = 0
+    paused_until: int = 0
+
+    def allows(self) -> bool:
+        """Whether this step may draft (called once per step)."""
+        self.step += 1
+        return self.step >= self.paused_until and self.step % CONTROL_EVERY != 0
+
+    def observe(self, seconds: float, tokens: int, with_drafts: bool) -> None:
+        """A decode step (no prompt work in it) took `seconds` for `tokens` new tokens."""
+        per = seconds / max(1, tokens)
+        if with_drafts:
+            self.drafted = per if self.drafted is None else 0.8 * self.drafted + 0.2 * per
+        else:
+            self.plain = per if self.plain is None else 0.8 * self.plain + 0.2 * per
+        if self.plain is not None and self.drafted is not None and self.drafted > self.plain:
+            self.paused_until = self.step + PAUSE_STEPS
+            self.drafted = None               # judged afresh after the pause
+
+
+@dataclass
+class Drafter:
+    """Drafts for the running sequences of a step (EngineConfig.speculation == "ngram")."""
+    k_max: int
+    states: dict[int, DraftState] = field(default_factory=dict)     # by seq_id
+    pays: PayCheck = field(default_factory=PayCheck)
+    drafted: int = 0                  # totals over the engine's life (stats, /metrics)
+    accepted: int = 0
+
+    def attach(self, groups: list[SequenceGroup]) -> None:
+        """Append a draft to each decoding sequence that can take one, when drafts pay."""
+        if not self.pays.allows():
+            return
+        for group in groups:
+            if not eligible(group):
+                continue
+            for seq in group.unfinished_seqs():
+                if seq.num_uncomputed_tokens != 1 or seq.num_draft_tokens:
+                    continue
+                state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
+                k = min(state.next_k(self.k_max), _room(group, seq))
+                draft = propose(seq.token_ids, k)
+                seq.token_ids.extend(draft)
+                seq.num_draft_tokens = len(draft)
+
+    def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.states.setdefault(seq.seq_id, DraftState(self.k_max)).update(drafted, accepted, self.k_max)
+
+    def forget(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self.states.pop(seq.seq_id, None)
+
+
+def eligible(group: SequenceGroup) -> bool:
+    """Groups whose tokens a draft may speed up: decoding (past the prompt), not beam search,
+    and no sampling setting that reads the tokens before each position (penalties)."""
+    if group.beam is not None or group.in_prompt_stage:
+        return False
+    return not any(group.params_for(s).has_penalties for s in group.unfinished_seqs())
+
+
+def _room(group: SequenceGroup, seq: Sequence) -> int:
+    """Draft tokens that could still be kept: within max_tokens and the model's context (the
+    verification also yields one token of its own)."""
+    p = group.params_for(seq)
+    left = group.max_model_len - len(seq.token_ids) - 1
+    if p.max_tokens is not None:
+        left = min(left, p.max_tokens - seq.num_output_tokens - 1)
+    return max(0, left)

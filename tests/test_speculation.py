@@ -1,0 +1,181 @@
+"""Speculative decoding with n-gram drafts (core/speculation.py; verification: engine/sampler.py
+verify, engine/output_processor.py; bookkeeping: scheduler and KV cache manager).
+
+The gold standard is decoding without speculation: greedy tokens equal token for token (and
+transformers' own greedy output), with every block invariant checked after every step
+(debug_checks), under preemption by recompute and swap, with stop rules landing inside a draft,
+parallel samples and a later prefix-cache hit on blocks that drafts wrote. Sampled outputs keep
+their distribution: the rejection rule is checked by drawing against the exact probabilities.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine_helpers import hf_greedy
+from localpaged import LLM, SamplingParams
+from localpaged.core.request import Sequence
+from localpaged.core.speculation import CONTROL_EVERY, PAUSE_STEPS, DraftState, PayCheck, propose
+from localpaged.engine.sampler import _filtered_probs, verify
+
+# Prompts whose continuations repeat what they hold (so drafts get accepted), and one that
+# does not; the tiny model's greedy output falls into loops, which drafts then follow.
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, [3, 4, 3, 4, 3, 4, 20, 21, 22] * 3, list(range(30, 80))]
+
+
+@pytest.fixture
+def always_draft(monkeypatch):
+    """Drafting never pauses for cost (PayCheck judges wall time, which a shared test machine
+    makes noisy): the tests that count drafts see every draft the rules allow."""
+    monkeypatch.setattr(PayCheck, "observe", lambda *args, **kwargs: None)
+
+
+def greedy(max_tokens: int = 60, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, logprobs=2, **kw)
+
+
+def run(path, prompts, params, **engine):
+    llm = LLM(path, debug_checks=True, record_steps=True, **engine)
+    outs = llm.generate(prompts, params)
+    return llm, outs
+
+
+def tokens(outs):
+    return [[o.token_ids for o in out.outputs] for out in outs]
+
+
+def test_propose_takes_the_latest_longest_match():
+    assert propose([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2) == [7, 1]       # latest of two
+    assert propose([5, 2, 3, 8, 1, 2, 3, 6, 4, 2, 3], 3) == [6, 4, 2]    # "2 3": its latest
+    assert propose([1, 2, 3, 4, 9, 9, 2, 3, 4, 5, 1, 2, 3, 4], 2) == [9, 9]   # 4-gram first
+    assert propose([1, 2, 3, 4, 5], 3) == []                             # nothing repeats
+    assert propose([1, 2, 1, 2], 5) == [1, 2]                            # what there is
+    assert propose([1, 2, 1, 2], 0) == []
+
+
+def test_draft_length_follows_acceptance():
+    state = DraftState(k=4)
+    state.update(4, 4, k_max=6)
+    assert state.k == 5
+    state.update(5, 1, k_max=6)
+    assert state.k == 2
+    for _ in range(8):
+        state.update(2, 0, k_max=6)
+    assert state.rate < 0.2 and [state.next_k(6) for _ in range(16)].count(0) == 15  # probes
+
+
+def test_drafting_pauses_where_it_costs_more_than_it_saves():
+    pays = PayCheck()
+    allowed = [pays.allows() for _ in range(2 * CONTROL_EVERY)]
+    assert allowed.count(False) == 2                      # the control steps
+    pays.observe(1.0, 10, with_drafts=False)              # 0.1 s a token without drafts
+    pays.observe(0.5, 4, with_drafts=True)                # 0.125 s a token with them
+    assert not any(pays.allows() for _ in range(PAUSE_STEPS - 1))
+    assert pays.allows() or pays.allows()                 # then it tries again
+    pays.observe(0.3, 6, with_drafts=True)                # 0.05 s a token: drafting pays
+    assert sum(pays.allows() for _ in range(CONTROL_EVERY)) == CONTROL_EVERY - 1
+
+
+def test_greedy_equals_decoding_without_speculation_and_transformers(tiny_llama, always_draft):
+    base_llm, base = run(tiny_llama, PROMPTS, greedy(), num_kv_blocks=64)
+    spec_llm, spec = run(tiny_llama, PROMPTS, greedy(), num_kv_blocks=64, speculation="ngram")
+    assert tokens(spec) == tokens(base)
+    assert spec[0].outputs[0].token_ids == hf_greedy(tiny_llama, PROMPTS[0], 60)
+    for a, b in zip(base, spec):
+        lp_a = [t.logprob for t in a.outputs[0].logprobs]
+        lp_b = [t.logprob for t in b.outputs[0].logprobs]
+        assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-4
+        assert [set(t.top) for t in a.outputs[0].logprobs] == [set(t.top) for t in b.outputs[0].logprobs]
+    stats = spec_llm.stats()
+    assert stats.draft_tokens > 0 and 0 < stats.accepted_draft_tokens <= stats.draft_tokens
+    assert len(spec_llm.engine.step_records) < len(base_llm.engine.step_records)
+    spec_llm.engine.check_invariants()
+
+
+def test_preemption_in_the_middle_of_drafts_loses_nothing(tiny_llama, always_draft):
+    _, base = run(tiny_llama, PROMPTS, greedy(80), num_kv_blocks=64)
+    for mode in ("recompute", "swap"):
+        llm, spec = run(tiny_llama, PROMPTS, greedy(80), num_kv_blocks=14, speculation="ngram",
+                        preemption_mode=mode)
+        assert llm.stats().num_preemptions > 0, mode
+        assert tokens(spec) == tokens(base), mode
+        assert llm.stats().accepted_draft_tokens > 0
+
+
+def test_a_draft_never_preempts_anyone(tiny_llama):
+    """The fewest blocks that hold the batch without drafts (16 preempt once): speculation
+    preempts nobody either."""
+    base_llm, base = run(tiny_llama, PROMPTS, greedy(40), num_kv_blocks=17)
+    assert base_llm.stats().num_preemptions == 0
+    spec_llm, spec = run(tiny_llama, PROMPTS, greedy(40), num_kv_blocks=17, speculation="ngram")
+    assert spec_llm.stats().num_preemptions == 0 and tokens(spec) == tokens(base)
+
+
+def test_stops_inside_a_draft_end_where_they_would_without_one(tiny_llama, always_draft):
+    _, plain = run(tiny_llama, PROMPTS[:1], greedy(60), num_kv_blocks=64)
+    ids = plain[0].outputs[0].token_ids
+    stop_at = ids[25]                          # deep inside the loop drafts follow
+    for params in (greedy(60, stop_token_ids=[stop_at]), greedy(37), greedy(60, stop=["<4"])):
+        _, base = run(tiny_llama, PROMPTS[:1], params, num_kv_blocks=64)
+        llm, spec = run(tiny_llama, PROMPTS[:1], params, num_kv_blocks=64, speculation="ngram")
+        a, b = base[0].outputs[0], spec[0].outputs[0]
+        assert (b.token_ids, b.text, b.finish_reason) == (a.token_ids, a.text, a.finish_reason)
+        assert llm.stats().draft_tokens > 0
+
+
+def test_parallel_samples_and_a_later_prefix_hit(tiny_llama):
+    """n=2 greedy samples fork after the prompt and draft each on its own; then a request for
+    the prompt plus the reply hits the blocks the drafts wrote (their hashes checked by
+    debug_checks) and continues as an engine without speculation does."""
+    llm = LLM(tiny_llama, num_kv_blocks=64, debug_checks=True, speculation="ngram")
+    out = llm.generate([PROMPTS[0]], greedy(50, n=2))[0]
+    assert out.outputs[0].token_ids == out.outputs[1].token_ids
+    follow = PROMPTS[0] + out.outputs[0].token_ids
+    again = llm.generate([follow], greedy(30))[0]
+    assert again.metrics.num_cached_tokens >= 32
+    base = LLM(tiny_llama, num_kv_blocks=64).generate([follow], greedy(30))[0]
+    assert again.outputs[0].token_ids == base.outputs[0].token_ids
+
+
+def test_penalties_and_beams_are_not_drafted(tiny_llama):
+    llm = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram")
+    llm.generate(PROMPTS[:1], greedy(30, repetition_penalty=1.3))
+    llm.beam_search([PROMPTS[0]], beam_width=2, max_tokens=10)
+    assert llm.stats().draft_tokens == 0
+
+
+def test_sampled_drafts_keep_the_distribution():
+    """The rejection rule against the exact probabilities: over 20,000 draws, the first kept
+    token is distributed as p at the first position (whatever the draft), and after an
+    accepted draft the next one as p at the second position."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 6, generator=g) * 1.5
+    params = SamplingParams(temperature=0.8, top_k=5, max_tokens=4)
+    probs = _filtered_probs(logits, [params, params])
+    draft = [int(probs[0].argsort()[-2])]       # the second most likely token
+    seq = Sequence([1, 2, 3], 3, 0, torch.Generator().manual_seed(1))
+    first, second = torch.zeros(6), torch.zeros(6)
+    for _ in range(20_000):
+        chosen = [r.token_id for r in verify(logits, seq, params, draft)]
+        first[chosen[0]] += 1
+        if chosen[0] == draft[0]:
+            second[chosen[1]] += 1
+    assert (first / first.sum() - probs[0]).abs().max() < 0.012
+    assert (second / second.sum() - probs[1]).abs().max() < 0.02
+    assert first[int(probs[0].argmin())] == 0 or probs[0].min() > 0      # top-k respected
+
+
+def test_sampling_through_the_rejection_rule_in_the_engine(tiny_llama, always_draft):
+    """top_k=1 sampling takes the rejection path with a point-mass distribution: it must keep
+    exactly the greedy tokens, drafts accepted; a seeded request at a real temperature gives
+    the same tokens on every run."""
+    _, base = run(tiny_llama, PROMPTS, greedy(50), num_kv_blocks=32)
+    one = SamplingParams(max_tokens=50, temperature=1.0, top_k=1, seed=3, ignore_eos=True)
+    llm, outs = run(tiny_llama, PROMPTS, one, num_kv_blocks=32, speculation="ngram")
+    assert tokens(outs) == tokens(base)
+    assert llm.stats().accepted_draft_tokens > 0
+    warm = SamplingParams(max_tokens=50, temperature=0.7, seed=3, ignore_eos=True)
+    runs = [LLM(tiny_llama, num_kv_blocks=32, speculation="ngram").generate(PROMPTS, warm)
+            for _ in range(2)]
+    assert tokens(runs[0]) == tokens(runs[1])
