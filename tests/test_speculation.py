@@ -138,11 +138,30 @@ def test_parallel_samples_and_a_later_prefix_hit(tiny_llama):
     assert again.outputs[0].token_ids == base.outputs[0].token_ids
 
 
-def test_penalties_and_beams_are_not_drafted(tiny_llama):
+def test_penalties_beams_and_opted_out_requests_are_not_drafted(tiny_llama):
     llm = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram")
     llm.generate(PROMPTS[:1], greedy(30, repetition_penalty=1.3))
+    llm.generate(PROMPTS[:1], greedy(30, speculative=False))
     llm.beam_search([PROMPTS[0]], beam_width=2, max_tokens=10)
     assert llm.stats().draft_tokens == 0
+
+
+def test_each_output_counts_its_drafts_and_the_footer_shows_them(tiny_llama, always_draft):
+    from localpaged.ui.render import fmt_stats
+    llm = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram")
+    outs = llm.generate(PROMPTS, greedy(60))
+    per_output = [(o.outputs[0].draft_tokens, o.outputs[0].accepted_draft_tokens) for o in outs]
+    stats = llm.stats()
+    assert sum(d for d, _ in per_output) == stats.draft_tokens
+    assert sum(a for _, a in per_output) == stats.accepted_draft_tokens > 0
+    drafted, accepted = per_output[0]
+    assert f"drafted {drafted}, accepted {accepted}" in fmt_stats(
+        {"draft_tokens": drafted, "accepted_draft_tokens": accepted})
+    assert "drafted" not in fmt_stats({"generated_tokens": 3})
+    from localpaged.ui.engine_panel.logic import KvSnapshot
+    from localpaged.ui.engine_panel.view import render_panel
+    rate = f"{100 * stats.accepted_draft_tokens / stats.draft_tokens:.0f}%"
+    assert f"<b>{rate}</b><span>Drafts accepted</span>" in render_panel(KvSnapshot(True, stats=stats))
 
 
 def test_sampled_drafts_keep_the_distribution():
@@ -179,3 +198,13 @@ def test_sampling_through_the_rejection_rule_in_the_engine(tiny_llama, always_dr
     runs = [LLM(tiny_llama, num_kv_blocks=32, speculation="ngram").generate(PROMPTS, warm)
             for _ in range(2)]
     assert tokens(runs[0]) == tokens(runs[1])
+
+
+def test_the_api_takes_a_per_request_opt_out():
+    import pydantic
+    from localpaged.api.protocol import ChatCompletionRequest
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest(**base).sampling_params().speculative is True
+    assert ChatCompletionRequest(**base, speculative=False).sampling_params().speculative is False
+    with pytest.raises(pydantic.ValidationError, match="speculative"):
+        ChatCompletionRequest(**base, speculative="no")

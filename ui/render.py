@@ -28,7 +28,8 @@ CURSOR = " ▌"
 
 
 def fmt_stats(stats: dict[str, Any]) -> str:
-    """`42 tokens · TTFT 0.12 s · 31.5 tok/s · prefill skipped: 32 tokens` (only what is known)."""
+    """`42 tokens · TTFT 0.12 s · 31.5 tok/s · prefill skipped: 32 tokens · drafted 12,
+    accepted 9` (only what is known)."""
     bits = []
     if stats.get("generated_tokens") is not None:
         bits.append(f"{int(stats['generated_tokens'])} tokens")
@@ -38,6 +39,9 @@ def fmt_stats(stats: dict[str, Any]) -> str:
         bits.append(f"{float(stats['tokens_per_s']):.1f} tok/s")
     if stats.get("prefix_tokens_reused"):
         bits.append(f"prefill skipped: {int(stats['prefix_tokens_reused'])} tokens")
+    if stats.get("draft_tokens"):
+        bits.append(f"drafted {int(stats['draft_tokens'])}, accepted "
+                    f"{int(stats.get('accepted_draft_tokens') or 0)}")
     return " · ".join(bits)
 
 

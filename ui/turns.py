@@ -172,6 +172,9 @@ class Turn:
                  "prefix_tokens_reused": m.num_cached_tokens if m else None,
                  "finish_reason": comp.finish_reason,
                  "finish_detail": getattr(comp, "finish_detail", None)}
+        if getattr(comp, "draft_tokens", 0):
+            stats["draft_tokens"] = comp.draft_tokens
+            stats["accepted_draft_tokens"] = comp.accepted_draft_tokens
         if self.beam:
             stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
         return stats

@@ -10,7 +10,8 @@ prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allo
 Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our own extension
 `context_overflow` ("error" | "drop_oldest") fits a chat that is too long for the context
-(localpaged.chat.context_window); without it nothing is ever dropped.
+(localpaged.chat.context_window); without it nothing is ever dropped. `speculative: false`
+keeps a request out of speculative decoding where the server runs it (`--speculation`).
 
 Every list, map and string a request may carry has a cap (below), so no field can make the
 server's work per request unbounded; the body itself is at most MAX_BODY_BYTES (errors.py), and
@@ -96,6 +97,7 @@ class _Common(BaseModel):
     ignore_eos: bool | None = False
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    speculative: bool | None = None       # ours: False keeps this request from being drafted
 
     @property
     def include_usage(self) -> bool:
@@ -119,7 +121,8 @@ class _Common(BaseModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
-            max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), logprobs=logprobs)
+            max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), logprobs=logprobs,
+            speculative=self.speculative is not False)
 
 
 class TextPart(BaseModel):

@@ -62,6 +62,8 @@ class Sequence:
         self.detok_state = (0, 0)               # (prefix_offset, read_offset) into output tokens
         # Speculative draft tokens at the end of token_ids, within one step (core/speculation.py)
         self.num_draft_tokens = 0
+        self.drafted = 0                        # draft tokens verified for it so far
+        self.accepted = 0                       # of those, tokens it kept
 
     @property
     def output_token_ids(self) -> list[int]:

@@ -45,6 +45,7 @@ class SamplingParams:
     logprobs: int | None = None         # top logprobs per token besides the chosen one
     prompt_logprobs: int | None = None  # same, for every prompt token (the first gets None)
     include_stop_str_in_output: bool = False
+    speculative: bool = True            # may be drafted when the engine speculates
     # "interactive": someone is waiting for it; "background": runs on capacity left over (see
     # scheduler.py), preempted first.
     priority: str = INTERACTIVE
@@ -86,6 +87,7 @@ class SamplingParams:
               f"{MAX_STOP_CHARS} characters")),
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
+            ("speculative", isinstance(self.speculative, bool), "must be True or False"),
         ]
         for name, ok, rule in checks:
             if not ok:

@@ -149,10 +149,12 @@ class Drafter:
 
 def eligible(group: SequenceGroup) -> bool:
     """Groups whose tokens a draft may speed up: decoding (past the prompt), not beam search,
-    and no sampling setting that reads the tokens before each position (penalties)."""
+    not opted out (SamplingParams.speculative), and no sampling setting that reads the tokens
+    before each position (penalties)."""
     if group.beam is not None or group.in_prompt_stage:
         return False
-    return not any(group.params_for(s).has_penalties for s in group.unfinished_seqs())
+    params = [group.params_for(s) for s in group.unfinished_seqs()]
+    return all(p.speculative and not p.has_penalties for p in params)
 
 
 def _room(group: SequenceGroup, seq: Sequence) -> int:

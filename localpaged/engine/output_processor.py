@@ -81,6 +81,8 @@ def _verify_draft(group: SequenceGroup, seq: Sequence, logits: torch.Tensor,
             break
     result.kept[seq.seq_id] = 1 + min(recorded, accepted)    # the input token, accepted drafts
     result.drafts[seq.seq_id] = (len(draft), accepted)
+    seq.drafted += len(draft)
+    seq.accepted += accepted
 
 
 def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> list[Sequence]:
@@ -157,4 +159,5 @@ def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
                             # a copy: the engine thread appends to seq.logprobs while
                             # a consumer reads this output (a stream re-sent tokens)
                             list(seq.logprobs) if p.logprobs is not None else None,
-                            seq.cumulative_logprob, finish_detail=detail)
+                            seq.cumulative_logprob, finish_detail=detail,
+                            draft_tokens=seq.drafted, accepted_draft_tokens=seq.accepted)

@@ -39,6 +39,8 @@ class CompletionOutput:
     cumulative_logprob: float = 0.0
     num_tokens: int | None = None      # tokens generated, where token_ids are unknown (remote)
     finish_detail: str | None = None   # a key of FINISH_DETAILS once finished (local engine)
+    draft_tokens: int = 0              # speculative decoding: tokens drafted for this output
+    accepted_draft_tokens: int = 0     # of those, tokens it kept
 
     @property
     def can_continue(self) -> bool:

@@ -41,6 +41,8 @@ def render_panel(snap: KvSnapshot) -> str:
              ("Preemptions", s.num_preemptions),
              ("Running / waiting", f"{s.num_running} / {s.num_waiting}"),
              ("Saved by sharing", saved)]
+    if getattr(s, "draft_tokens", 0):         # speculative decoding is on and has drafted
+        tiles.append(("Drafts accepted", f"{100 * s.draft_acceptance:.0f}%"))
     parts = ['<div class="lp-engine">', '<div class="lp-tiles">']
     parts += [f'<div class="lp-tile"><b>{v}</b><span>{k}</span></div>' for k, v in tiles]
     parts.append("</div>")

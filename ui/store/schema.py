@@ -39,7 +39,8 @@ STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
-              "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped")
+              "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped",
+              "draft_tokens", "accepted_draft_tokens")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 
 
