@@ -208,3 +208,56 @@ def test_the_api_takes_a_per_request_opt_out():
     assert ChatCompletionRequest(**base, speculative=False).sampling_params().speculative is False
     with pytest.raises(pydantic.ValidationError, match="speculative"):
         ChatCompletionRequest(**base, speculative="no")
+
+
+def test_propose_looks_in_the_draft_sources_first():
+    own = [1, 2, 3, 9, 8, 1, 2, 3]
+    assert propose(own, 2) == [9, 8]
+    assert propose(own, 2, sources=((7, 1, 2, 3, 5, 6),)) == [5, 6]     # an earlier reply
+    assert propose(own, 2, sources=((7, 2, 3, 5, 6),)) == [9, 8]         # a longer match wins
+    assert propose(own, 2, sources=((4, 4),)) == [9, 8]                  # no match there
+    src = (2, 3, 4, 0, 2, 3, 6, 0, 2, 3, 7)                              # "2 3" three times
+    assert [propose([1, 2, 3], 1, (src,), near=m) for m in (2, 6, 10)] == [[4], [6], [7]]
+
+
+def test_a_regenerated_reply_drafts_from_its_earlier_sibling(tiny_llama, always_draft):
+    """The reply to the same prompt, passed as a draft source: the new greedy reply is the
+    same, and most of it comes from verified drafts, every one accepted (a repeated 4-gram in
+    the reply does not throw the alignment off: the occurrence nearest the reply's length)."""
+    prompt = list(range(100, 140))           # nothing in the prompt repeats
+    first = LLM(tiny_llama, num_kv_blocks=64).generate([prompt], greedy(40))[0].outputs[0]
+    llm = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram", record_steps=True,
+              debug_checks=True)
+    again = llm.generate([prompt], greedy(40, draft_sources=[first.token_ids]))[0].outputs[0]
+    assert again.token_ids == first.token_ids
+    assert again.accepted_draft_tokens == again.draft_tokens >= 25     # lined up with it
+    assert len(llm.engine.step_records) <= 12                             # 40 tokens
+
+
+def test_the_ui_passes_earlier_replies_as_draft_sources(tiny_llama, tmp_path, monkeypatch):
+    """Regenerate drafts from the reply it stands beside, an edited message from the old
+    message's reply (what the chat backend is asked)."""
+    from ui_helpers import controller, run, tiny_backend
+    backends = tiny_backend(tiny_llama, num_kv_blocks=64, speculation="ngram")
+    backend = next(backends)
+    asked = []
+    chat = backend.chat
+    monkeypatch.setattr(backend, "chat", lambda messages, params, **kw: (
+        asked.append([p.draft_sources for p in params]), chat(messages, params, **kw))[1])
+    ctl_gen = controller(backend, tmp_path, {"temperature": 0.0, "max_tokens": 24})
+    ctl = next(ctl_gen)
+    try:
+        cid = ctl.new_conversation().id
+        turn = run(ctl.send(cid, "Tell me about blocks"))
+        reply = ctl.store.get_message(turn.replies[0].message_id)
+        run(ctl.regenerate(reply.id))
+        user = ctl.store.get_message(reply.parent_id)
+        run(ctl.edit(user.id, "Tell me about pages"))
+        assert asked[0] == [()]                                   # a first reply: nothing
+        assert asked[1] == [(tuple(reply.token_ids),)]            # beside the first reply
+        newest = ctl.store.children(user.id)[-1]
+        assert asked[2][0][0] == tuple(newest.token_ids)          # the old branch, newest first
+        assert len(asked[2][0]) == 2
+    finally:
+        next(ctl_gen, None)
+        next(backends, None)

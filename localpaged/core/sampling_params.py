@@ -20,6 +20,8 @@ PRIORITIES = (INTERACTIVE, BACKGROUND)     # scheduling classes; see scheduler.p
 # length less one character (text that may be the start of a stop string): both stay small.
 MAX_STOP_STRINGS = 16            # OpenAI allows 4; vLLM-style clients send a few more
 MAX_STOP_CHARS = 200             # a few lines of text: a stream is never held back more
+MAX_DRAFT_SOURCES = 8            # earlier replies a request may draft from
+MAX_DRAFT_SOURCE_TOKENS = 16_384
 
 
 def check_priority(priority: object) -> str:
@@ -46,6 +48,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # same, for every prompt token (the first gets None)
     include_stop_str_in_output: bool = False
     speculative: bool = True            # may be drafted when the engine speculates
+    # Token ids that replies to this prompt may repeat (earlier siblings of a regenerated reply,
+    # the old branch's reply of an edited message): speculation drafts from them too.
+    draft_sources: tuple[tuple[int, ...], ...] = ()
     # "interactive": someone is waiting for it; "background": runs on capacity left over (see
     # scheduler.py), preempted first.
     priority: str = INTERACTIVE
@@ -55,6 +60,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.draft_sources = tuple(tuple(src) for src in self.draft_sources or ())
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
@@ -88,6 +94,11 @@ class SamplingParams:
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
             ("speculative", isinstance(self.speculative, bool), "must be True or False"),
+            ("draft_sources", len(self.draft_sources) <= MAX_DRAFT_SOURCES
+             and all(len(src) <= MAX_DRAFT_SOURCE_TOKENS and all(_is_int(t) and t >= 0 for t in src)
+                     for src in self.draft_sources),
+             f"must be at most {MAX_DRAFT_SOURCES} lists of at most {MAX_DRAFT_SOURCE_TOKENS} "
+             "token ids"),
         ]
         for name, ok, rule in checks:
             if not ok:

@@ -34,23 +34,38 @@ CONTROL_EVERY = 8                     # every 8th step drafts nothing (PayCheck'
 PAUSE_STEPS = 64                      # steps without drafts after drafts cost more than they saved
 
 
-def propose(token_ids: list[int], k: int, ngram_max: int = NGRAM_MAX,
-            ngram_min: int = NGRAM_MIN) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of
-    token_ids (ngram_max down to ngram_min tokens long) within the last SEARCH_WINDOW tokens;
-    [] when no suffix occurs earlier."""
+def propose(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] = (),
+            near: int = 0, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN) -> list[int]:
+    """Up to k tokens that followed an earlier occurrence of the longest suffix of token_ids
+    (ngram_max down to ngram_min tokens long): in the draft sources first (earlier replies to
+    the same prompt; the occurrence nearest to position `near`, the sequence's own output
+    length, so a reply lines up with its sibling), then in token_ids' own last SEARCH_WINDOW
+    tokens (the latest occurrence); [] when the suffix occurs nowhere."""
     if k <= 0 or len(token_ids) <= ngram_min:
         return []
-    window = np.asarray(token_ids[-SEARCH_WINDOW:], dtype=np.int64)
-    L = len(window)
-    for n in range(min(ngram_max, L - 1), ngram_min - 1, -1):
-        suffix = window[L - n:]
-        # starts i < L - n with window[i:i+n] == suffix, latest first
-        starts = np.flatnonzero(window[:L - n] == suffix[0])
-        for i in starts[::-1]:
-            if i + n < L and np.array_equal(window[i:i + n], suffix):
-                return window[i + n:i + n + k].tolist()
+    own = np.asarray(token_ids[-SEARCH_WINDOW:], dtype=np.int64)
+    texts = [np.asarray(src, dtype=np.int64) for src in sources]
+    for n in range(min(ngram_max, len(own) - 1), ngram_min - 1, -1):
+        suffix = own[len(own) - n:]
+        for text in texts:
+            if draft := _follows(text, suffix, len(text), k, near):
+                return draft
+        if draft := _follows(own, suffix, len(own) - n, k):   # not the suffix itself
+            return draft
     return []
+
+
+def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int,
+             near: int | None = None) -> list[int]:
+    """Up to k tokens after an occurrence of pattern starting before `end` in text (with a
+    token after it): the one ending nearest to `near`, or the latest."""
+    n = len(pattern)
+    starts = [i for i in np.flatnonzero(text[:max(0, end)] == pattern[0])
+              if i + n < len(text) and np.array_equal(text[i:i + n], pattern)]
+    if not starts:
+        return []
+    i = min(starts, key=lambda i: abs(i + n - near)) if near is not None else starts[-1]
+    return text[i + n:i + n + k].tolist()
 
 
 @dataclass
@@ -133,7 +148,8 @@ class Drafter:
                     continue
                 state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
                 k = min(state.next_k(self.k_max), _room(group, seq))
-                draft = propose(seq.token_ids, k)
+                draft = propose(seq.token_ids, k, group.params_for(seq).draft_sources,
+                                near=seq.num_output_tokens)
                 seq.token_ids.extend(draft)
                 seq.num_draft_tokens = len(draft)
 

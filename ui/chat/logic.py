@@ -8,11 +8,13 @@ fields were checked into; without them, the conversation's stored settings make 
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable
 
 from localpaged.chat.backend import ChatBackend
-from localpaged.core.sampling_params import SamplingParams
+from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_SOURCES,
+                                             SamplingParams)
 
 from ..context.logic import fit_prompt, prompt_messages
 from ..prepared.logic import PreparedReplies
@@ -58,7 +60,8 @@ class ChatTurns:
         ready = self.prepared.reveal(parent)
         if ready is None:
             cid = m.conversation_id
-            return self.generate(cid, parent, self.params(cid, sampling))
+            params = with_draft_sources(self.params(cid, sampling), self._replies_to(parent))
+            return self.generate(cid, parent, params)
         return ready
 
     def edit(self, message_id: int, text: str, sampling: Sampling | None = None) -> Turn:
@@ -68,9 +71,16 @@ class ChatTurns:
             raise ChatError("only your own messages can be edited")
         if not text.strip():
             raise ChatError("the edited message is empty")
-        params = self.params(m.conversation_id, sampling)
+        params = with_draft_sources(self.params(m.conversation_id, sampling), self._replies_to(m.id))
         self.turns.check_idle(m.conversation_id)
         return self.generate(m.conversation_id, m.parent_id, params, user_text=text)
+
+    def _replies_to(self, message_id: int) -> list[list[int]]:
+        """Token ids of the stored replies to a message, newest first: what a new reply to the
+        same prompt (a regenerate) or to an edited one is likely to repeat in part."""
+        replies = [c for c in self.store.children(message_id)
+                   if c.role == "assistant" and c.token_ids]
+        return [c.token_ids[:MAX_DRAFT_SOURCE_TOKENS] for c in reversed(replies)]
 
     def generate(self, cid: int, parent_id: int | None, params: list[SamplingParams],
                  user_text: str | None = None, beam: int = 0) -> Turn:
@@ -118,6 +128,15 @@ class ChatTurns:
         after = self.prepared.after if len(params) == 1 and not beam else None
         return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
                     beam=bool(beam))
+
+
+def with_draft_sources(params: list[SamplingParams], sources: list[list[int]]) -> list[SamplingParams]:
+    """params that speculative decoding may draft from `sources` (the engine's choice whether
+    it speculates at all; a remote backend ignores them)."""
+    if not sources:
+        return params
+    kept = tuple(tuple(src) for src in sources[:MAX_DRAFT_SOURCES])
+    return [dataclasses.replace(p, draft_sources=kept) for p in params]
 
 
 def _title_from(text: str) -> str:
