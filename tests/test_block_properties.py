@@ -1,6 +1,7 @@
 """Property-based block accounting: random add / fork / append / free / abort / preempt / swap
-sequences keep the invariants of docs/architecture.md §3 (I1-I5), checked both here
-(independently) and by KVCacheManager.check()."""
+/ speculate (a draft written, part of it accepted, the rest given back) sequences keep the
+invariants of docs/architecture.md §3 (I1-I5, I14), checked both here (independently) and by
+KVCacheManager.check()."""
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -35,6 +36,13 @@ class BlockMachine(RuleBasedStateMachine):
 
     # ---- helpers ------------------------------------------------------------------------------
     def compute(self, seq: Sequence, n: int) -> None:
+        """What the model runner and the post-step update do: write n tokens' K/V, then count
+        them computed and cache the blocks that became full."""
+        self.write(seq, n)
+        seq.num_computed_tokens += n
+        self.kv.cache_full_blocks(seq)
+
+    def write(self, seq: Sequence, n: int) -> None:
         """What the model runner does: carry out copies, then write n tokens' K/V."""
         for op in self.kv.take_block_ops():
             if op.kind is not BlockOpKind.COPY:       # swaps only move bytes we track below
@@ -56,8 +64,6 @@ class BlockMachine(RuleBasedStateMachine):
                 self.content[block] = tuple(seq.token_ids[:pos + 1])
             elif pos % B == 0:
                 self.content.pop(block, None)
-        seq.num_computed_tokens += n
-        self.kv.cache_full_blocks(seq)
 
     def append_token(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
@@ -82,6 +88,32 @@ class BlockMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 100), token=st.integers(0, 2))
     def append(self, i, token):
         self.append_token(self.running[i % len(self.running)], token)
+
+    @precondition(lambda self: self.running)
+    @rule(i=st.integers(0, 100), token=st.integers(0, 2),
+          draft=st.lists(st.integers(0, 2), min_size=1, max_size=7), accepted=st.integers(0, 7))
+    def speculate(self, i, token, draft, accepted):
+        """A decode step with a draft, as the scheduler and the verification do it: room for
+        the token and its draft (the draft dropped first when blocks are short), K/V written
+        for all of them, `accepted` drafts kept as tokens, the rest leave; only the token and
+        the accepted drafts count as computed, and blocks only rejected positions used are
+        given back."""
+        seq = self.running[i % len(self.running)]
+        seq.token_ids += [token, *draft]
+        seq.num_draft_tokens = len(draft)
+        if not self.kv.allocate_slots(seq, 1 + len(draft)):
+            seq.drop_drafts()
+            if not self.kv.allocate_slots(seq, 1):
+                seq.token_ids.pop()
+                return
+        self.write(seq, 1 + seq.num_draft_tokens)
+        kept = min(accepted, seq.num_draft_tokens)
+        seq.drop_drafts(keep=kept)
+        seq.num_draft_tokens = 0                       # the accepted drafts are tokens now
+        seq.num_computed_tokens += 1 + kept
+        self.kv.trim(seq, seq.num_computed_tokens)
+        self.kv.cache_full_blocks(seq)
+        assert len(self.kv.tables[seq.seq_id]) == -(-seq.num_computed_tokens // B)
 
     @precondition(lambda self: self.running)
     @rule(i=st.integers(0, 100))

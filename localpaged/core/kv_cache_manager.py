@@ -224,7 +224,9 @@ class KVCacheManager:
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
         """Give back the blocks of seq's table past the first num_tokens tokens' (a verified
-        draft's rejected positions), tail first; they never held a computed token."""
+        draft's rejected positions), tail first; they never held a computed token. With
+        num_tokens = the computed tokens, a table is as long as between steps without drafts,
+        so a later fork shares no block a write would then need to copy first."""
         table = self.tables.get(seq.seq_id, [])
         keep = -(-num_tokens // self.block_size)
         while len(table) > keep:

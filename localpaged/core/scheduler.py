@@ -305,7 +305,7 @@ class Scheduler:
             kept = result.kept.get(item.seq.seq_id)
             item.seq.num_computed_tokens += item.num_tokens if kept is None else kept
             if kept is not None:               # blocks only rejected draft positions needed
-                self.block_manager.trim(item.seq, item.seq.num_computed_tokens + 1)
+                self.block_manager.trim(item.seq, item.seq.num_computed_tokens)
             self.block_manager.cache_full_blocks(item.seq)
         for fork in result.forks:
             self.block_manager.fork(fork.parent, fork.child)
