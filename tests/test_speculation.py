@@ -261,3 +261,20 @@ def test_the_ui_passes_earlier_replies_as_draft_sources(tiny_llama, tmp_path, mo
     finally:
         next(ctl_gen, None)
         next(backends, None)
+
+
+def test_the_engine_suites_pass_with_speculation_on():
+    """The transformers-equality, invariance, preemption and prefix tests, rerun with every
+    engine speculating (LOCALPAGED_SPECULATION=ngram) and its block invariants checked after
+    every step: seeded sampling included, since a verified draft takes the same random numbers
+    as decoding one at a time."""
+    import os
+    import subprocess
+    import sys
+    files = ["test_hf_equality.py", "test_invariance.py", "test_groups_under_pressure.py",
+             "test_prefix_and_fork.py", "test_priority.py"]
+    env = {**os.environ, "LOCALPAGED_SPECULATION": "ngram", "LOCALPAGED_DEBUG_CHECKS": "1"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                           *files], cwd=here, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

@@ -9,7 +9,8 @@ abort and the out-of-memory path finish groups through the same update. The engi
 
 Names: `block_manager` is the KVCacheManager (block tables, in block ids); `kv_cache` holds the
 K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
-with `check_invariants()`.
+with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram) overrides
+`EngineConfig.speculation` for every engine of the process.
 See docs/architecture.md §4 (the life of a request, from make_group to the output).
 """
 
@@ -22,7 +23,7 @@ import time
 
 import torch
 
-from localpaged.core.config import EngineConfig
+from localpaged.core.config import SPECULATION, EngineConfig, check_choice
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.core.request import BeamParams, BeamState, Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams, check_priority
@@ -73,7 +74,10 @@ class LLMEngine:
             self.model, self.kv_cache.layers, self.backend)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend,
                                   graphs, batch1)
-        self.drafter = Drafter(config.num_speculative_tokens) if config.speculation == "ngram" else None
+        # LOCALPAGED_SPECULATION=ngram turns it on for every engine (to run any test suite with it)
+        speculation = check_choice("LOCALPAGED_SPECULATION", os.environ.get(
+            "LOCALPAGED_SPECULATION", config.speculation), SPECULATION)
+        self.drafter = Drafter(config.num_speculative_tokens) if speculation == "ngram" else None
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)

@@ -48,12 +48,15 @@ def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
     correction of the first rejected draft, or one more after them all).
 
     Greedy: a draft token is accepted while it is the argmax, so the tokens are exactly those
-    of decoding one at a time. Sampling: draft token x (a guess with probability 1) is accepted
-    with probability p(x) under the request's filtered distribution p; a rejection samples from
-    p without x, renormalized (the rejection rule of speculative sampling, with q a point
-    mass), so every kept token has the distribution of decoding one at a time. Logprobs as in
-    `sample`: the raw distribution at each position. Requests with penalties are not drafted
-    (speculation.eligible): their distribution at a position depends on the tokens before it.
+    of decoding one at a time. Sampling: at each position the token is drawn as `sample` draws
+    it (one uniform number from the sequence's generator, inverse CDF of the request's
+    filtered distribution p), and the draft token x is accepted when the draw is x. That is
+    the rejection rule of speculative sampling for a draft that is a point mass (accepted with
+    probability p(x); on a rejection the token has p without x, renormalized), and since it
+    takes one number per kept token from the same stream, a seeded request keeps exactly the
+    tokens it would decode one at a time. Logprobs as in `sample`: the raw distribution at
+    each position. Requests with penalties are not drafted (speculation.eligible): their
+    distribution at a position depends on the tokens before it.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
     if p.greedy:
@@ -69,15 +72,12 @@ def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
 
 def _rejection_sample(probs: torch.Tensor, draft: list[int],
                       generator: torch.Generator | None) -> list[int]:
-    chosen = []
-    for j, x in enumerate(draft):
-        if float(torch.rand(1, generator=generator)) < float(probs[j, x]):
-            chosen.append(x)
-            continue
-        residual = probs[j:j + 1].clone()
-        residual[0, x] = 0.0
-        return chosen + [int(_draw(residual, [generator])[0])]
-    return chosen + [int(_draw(probs[-1:], [generator])[0])]
+    chosen: list[int] = []
+    for j in range(len(probs)):
+        chosen.append(int(_draw(probs[j:j + 1], [generator])[0]))
+        if j == len(draft) or chosen[-1] != draft[j]:
+            break
+    return chosen
 
 
 def _top(row_logprobs: torch.Tensor, k: int | None) -> dict[int, float]:
