@@ -3,8 +3,9 @@ holds (prompt lookup: its last n tokens found earlier in its prompt or output, a
 that followed there), for the model to verify in one forward over every draft position.
 
 Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how many tokens to draft next,
-following how many were accepted) and `Drafter` (which sequences get drafts in a step, and how
-many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the bookkeeping the
+following how many were accepted, and whether drafting pays for it), `StepCost` (what a
+drafted step costs here in plain steps) and `Drafter` (which sequences get drafts in a step,
+and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the bookkeeping the
 scheduler's and the KV cache manager's; this module only guesses.
 
 Invariants:
@@ -30,8 +31,7 @@ NGRAM_MAX, NGRAM_MIN = 4, 2           # the longest and shortest suffix looked u
 SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup searches
 OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
 PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
-CONTROL_EVERY = 8                     # every 8th step drafts nothing (PayCheck's plain figure)
-PAUSE_STEPS = 64                      # steps without drafts after drafts cost more than they saved
+CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
 
 
 def propose(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] = (),
@@ -72,16 +72,18 @@ def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int,
 class DraftState:
     """One sequence's drafting: the next draft length and the counts so far.
 
-    rate: an exponential average of the share of drafted tokens accepted. Below OFF_BELOW the
-    sequence stops drafting and tries one draft every PROBE_EVERY steps."""
+    rate: an exponential average of the share of drafted tokens accepted. A sequence drafts
+    only while a drafted step is expected to yield more tokens (1 + rate x k) than it costs
+    in plain steps (StepCost.ratio); otherwise it tries one draft every PROBE_EVERY steps,
+    so a reply that starts to repeat itself is noticed."""
     k: int
     drafted: int = 0
     accepted: int = 0
     rate: float = 1.0
     idle_steps: int = 0
 
-    def next_k(self, k_max: int) -> int:
-        if self.rate >= OFF_BELOW:
+    def next_k(self, cost_ratio: float) -> int:
+        if 1 + self.rate * self.k > cost_ratio and self.rate >= OFF_BELOW:
             return self.k
         self.idle_steps += 1
         return self.k if self.idle_steps % PROBE_EVERY == 0 else 0
@@ -98,33 +100,33 @@ class DraftState:
 
 
 @dataclass
-class PayCheck:
-    """Whether drafts pay on this machine and model: seconds per generated token of decode
-    steps with drafts against steps without (exponential averages). A verification runs the
-    1 + d positions through the prefill path, which on a compute-bound CPU costs nearly what
-    1 + d steps do; on a GPU it costs about one step. Every CONTROL_EVERY-th step drafts
-    nothing, so the plain figure stays current; while drafted steps cost more per token,
-    drafting pauses for PAUSE_STEPS steps, then tries again."""
+class StepCost:
+    """What a drafted decode step costs in plain decode steps on this machine and model
+    (exponential averages of their seconds; decode-only steps). A verification runs 1 + d
+    positions through the prefill path: on a compute-bound CPU that costs several plain
+    steps (and the plain step may have a faster path of its own, the C++ batch-1 loop), on
+    a GPU about one. Every CONTROL_EVERY-th step drafts nothing, so the plain figure stays
+    current whatever the sequences do."""
     plain: float | None = None
     drafted: float | None = None
     step: int = 0
-    paused_until: int = 0
 
     def allows(self) -> bool:
         """Whether this step may draft (called once per step)."""
         self.step += 1
-        return self.step >= self.paused_until and self.step % CONTROL_EVERY != 0
+        return self.step % CONTROL_EVERY != 0
 
-    def observe(self, seconds: float, tokens: int, with_drafts: bool) -> None:
-        """A decode step (no prompt work in it) took `seconds` for `tokens` new tokens."""
-        per = seconds / max(1, tokens)
+    @property
+    def ratio(self) -> float:
+        """Seconds of a drafted step over a plain one (1 until both were seen)."""
+        return self.drafted / self.plain if self.plain and self.drafted else 1.0
+
+    def observe(self, seconds: float, with_drafts: bool) -> None:
+        """A decode step (no prompt work in it) took `seconds`."""
         if with_drafts:
-            self.drafted = per if self.drafted is None else 0.8 * self.drafted + 0.2 * per
+            self.drafted = seconds if self.drafted is None else 0.8 * self.drafted + 0.2 * seconds
         else:
-            self.plain = per if self.plain is None else 0.8 * self.plain + 0.2 * per
-        if self.plain is not None and self.drafted is not None and self.drafted > self.plain:
-            self.paused_until = self.step + PAUSE_STEPS
-            self.drafted = None               # judged afresh after the pause
+            self.plain = seconds if self.plain is None else 0.8 * self.plain + 0.2 * seconds
 
 
 @dataclass
@@ -132,13 +134,13 @@ class Drafter:
     """Drafts for the running sequences of a step (EngineConfig.speculation == "ngram")."""
     k_max: int
     states: dict[int, DraftState] = field(default_factory=dict)     # by seq_id
-    pays: PayCheck = field(default_factory=PayCheck)
+    cost: StepCost = field(default_factory=StepCost)
     drafted: int = 0                  # totals over the engine's life (stats, /metrics)
     accepted: int = 0
 
     def attach(self, groups: list[SequenceGroup]) -> None:
-        """Append a draft to each decoding sequence that can take one, when drafts pay."""
-        if not self.pays.allows():
+        """Append a draft to each decoding sequence that can take one, where drafts pay."""
+        if not self.cost.allows():
             return
         for group in groups:
             if not eligible(group):
@@ -147,7 +149,7 @@ class Drafter:
                 if seq.num_uncomputed_tokens != 1 or seq.num_draft_tokens:
                     continue
                 state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
-                k = min(state.next_k(self.k_max), _room(group, seq))
+                k = min(state.next_k(self.cost.ratio), _room(group, seq))
                 draft = propose(seq.token_ids, k, group.params_for(seq).draft_sources,
                                 near=seq.num_output_tokens)
                 seq.token_ids.extend(draft)

@@ -237,17 +237,16 @@ class LLMEngine:
         return outputs
 
     def _account_drafts(self, out: SchedulerOutput, result: StepResult, seconds: float) -> None:
-        """Per sequence, what its draft earned; for a decode-only step, its cost per token."""
-        tokens, decode_only = 0, bool(out.scheduled)
+        """Per sequence, what its draft earned; for a decode-only step, what it cost."""
+        decode_only = bool(out.scheduled)
         for item in out.scheduled:
             drafted, accepted = result.drafts.get(item.seq.seq_id, (0, 0))
             if drafted:
                 self.drafter.verified(item.seq, drafted, accepted)
             decode_only &= item.samples and item.num_tokens == 1 + drafted \
                 and item.seq.num_output_tokens > 1 + accepted
-            tokens += 1 + accepted
         if decode_only:
-            self.drafter.pays.observe(seconds, tokens, bool(result.drafts))
+            self.drafter.cost.observe(seconds, bool(result.drafts))
 
     def _end(self, seq: Sequence, reason: str, detail: str) -> None:
         """Finish seq from outside its own step (abort, out of memory), flushing its text."""

@@ -127,17 +127,21 @@ class ModelRunner:
         decodes = [it for it in items if is_decode(it)]        # items are ordered: decodes first
         prefills = items[len(decodes):]
         dev = self.device
+        # One decode row per new token of a decode: a verified draft of d tokens is d + 1 rows
+        # of its sequence, row j seeing the first computed + j + 1 tokens, so each position is
+        # computed exactly as decoding it alone would (same kernels, same numbers).
+        rows = [(it, it.seq.num_computed_tokens + j + 1) for it in decodes for j in range(it.num_tokens)]
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            num_decode_tokens=len(decodes),
-            decode_block_tables=self._block_tables(decodes),
-            decode_seq_lens=_seq_lens(decodes, dev),
+            num_decode_tokens=len(rows),
+            decode_block_tables=self._block_tables([it for it, _ in rows]),
+            decode_seq_lens=torch.tensor([n for _, n in rows], dtype=torch.int32, device=dev),
             prefill_block_tables=self._block_tables(prefills),
             prefill_query_start_loc=torch.tensor(
                 [0] + _cumsum([it.num_tokens for it in prefills]), dtype=torch.int32, device=dev),
             prefill_seq_lens=_seq_lens(prefills, dev),
             decode_runs=(decode_runs(self.block_manager.block_ids(items[0].seq), positions[0] + 1, B)
-                         if self.backend.decode_one and len(items) == len(decodes) == 1 else None),
+                         if self.backend.decode_one and len(items) == len(rows) == 1 else None),
         )
         return (torch.tensor(tokens, dtype=torch.long, device=dev),
                 torch.tensor(positions, dtype=torch.long, device=dev), meta)
@@ -150,8 +154,9 @@ class ModelRunner:
 
 
 def is_decode(it: ScheduledSeq) -> bool:
-    """One new token after a computed context (as opposed to a prefill chunk)."""
-    return it.num_tokens == 1 and it.seq.num_computed_tokens > 0
+    """One new token after a computed context, with the draft tokens it verifies if any (as
+    opposed to a prefill chunk)."""
+    return it.num_tokens == 1 + it.seq.num_draft_tokens and it.seq.num_computed_tokens > 0
 
 
 def order_batch(items: list[ScheduledSeq]) -> list[ScheduledSeq]:
