@@ -278,3 +278,19 @@ def test_the_engine_suites_pass_with_speculation_on():
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                            *files], cwd=here, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_the_bundled_model_regenerates_exactly_from_its_sibling(smollm2_gguf, always_draft):
+    """On the real model: a regenerate drafts its whole reply from the first one and keeps
+    exactly the tokens of decoding without speculation (the verification runs each position
+    through the decode kernels, so no rounding difference can flip a near-tie)."""
+    prompt = "Explain in detail how a CPU cache works, with examples."
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True)
+    plain = LLM(smollm2_gguf, num_kv_blocks=64).chat(
+        [{"role": "user", "content": prompt}], params)[0].outputs[0]
+    llm = LLM(smollm2_gguf, num_kv_blocks=64, speculation="ngram", debug_checks=True)
+    again = llm.chat([{"role": "user", "content": prompt}], SamplingParams(
+        max_tokens=48, temperature=0.0, ignore_eos=True,
+        draft_sources=[plain.token_ids]))[0].outputs[0]
+    assert again.token_ids == plain.token_ids
+    assert again.accepted_draft_tokens == again.draft_tokens >= 30   # every 8th step drafts none
