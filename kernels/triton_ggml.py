@@ -19,11 +19,14 @@ columns >= N are masked, K is whole blocks (checked on the host); weight row off
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from .ggml_reference import FORMATS, IQ4_NL_VALUES, format_for_type_id, row_bytes
+from .ggml_reference import (FORMATS, IQ4_NL_VALUES, BlockFormat, dequantize, format_for_type_id,
+                             row_bytes)
 from .triton_common import _dot, dot_options, fallback_reason, log_fallback, next_pow2
 
 SUPPORTED = frozenset(f.type_id for f in FORMATS.values())
@@ -178,12 +181,16 @@ def tile_config(M: int, N: int) -> dict:
                 use_dot=True, num_warps=8 if big else 4)
 
 
+@functools.lru_cache(maxsize=None)
 def _kvalues(device: torch.device) -> torch.Tensor:
+    """IQ4's level table on `device`, made once per device (every matmul passes it)."""
     return torch.tensor(IQ4_NL_VALUES, dtype=torch.int8, device=device)
 
 
-def check_args(x: torch.Tensor, data: torch.Tensor, type_id: int) -> tuple[int, int, int]:
-    """(M, N, K), or ValueError naming what does not fit (type, shapes, dtypes, devices)."""
+def check_args(x: torch.Tensor, data: torch.Tensor, type_id: int
+               ) -> tuple[int, int, int, BlockFormat]:
+    """(M, N, K, the format), or ValueError naming what does not fit (type, shapes, dtypes,
+    devices)."""
     fmt = format_for_type_id(type_id)
     if fmt.name not in FORMATS:
         raise ValueError(f"ggml_matmul reads block formats {sorted(FORMATS)}, not {fmt.name}")
@@ -197,18 +204,16 @@ def check_args(x: torch.Tensor, data: torch.Tensor, type_id: int) -> tuple[int, 
     if data.shape[1] != want:
         raise ValueError(f"ggml_matmul: {fmt.name} rows of K={K} hold {want} bytes, "
                          f"data rows hold {data.shape[1]}")
-    return M, data.shape[0], K
+    return M, data.shape[0], K, fmt
 
 
 def ggml_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
     """y [M, N] = x [M, K] @ dequantize(data).T in x's dtype (float32 accumulation).
     CPU tensors without TRITON_INTERPRET fall back to dequantize-then-matmul (one info log)."""
-    M, N, K = check_args(x, data, type_id)
-    fmt = format_for_type_id(type_id)
+    M, N, K, fmt = check_args(x, data, type_id)
     reason = fallback_reason(_ggml_kernel, x)
     if reason is not None:
         log_fallback("ggml_matmul", reason)
-        from .ggml_reference import dequantize
         return x @ dequantize(data, fmt.name).to(x.dtype).T
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0 or N == 0:

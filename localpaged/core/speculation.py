@@ -5,12 +5,13 @@ that followed there), for the model to verify in one forward over every draft po
 Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how many tokens to draft next,
 following how many were accepted, and whether drafting pays for it), `StepCost` (what a
 drafted step costs here in plain steps) and `Drafter` (which sequences get drafts in a step,
-and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the bookkeeping the
-scheduler's and the KV cache manager's; this module only guesses.
+and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the
+bookkeeping the scheduler's and the KV cache manager's; this module only guesses.
 
 Invariants:
 - A draft is never trusted: a sequence keeps exactly the tokens decoding without speculation
-  keeps (greedy), or tokens of the same distribution (sampling, by the rejection rule).
+  keeps, greedy or sampled (a verification draws each position with the random number plain
+  decoding would use: the rejection rule for a point-mass draft).
 - Draft tokens sit at the end of `seq.token_ids` only between `attach` and the verification of
   the same step, counted by `seq.num_draft_tokens`; the scheduler drops those it does not run
   (`Sequence.drop_drafts`), so a draft is never a computed token, never hashed into the prefix
@@ -70,15 +71,14 @@ def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int,
 
 @dataclass
 class DraftState:
-    """One sequence's drafting: the next draft length and the counts so far.
+    """One sequence's drafting: the next draft length and its acceptance rate (the counts
+    shown are the Sequence's: `drafted`, `accepted`).
 
     rate: an exponential average of the share of drafted tokens accepted. A sequence drafts
     only while a drafted step is expected to yield more tokens (1 + rate x k) than it costs
     in plain steps (StepCost.ratio); otherwise it tries one draft every PROBE_EVERY steps,
     so a reply that starts to repeat itself is noticed."""
     k: int
-    drafted: int = 0
-    accepted: int = 0
     rate: float = 1.0
     idle_steps: int = 0
 
@@ -92,8 +92,6 @@ class DraftState:
         """After verification: accepted of drafted tokens were kept."""
         if drafted == 0:
             return
-        self.drafted += drafted
-        self.accepted += accepted
         self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
         # all accepted: draft one more next time; a rejection: as many as were accepted, plus one
         self.k = min(k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
@@ -103,9 +101,9 @@ class DraftState:
 class StepCost:
     """What a drafted decode step costs in plain decode steps on this machine and model
     (exponential averages of their seconds; decode-only steps). A verification runs 1 + d
-    positions through the prefill path: on a compute-bound CPU that costs several plain
-    steps (and the plain step may have a faster path of its own, the C++ batch-1 loop), on
-    a GPU about one. Every CONTROL_EVERY-th step drafts nothing, so the plain figure stays
+    decode rows through the Python decode path: on a compute-bound CPU that costs several
+    plain steps (a plain step of one conversation has the C++ batch-1 loop), on a GPU about
+    one. Every CONTROL_EVERY-th step drafts nothing, so the plain figure stays
     current whatever the sequences do."""
     plain: float | None = None
     drafted: float | None = None

@@ -243,8 +243,8 @@ class LLMEngine:
             drafted, accepted = result.drafts.get(item.seq.seq_id, (0, 0))
             if drafted:
                 self.drafter.verified(item.seq, drafted, accepted)
-            decode_only &= item.samples and item.num_tokens == 1 + drafted \
-                and item.seq.num_output_tokens > 1 + accepted
+            # runner.is_decode as it was at the forward (computed tokens move on in _update)
+            decode_only &= item.seq.num_computed_tokens > 0 and item.num_tokens == 1 + drafted
         if decode_only:
             self.drafter.cost.observe(seconds, bool(result.drafts))
 

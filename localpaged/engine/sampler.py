@@ -64,14 +64,15 @@ def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
         accepted = next((j for j, t in enumerate(draft) if target[j] != t), len(draft))
         chosen = target[:accepted + 1]
     else:
-        chosen = _rejection_sample(_filtered_probs(logits, [p] * len(logits)), draft,
-                                   seq.generator)
+        chosen = _draw_until_rejected(_filtered_probs(logits, [p] * len(logits)), draft,
+                                      seq.generator)
     return [SampleResult(t, float(logprobs[j, t]), _top(logprobs[j], p.logprobs))
             for j, t in enumerate(chosen)]
 
 
-def _rejection_sample(probs: torch.Tensor, draft: list[int],
-                      generator: torch.Generator | None) -> list[int]:
+def _draw_until_rejected(probs: torch.Tensor, draft: list[int],
+                         generator: torch.Generator | None) -> list[int]:
+    """One draw per position (as `sample`'s), up to the first that is not the draft token."""
     chosen: list[int] = []
     for j in range(len(probs)):
         chosen.append(int(_draw(probs[j:j + 1], [generator])[0]))

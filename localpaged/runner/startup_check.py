@@ -26,6 +26,7 @@ from localpaged.runner.cuda_graphs import DecodeGraphRunner, capture_sizes
 
 logger = logging.getLogger(__name__)
 
+
 def ggml_kernel_mismatch(kernel, device: torch.device, dtype: torch.dtype = torch.float32
                          ) -> str | None:
     """Run a GGML block matmul (quant/ggml.py: NativeKernel.kernel) once per block format and
@@ -35,11 +36,12 @@ def ggml_kernel_mismatch(kernel, device: torch.device, dtype: torch.dtype = torc
     for kind, fmt in ggml_reference.FORMATS.items():
         data = ggml_reference.random_blocks(kind, 48, 512, g)
         w = ggml_reference.dequantize(data, kind).to(device)
+        data = data.to(device)
         for m in (1, 20):
             x = torch.randn(m, 512, generator=g).to(device=device, dtype=dtype)
             want = x.float() @ w.T
             try:
-                got = kernel(x, data.to(device), fmt.type_id).float()
+                got = kernel(x, data, fmt.type_id).float()
                 err = (got - want).abs().max().item() / max(want.abs().max().item(), 1e-6)
             except Exception as exc:  # noqa: BLE001 - any failure means "do not use this kernel"
                 return f"{kind} (M={m}) raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
