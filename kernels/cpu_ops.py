@@ -30,9 +30,12 @@ def supports(head_dim: int, dtype: torch.dtype) -> bool:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens."""
+                           scale: float, window: int = 0) -> torch.Tensor:
+    """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens (the last
+    `window` of them with a window)."""
     module = cpu_extension.BUILD.module
-    if module is None or q.dtype != torch.float32 or not supports(q.shape[2], k_cache.dtype):
-        return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    if (module is None or window or q.dtype != torch.float32
+            or not supports(q.shape[2], k_cache.dtype)):
+        return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens,
+                                                scale, window)
     return module.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)

@@ -7,6 +7,11 @@ Cache layout (one tensor per layer for K and one for V):
     cache[num_blocks, block_size, num_kv_heads, head_dim]
 A token's slot is ``block_id * block_size + offset``; a block table row lists the physical block
 ids of a sequence's logical blocks in order (padding entries are never read past ``seq_len``).
+
+Sliding windows: the attention functions take ``window`` (0: full attention). With a window W a
+query at position p attends to positions p - W < k <= p, as transformers' sliding-window mask;
+table entries of blocks wholly before the window may hold any block id (a sliding-window layer's
+KV cache gives those blocks back) and are never read.
 """
 
 from __future__ import annotations
@@ -27,10 +32,18 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` cached tokens of one sequence, [length, Hkv, D]."""
-    num_blocks = -(-length // cache.shape[1])
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int,
+            start: int = 0) -> torch.Tensor:
+    """Cached tokens [start, length) of one sequence, [length - start, Hkv, D]; blocks before
+    start's are not read."""
+    B = cache.shape[1]
+    first, num_blocks = start // B, -(-length // B)
+    return cache[block_table[first:num_blocks].long()].flatten(0, 1)[start - first * B:length - first * B]
+
+
+def window_start(seq_len: int, window: int) -> int:
+    """The first position a query at position seq_len - 1 attends to (0 without a window)."""
+    return max(0, seq_len - window) if window else 0
 
 
 DECODE_CHUNK = 16     # sequences per gather: sorted by length, so padding stays small
@@ -38,20 +51,21 @@ DECODE_CHUNK = 16     # sequences per gather: sorted by length, so padding stays
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens.
+                           scale: float, window: int = 0) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens (the
+    last `window` of them with a window).
 
     One sequence (a single conversation) reads its K/V in place, without a gather; several are
     gathered in chunks of similar length, each padded to its own longest.
     """
     if q.shape[0] == 1 and back_to_back(k_cache) and back_to_back(v_cache):
-        return _decode_in_place(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale)
+        return _decode_in_place(q, k_cache, v_cache, block_tables[0], int(seq_lens[0]), scale, window)
     if q.shape[0] <= DECODE_CHUNK:
-        return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return _decode_padded(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     out = torch.empty_like(q)
     for chunk in seq_lens.argsort().split(DECODE_CHUNK):
         out[chunk] = _decode_padded(q[chunk], k_cache, v_cache, block_tables[chunk],
-                                    seq_lens[chunk], scale)
+                                    seq_lens[chunk], scale, window)
     return out
 
 
@@ -66,14 +80,18 @@ def contiguous_runs(block_ids: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def decode_runs(block_ids: list[int], seq_len: int, block_size: int) -> list[tuple[int, int]]:
+def decode_runs(block_ids: list[int], seq_len: int, block_size: int,
+                start: int = 0) -> list[tuple[int, int]]:
     """(first slot, number of tokens) of each run of consecutive blocks that hold a sequence's
-    first seq_len tokens, in order; the lengths sum to seq_len."""
-    runs, left = [], seq_len
-    for first, count in contiguous_runs(block_ids[:-(-seq_len // block_size)]):
-        length = min(count * block_size, left)
+    tokens [start, seq_len), in order; the lengths sum to seq_len - start. Blocks before
+    start's are not looked at (a sliding window's: `window_start`)."""
+    first_block = start // block_size
+    runs, left, skip = [], seq_len - start, start - first_block * block_size
+    for first, count in contiguous_runs(block_ids[first_block:-(-seq_len // block_size)]):
+        length = min(count * block_size - skip, left)
         left -= length
-        runs.append((first * block_size, length))
+        runs.append((first * block_size + skip, length))
+        skip = 0
     return runs
 
 
@@ -106,10 +124,11 @@ def _run_view(cache: torch.Tensor, first_slot: int, length: int, dtype: torch.dt
 
 
 def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     table: torch.Tensor, seq_len: int, scale: float) -> torch.Tensor:
-    """q [1, H, D] over one sequence's seq_len tokens, read in place (see _attend_runs)."""
-    return _attend_runs(q, k_cache, v_cache,
-                        decode_runs(table.tolist(), seq_len, k_cache.shape[1]), scale)
+                     table: torch.Tensor, seq_len: int, scale: float, window: int = 0) -> torch.Tensor:
+    """q [1, H, D] over one sequence's seq_len tokens (its window's), read in place (see
+    _attend_runs)."""
+    runs = decode_runs(table.tolist(), seq_len, k_cache.shape[1], window_start(seq_len, window))
+    return _attend_runs(q, k_cache, v_cache, runs, scale)
 
 
 def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -135,17 +154,20 @@ def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 
 
 def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                   window: int = 0) -> torch.Tensor:
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     max_len = int(seq_lens.max())
     table = block_tables[:, :-(-max_len // block_size)].long()
-    # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries are masked below.
+    # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries (and with a window the
+    # blocks before it, whatever ids they hold) are masked below.
     keys = k_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
     values = v_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
     group = num_heads // num_kv_heads
     qg = q.view(batch, num_kv_heads, group, head_dim)
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)
+    pos, lens = torch.arange(max_len, device=q.device)[None, :], seq_lens[:, None].to(q.device)
+    valid = (pos < lens) & (pos >= lens - window) if window else pos < lens
     out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
                                          scale=scale)
     return out.reshape(batch, num_heads, head_dim)
@@ -153,8 +175,9 @@ def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """New tokens attend causally to their sequence's cached prefix and to themselves.
+                            seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """New tokens attend causally to their sequence's cached prefix and to themselves (to the
+    last `window` positions up to their own, with a window).
 
     Sequence i owns queries q[query_start_loc[i]:query_start_loc[i+1]] ([T, H, D] overall); they
     are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
@@ -168,10 +191,12 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         if q_len == 0:
             continue
         group = num_heads // num_kv_heads        # expanded K/V: much faster than enable_gqa on CPU
-        keys = _gather(k_cache, block_tables[i], seq_len).to(q.dtype).repeat_interleave(group, 1)
-        values = _gather(v_cache, block_tables[i], seq_len).to(q.dtype).repeat_interleave(group, 1)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
-        mask = torch.arange(seq_len, device=q.device)[None, :] <= q_pos[:, None]
+        start = window_start(seq_len - q_len + 1, window)     # the first query's window
+        keys = _gather(k_cache, block_tables[i], seq_len, start).to(q.dtype).repeat_interleave(group, 1)
+        values = _gather(v_cache, block_tables[i], seq_len, start).to(q.dtype).repeat_interleave(group, 1)
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
+        k_pos = torch.arange(start, seq_len, device=q.device)[None, :]
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - window) if window else k_pos <= q_pos
         attn = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1), keys.transpose(0, 1),
                                               values.transpose(0, 1), attn_mask=mask, scale=scale)
         out[lo:hi] = attn.transpose(0, 1)

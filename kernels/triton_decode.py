@@ -195,13 +195,16 @@ def decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale,
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float) -> torch.Tensor:
-    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens."""
+                           scale: float, window: int = 0) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens (the last
+    `window` of them with a window)."""
     reason = fallback_reason(_decode_kernel, q, q.shape[-1], (k_cache, v_cache))
+    if reason is None and window:
+        reason = "sliding window"
     if reason is not None:
         log_fallback("paged_decode_attention", reason)
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens,
-                                                scale)
+                                                scale, window)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     max_context = block_tables.shape[1] * k_cache.shape[1]

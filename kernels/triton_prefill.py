@@ -113,15 +113,18 @@ def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """New tokens attend causally to their sequence's cached prefix and to themselves.
+                            seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+    """New tokens attend causally to their sequence's cached prefix and to themselves (the last
+    `window` positions up to their own, with a window).
 
     Sequence i owns queries q[query_start_loc[i]:query_start_loc[i+1]] ([T, H, D] overall); they
     are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
     """
     reason = fallback_reason(_prefill_kernel, q, q.shape[-1], (k_cache, v_cache))
+    if reason is None and window:
+        reason = "sliding window"
     if reason is not None:
         log_fallback("paged_prefill_attention", reason)
         return reference.paged_prefill_attention(q, k_cache, v_cache, block_tables,
-                                                 query_start_loc, seq_lens, scale)
+                                                 query_start_loc, seq_lens, scale, window)
     return prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)

@@ -38,9 +38,14 @@ class AttentionMetadata:
     prefill_query_start_loc: torch.Tensor  # [P + 1] int32, offsets into tokens [D, T)
     prefill_seq_lens: torch.Tensor        # [P] int32
     # Set only when the whole batch is one decoding sequence: (first slot, length) runs of its
-    # context (kernels.reference.decode_runs), so a backend with `decode_one` reads its K/V in
-    # place without reading the block table back each layer. None otherwise.
+    # context (kernels.reference.decode_runs; with a window, of the window only), so a backend
+    # with `decode_one` reads its K/V in place without reading the block table back each layer.
+    # None otherwise.
     decode_runs: list[tuple[int, int]] | None = None
+    # The layers this metadata serves attend to the last `window` positions (0: all). One
+    # AttentionMetadata per KV-cache group (models.layer_types.KVGroups): a group's block tables
+    # and slots index its own cache tensors.
+    window: int = 0
 
 
 @runtime_checkable
@@ -56,15 +61,17 @@ class AttentionBackend(Protocol):
 
     def paged_decode_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                               scale: float) -> torch.Tensor:
-        """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens."""
+                               scale: float, window: int = 0) -> torch.Tensor:
+        """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens (the
+        last `window` of them; 0: all). Table entries before the window are never read."""
         ...
 
     def paged_prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor,
                                 v_cache: torch.Tensor, block_tables: torch.Tensor,
                                 query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                                scale: float) -> torch.Tensor:
-        """New tokens of each sequence (causal) over its cached prefix and themselves."""
+                                scale: float, window: int = 0) -> torch.Tensor:
+        """New tokens of each sequence (causal) over its cached prefix and themselves (each over
+        the last `window` positions up to its own; 0: all)."""
         ...
 
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor,
@@ -92,18 +99,18 @@ class PagedAttention:
         if meta.decode_runs is not None and self.decode_one is not None:
             return self.decode_one(q, k, v, k_cache, v_cache, meta.slot_mapping, meta.decode_runs, scale)
         self.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
-        d = meta.num_decode_tokens
+        d, w = meta.num_decode_tokens, meta.window
         if d == q.shape[0]:
             return self.paged_decode_attention(q, k_cache, v_cache, meta.decode_block_tables,
-                                               meta.decode_seq_lens, scale)
+                                               meta.decode_seq_lens, scale, w)
         out = torch.empty_like(q)
         if d:
             out[:d] = self.paged_decode_attention(q[:d], k_cache, v_cache,
                                                   meta.decode_block_tables,
-                                                  meta.decode_seq_lens, scale)
+                                                  meta.decode_seq_lens, scale, w)
         out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
                                                meta.prefill_query_start_loc,
-                                               meta.prefill_seq_lens, scale)
+                                               meta.prefill_seq_lens, scale, w)
         return out
 
 
