@@ -8,8 +8,7 @@
   the forward it recorded, on the same static buffers): which sizes are captured and how, a
   decode batch replayed at the next captured size, everything else eager, and the start-up check
   falling back to eager decode, with one log line, when a replay (or a kernel) disagrees;
-- the context cap for a config with a sliding window (sliding-window attention is not
-  implemented, so the context is capped at the window);
+- a config with a sliding window keeps its whole context (its layers attend over the window);
 - the heap trim after loading (glibc's malloc_trim): RSS in a subprocess with and without it.
 """
 
@@ -275,21 +274,16 @@ def _variant(tiny_root: str, tmp_path, kind: str, **config) -> str:
     return path
 
 
-def test_sliding_window_caps_the_context_at_the_window(tiny_root, tmp_path, caplog):
-    """The rule (LLMEngine._max_model_len): with a sliding window smaller than
-    max_position_embeddings, the context is the window (and max_model_len caps it further);
-    within it, the tokens are transformers' own (its sliding-window Mistral)."""
+def test_a_sliding_window_does_not_cap_the_context(tiny_root, tmp_path):
+    """With a window (48) smaller than max_position_embeddings, the context stays the model's
+    (max_model_len caps it as for any model), and a prompt and reply three windows long are
+    transformers' own tokens (its sliding-window Mistral)."""
     path = _variant(tiny_root, tmp_path, "mistral", sliding_window=48)
-    with caplog.at_level(logging.INFO, logger=llm_engine.__name__):
-        llm = LLM(path, num_kv_blocks=64)
-    assert "sliding-window attention is not implemented: context capped at 48" in caplog.text
-    assert llm.engine.max_model_len == llm.engine.context_limit() == 48
-    with pytest.raises(ValueError, match="context is 48 tokens"):
-        llm.generate([[1] + [7] * 47], greedy(1))
-    p = prompts(1, seed=3, lo=30, hi=31)[0]
-    out = llm.generate([p], greedy(100))[0].outputs[0]
-    assert out.finish_detail == "max_model_len" and len(p) + len(out.token_ids) == 48
-    assert out.token_ids == hf_greedy(path, p, 48 - len(p))
+    llm = LLM(path, num_kv_blocks=64)
+    assert llm.engine.max_model_len == llm.engine.context_limit() == 1024
+    p = prompts(1, seed=3, lo=100, hi=101)[0]
+    out = llm.generate([p], greedy(48))[0].outputs[0]
+    assert out.token_ids == hf_greedy(path, p, 48)
     assert LLM(path, num_kv_blocks=64, max_model_len=32).engine.max_model_len == 32
 
 
@@ -298,7 +292,7 @@ def test_sliding_window_caps_the_context_at_the_window(tiny_root, tmp_path, capl
     ({"sliding_window": 4096}, 1024),                             # wider than the positions
     ({"sliding_window": None}, 1024),
 ], ids=["switched-off", "wider", "none"])
-def test_no_cap_without_a_binding_window(tiny_root, tmp_path, config, context):
+def test_the_context_without_a_binding_window(tiny_root, tmp_path, config, context):
     path = _variant(tiny_root, tmp_path, "llama-gqa", **config)
     assert LLM(path, num_kv_blocks=64).engine.max_model_len == context
 

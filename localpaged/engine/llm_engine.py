@@ -90,15 +90,9 @@ class LLMEngine:
 
     # ---- set-up -------------------------------------------------------------------------------
     def _max_model_len(self) -> int:
-        """The model's context: max_position_embeddings, capped at its sliding window when it
-        has one that is on (use_sliding_window, default on) and smaller (sliding-window
-        attention is not implemented: within the window, full attention is the same), then at
-        EngineConfig.max_model_len."""
+        """The model's context: max_position_embeddings, capped at EngineConfig.max_model_len.
+        (Sliding-window layers attend over their window: models.layer_types.)"""
         limit = getattr(self.model_config, "max_position_embeddings", 2048)
-        window = getattr(self.model_config, "sliding_window", None)
-        if window and getattr(self.model_config, "use_sliding_window", True) and window < limit:
-            logger.info("sliding-window attention is not implemented: context capped at %d", window)
-            limit = window
         return min(limit, self.config.max_model_len or limit)
 
     def _num_blocks(self) -> tuple[int, int]:

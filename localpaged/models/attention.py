@@ -17,7 +17,7 @@ See docs/architecture.md §4 step 4 (forward) and §7 (kernel tests).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -46,6 +46,22 @@ class AttentionMetadata:
     # AttentionMetadata per KV-cache group (models.layer_types.KVGroups): a group's block tables
     # and slots index its own cache tensors.
     window: int = 0
+
+
+def layer_metadata(meta: AttentionMetadata | list[AttentionMetadata], windows: tuple[int, ...],
+                   layer_group: tuple[int, ...]) -> list[AttentionMetadata]:
+    """Per layer, the metadata of its KV-cache group (models.layer_types.KVGroups).
+
+    `meta` is one AttentionMetadata per group (each group's own block tables), or a single one
+    that every group shares: then each group still attends over its own window, through the
+    shared tables (the blocks before a window are kept, only not read).
+    """
+    if isinstance(meta, AttentionMetadata):
+        shared = [meta if meta.window == w else replace(meta, window=w) for w in windows]
+        return [shared[g] for g in layer_group]
+    if len(meta) != len(windows):
+        raise ValueError(f"{len(meta)} attention metadata for {len(windows)} KV-cache groups")
+    return [meta[g] for g in layer_group]
 
 
 @runtime_checkable

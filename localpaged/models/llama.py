@@ -20,7 +20,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from localpaged.models.attention import AttentionMetadata, PagedAttention
+from localpaged.models.attention import AttentionMetadata, PagedAttention, layer_metadata
+from localpaged.models.layer_types import kv_groups
 from localpaged.models.linear import Linear
 
 logger = logging.getLogger(__name__)
@@ -207,18 +208,22 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.model = DecoderModel(config, self.head_dim)
+        self.kv_groups = kv_groups(config)      # which layers attend over which window
         self.rotary = Rotary(config, self.head_dim)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], meta: AttentionMetadata,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                meta: AttentionMetadata | list[AttentionMetadata],
                 backend: PagedAttention, max_position: int | None = None) -> torch.Tensor:
+        """`meta`: one AttentionMetadata per KV-cache group, or one for all (layer_metadata)."""
         x = self.model.embed_tokens(input_ids)
         rope = split_rope(self.rotary(positions, x.dtype, max_position))    # (cos, sin)
-        for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, rope, kv_cache, meta, backend)
+        metas = layer_metadata(meta, self.kv_groups.windows, self.kv_groups.layer_group)
+        for layer, kv_cache, layer_meta in zip(self.model.layers, kv_caches, metas):
+            x = layer(x, rope, kv_cache, layer_meta, backend)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

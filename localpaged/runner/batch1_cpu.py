@@ -111,9 +111,11 @@ class Batch1Decoder:
         return cpu_extension.BUILD.wait(timeout)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A step of one decoding sequence, once the build is ready."""
+        """A step of one decoding sequence, once the build is ready, for a model whose layers
+        all attend fully (the C++ loop takes no window)."""
         one = meta.num_decode_tokens == meta.slot_mapping.shape[0] == 1
-        return one and cpu_extension.BUILD.module is not None
+        return (one and not self.model.kv_groups.has_window
+                and cpu_extension.BUILD.module is not None)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:

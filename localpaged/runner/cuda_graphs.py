@@ -114,8 +114,10 @@ class DecodeGraphRunner:
             self._capture_all()
 
     def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
-        """A decode-only batch that fits a captured size and the static block-table width."""
-        return (meta.num_decode_tokens == num_tokens and num_tokens > 0
+        """A decode-only batch that fits a captured size and the static block-table width, of a
+        model whose layers all attend fully (the captured buffers hold one group's tables)."""
+        return (isinstance(meta, AttentionMetadata) and not self.model.kv_groups.has_window
+                and meta.num_decode_tokens == num_tokens and num_tokens > 0
                 and num_tokens <= self.sizes[-1]
                 and meta.decode_block_tables.shape[1] <= self.max_blocks)
 
