@@ -35,6 +35,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import read_bandwidth  # noqa: E402
+
 SHAPES = [("q", 1536, 1536), ("k", 256, 1536), ("v", 256, 1536), ("o", 1536, 1536),
           ("gate", 8960, 1536), ("up", 8960, 1536), ("down", 1536, 8960)]
 LM_HEAD = ("lm_head", 151936, 1536)
@@ -60,13 +63,6 @@ def dequantize(w: torch.Tensor, type_name: str) -> torch.Tensor:
     qtype = gguf.GGMLQuantizationType[type_name]
     rows = [gguf.quants.dequantize(w[i:i + 4096].numpy(), qtype) for i in range(0, w.shape[0], 4096)]
     return torch.from_numpy(np.concatenate(rows))
-
-
-def read_bandwidth() -> float:
-    """GB/s of torch's sum over 1 GiB of float32 (best of 5)."""
-    x = torch.ones(256 * 1024 * 1024)
-    best = min(_seconds(lambda: x.sum()) for _ in range(5))
-    return x.numel() * 4 / best / 1e9
 
 
 def _seconds(fn) -> float:
@@ -315,7 +311,7 @@ def main() -> int:
     lib = find_llama_cpp_lib(args.llama_cpp_lib)
     ggml = Ggml(lib, torch.get_num_threads()) if lib else None
     print(f"llama.cpp: {lib or 'not found (--llama-cpp-lib)'}")
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(None)
     gen = torch.Generator().manual_seed(0)
     rows = []
     only = set(args.shapes.split(",")) if args.shapes else None

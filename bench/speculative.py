@@ -27,6 +27,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from machine import read_bandwidth  # noqa: E402
+
 THREADS = 2
 
 
@@ -55,20 +57,6 @@ WORKLOADS = {
     "regenerate": lambda: "Explain in detail how a CPU cache works, with examples.",
     "story": lambda: "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
-
-
-def read_bandwidth() -> float:
-    torch.set_num_threads(THREADS)
-    x = torch.ones(1 << 28, dtype=torch.float32)         # 1 GiB
-    x.sum()
-    best = min(_timed(x.sum) for _ in range(3))
-    return round(x.numel() * 4 / best / 1e9, 2)
-
-
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def ours(path: str, prompts: dict, max_tokens: int, speculation: str) -> dict:
@@ -158,7 +146,7 @@ def main(argv=None) -> dict:
     prompts = token_prompts(path)
     result = {"model": path, "max_tokens": max_tokens, "threads": THREADS,
               "prompt_tokens": {k: len(v) for k, v in prompts.items()},
-              "read_GBps": read_bandwidth()}
+              "read_GBps": read_bandwidth(THREADS)}
     print(f"model {path}, read bandwidth {result['read_GBps']} GB/s", flush=True)
     result["ours off"] = ours(path, prompts, max_tokens, "off")
     result["ours ngram"] = ours(path, prompts, max_tokens, "ngram")

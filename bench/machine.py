@@ -1,0 +1,25 @@
+"""What the machine can read: every benchmark reports it beside its figures (machines here differ
+by 2x, and one-conversation decode is bound by reading the weights)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def read_bandwidth(threads: int | None = 2) -> float:
+    """GB/s of torch's sum over 1 GiB of float32 on `threads` threads (None: as set now), best
+    of 5."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    x = torch.ones(1 << 28, dtype=torch.float32)
+    x.sum()
+    best = min(_seconds(x.sum) for _ in range(5))
+    return round(x.numel() * 4 / best / 1e9, 2)
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
