@@ -11,6 +11,9 @@ Invariants:
 - Eviction order is the free queue's order: uncached blocks first, then cached blocks least
   recently freed first (a request frees its blocks tail-first, so its last block goes first).
 - cached[h] is a block whose hash is h and whose stored tokens are the ones h describes.
+- NULL_BLOCK belongs to no pool: a sliding-window table's placeholder for a block that fell
+  wholly out of the window (core.sliding_window). It is never ref-counted, hashed, written or
+  read; its block_id 0 is what the kernels get for it (they never read entries before a window).
 See docs/architecture.md §2 (concepts -> modules) and §3 (invariants I1-I4).
 """
 
@@ -28,6 +31,10 @@ class Block:
     block_hash: bytes | None = None      # set once the block is full and computed
 
 
+# A placeholder table entry (see the invariants above); compare by identity: `block is NULL_BLOCK`.
+NULL_BLOCK = Block(0)
+
+
 class BlockOpKind(enum.Enum):
     SWAP_OUT = "swap_out"    # device block -> CPU block (preemption by swap)
     COPY = "copy"            # device block -> device block (copy-on-write)
@@ -36,9 +43,11 @@ class BlockOpKind(enum.Enum):
 
 @dataclass
 class BlockOp:
-    """Copy the contents of block src to block dst, for every (src, dst) pair."""
+    """Copy the contents of block src to block dst, for every (src, dst) pair, in the cache
+    tensors of KV-cache group `group` (models.layer_types.KVGroups; 0 for a one-group model)."""
     kind: BlockOpKind
     pairs: list[tuple[int, int]] = field(default_factory=list)
+    group: int = 0
 
 
 class NoFreeBlocksError(RuntimeError):

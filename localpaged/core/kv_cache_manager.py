@@ -13,6 +13,8 @@ Invariants:
 - Moves of block contents (copy-on-write, a cached block moved out of a growing table's way,
   swap out, swap in) are queued as typed `BlockOp`s, in the order they were decided, for the
   model runner to carry out before the next forward pass.
+- A table entry may be NULL_BLOCK (block_pool) only in a sliding-window group's table
+  (core.sliding_window): it holds nothing and is skipped by ref counts, swaps and the cache.
 `check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
 it after every step when `EngineConfig.debug_checks` is set.
 See docs/architecture.md §3 (invariants) and §4 step 2 (admission, allocation).
@@ -24,7 +26,7 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from localpaged.core.block_pool import Block, BlockOp, BlockOpKind, BlockPool
+from localpaged.core.block_pool import NULL_BLOCK, Block, BlockOp, BlockOpKind, BlockPool
 from localpaged.core.request import Sequence
 
 
@@ -62,8 +64,10 @@ def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, blo
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False) -> None:
+                 num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False,
+                 group: int = 0) -> None:
         self.block_size = block_size
+        self.group = group           # the KV-cache group whose tensors this manager's BlockOps move
         # keep each table's blocks back to back where a free block allows (BlockPool.allocate_next):
         # the CPU batch-1 decode reads one run of blocks in place and joins several by a copy
         self.keep_runs = keep_runs
@@ -114,12 +118,17 @@ class KVCacheManager:
         extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
         return [b.block_id for b in self._lookup_chain(hashes)]
 
+    def cached_prefix_length(self, token_ids: list[int]) -> int:
+        """Blocks of the prefix of token_ids the cache holds (read-only)."""
+        return len(self.cached_prefix_block_ids(token_ids))
+
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks that became full and computed (called after each step)."""
         table = self.tables.get(seq.seq_id, [])
         num_full = min(seq.num_computed_tokens // self.block_size, len(table))
         for block, h in zip(table[:num_full], self.block_hashes(seq, num_full)):
-            self.pool.register(block, h)
+            if block is not NULL_BLOCK:
+                self.pool.register(block, h)
 
     # ---- allocation ---------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_cached: int = 0) -> int:
@@ -136,22 +145,17 @@ class KVCacheManager:
         Returns the number of tokens each sequence got from the prefix cache (now computed), or
         None, with nothing held, when the blocks do not fit.
         """
-        admitted: list[Sequence] = []
-        cached_tokens: list[int] = []
-        for seq in seqs:
-            hits = self.find_cached_prefix(seq) if use_prefix_cache else []
-            num_cached = len(hits) * self.block_size
-            n = min(seq.num_uncomputed_tokens - num_cached, budget)
-            revived = sum(1 for b in hits if b.ref_count == 0)
-            need = self.blocks_needed(seq, n, num_cached) + revived + self.watermark_blocks
-            if need > self.pool.num_free or not self.allocate_slots(seq, n, hits):
-                for s in admitted:
-                    self.reset_computed(s)
-                return None
-            admitted.append(seq)
-            cached_tokens.append(num_cached)
-            budget -= n
-        return cached_tokens
+        return admit_seqs(self, seqs, budget, use_prefix_cache)
+
+    def no_hits(self) -> list[Block]:
+        return []
+
+    def hit_tokens(self, hits: list[Block]) -> int:
+        return len(hits) * self.block_size
+
+    def fits_admission(self, seq: Sequence, num_new_tokens: int, hits: list[Block]) -> bool:
+        """Whether admitting seq with these hits fits and keeps the watermark free."""
+        return self.can_allocate(seq, num_new_tokens, hits, self.watermark_blocks)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int,
                        cached: list[Block] | None = None) -> bool:
@@ -161,21 +165,33 @@ class KVCacheManager:
         counts as computed.
         """
         cached = cached or []
-        need = self.blocks_needed(seq, num_new_tokens, len(cached) * self.block_size)
-        revived = sum(1 for b in cached if b.ref_count == 0)
-        if need + revived > self.pool.num_free:
+        if not self.can_allocate(seq, num_new_tokens, cached):
             return False
+        self.take_slots(seq, num_new_tokens, cached)
+        seq.num_computed_tokens += len(cached) * self.block_size
+        return True
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[Block],
+                     keep_free: int = 0) -> bool:
+        """Whether allocate_slots(seq, num_new_tokens, cached) fits, leaving keep_free blocks."""
+        need = self.blocks_needed(seq, num_new_tokens, len(cached) * self.block_size)
+        revived = sum(1 for b in cached if b.ref_count == 0 and b is not NULL_BLOCK)
+        return need + revived + keep_free <= self.pool.num_free
+
+    def take_slots(self, seq: Sequence, num_new_tokens: int, cached: list[Block]) -> None:
+        """allocate_slots once it fits, except that seq.num_computed_tokens is left to the caller
+        (a manager of several KV-cache groups counts the cached tokens once)."""
         table = self.tables.setdefault(seq.seq_id, [])
         for block in cached:
-            self.pool.incref(block)
+            if block is not NULL_BLOCK:
+                self.pool.incref(block)
             table.append(block)
-        seq.num_computed_tokens += len(cached) * self.block_size
-        if self._needs_copy(seq):
+        computed = seq.num_computed_tokens + len(cached) * self.block_size
+        if not cached and self._needs_copy(seq):   # cached hits end on a block boundary
             self._copy_on_write(seq, table)
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        total = -(-(computed + num_new_tokens) // self.block_size)
         while len(table) < total:
             table.append(self._new_block(table))
-        return True
 
     def _new_block(self, table: list[Block]) -> Block:
         """A block for the end of `table` (see keep_runs); a cached block moved out of the way is
@@ -211,7 +227,7 @@ class KVCacheManager:
         if last and last.kind is kind and not (kind is BlockOpKind.COPY and _touch(last.pairs, pairs)):
             last.pairs.extend(pairs)
         else:
-            self.block_ops.append(BlockOp(kind, list(pairs)))
+            self.block_ops.append(BlockOp(kind, list(pairs), self.group))
 
     def take_block_ops(self) -> list[BlockOp]:
         ops, self.block_ops = self.block_ops, []
@@ -238,16 +254,19 @@ class KVCacheManager:
         child.num_computed_tokens = parent.num_computed_tokens
         table = list(self.tables.get(parent.seq_id, []))
         for block in table:
-            self.pool.incref(block)
+            if block is not NULL_BLOCK:           # a NULL entry is shared as NULL
+                self.pool.incref(block)
         self.tables[child.seq_id] = table
         self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, []))
 
     def free(self, seq: Sequence) -> None:
         """Drop seq's blocks, tail first, so its last block is the first to be evicted."""
         for block in reversed(self.tables.pop(seq.seq_id, [])):
-            self.pool.decref(block)
+            if block is not NULL_BLOCK:
+                self.pool.decref(block)
         for block in reversed(self.cpu_tables.pop(seq.seq_id, [])):
-            self.cpu_pool.decref(block)
+            if block is not NULL_BLOCK:
+                self.cpu_pool.decref(block)
         self._hashes.pop(seq.seq_id, None)
 
     def reset_computed(self, seq: Sequence) -> None:
@@ -257,7 +276,7 @@ class KVCacheManager:
 
     # ---- swap ---------------------------------------------------------------------------------
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        blocks = {b.block_id for s in seqs for b in self.tables.get(s.seq_id, [])}
+        blocks = {b.block_id for s in seqs for b in self.tables.get(s.seq_id, []) if b is not NULL_BLOCK}
         return self.cpu_pool is not None and len(blocks) <= self.cpu_pool.num_free
 
     def swap_out(self, seqs: list[Sequence]) -> None:
@@ -265,7 +284,8 @@ class KVCacheManager:
         self._record(BlockOpKind.SWAP_OUT, self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool))
 
     def can_swap_in(self, seqs: list[Sequence]) -> bool:
-        blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])}
+        blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])
+                  if b is not NULL_BLOCK}
         return len(blocks) + self.watermark_blocks <= self.pool.num_free
 
     def swap_in(self, seqs: list[Sequence]) -> None:
@@ -277,6 +297,9 @@ class KVCacheManager:
         for seq in seqs:
             new_table = []
             for block in src_tables.pop(seq.seq_id, []):
+                if block is NULL_BLOCK:              # NULL entries stay NULL
+                    new_table.append(block)
+                    continue
                 if block.block_id in mapping:
                     dst_pool.incref(mapping[block.block_id])
                 else:
@@ -289,6 +312,14 @@ class KVCacheManager:
     # ---- introspection ------------------------------------------------------------------------
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, [])]
+
+    def live_block_ids(self, seq: Sequence) -> list[int]:
+        """The blocks seq holds (NULL entries left out): for a map of held blocks."""
+        return [b.block_id for b in self.tables.get(seq.seq_id, []) if b is not NULL_BLOCK]
+
+    def group_usage(self) -> list[BlockUsage]:
+        """usage() per KV-cache group: this manager is one group."""
+        return [self.usage()]
 
     def usage(self) -> BlockUsage:
         """How the device and CPU pools' blocks are used now."""
@@ -305,23 +336,34 @@ class KVCacheManager:
         B = self.block_size
         for seq in seqs:
             for i, block in enumerate(self.tables.get(seq.seq_id, [])):
+                if block is NULL_BLOCK:
+                    continue
                 n = min(B, max(0, seq.num_computed_tokens - i * B))
                 filled[block.block_id] = max(filled.get(block.block_id, 0), n)
         return sum(filled.values())
 
     def num_table_entries(self) -> int:
         """Blocks that would be held if nothing were shared (one per table entry)."""
-        return sum(len(t) for t in self.tables.values())
+        return sum(1 for t in self.tables.values() for b in t if b is not NULL_BLOCK)
+
+    def num_null_entries(self) -> int:
+        """NULL entries of the device tables: blocks a sliding window gave back."""
+        return sum(1 for t in self.tables.values() for b in t if b is NULL_BLOCK)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached hash (the blocks stay where they are)."""
+        self.pool.reset_prefix_cache()
 
     # ---- invariants ---------------------------------------------------------------------------
-    def check(self, expect_empty: bool = False) -> None:
+    def check(self, expect_empty: bool = False, seqs: list[Sequence] | None = None) -> None:
         """Raise InvariantError unless the block invariants hold.
 
         - ref_count of every device and CPU block == number of block tables holding it;
         - a device block is in the free queue iff its ref_count is 0;
         - a cached block is indexed under its own hash, and a hashed block at position i of a
           table carries that sequence's chain hash of blocks 0..i (its stored tokens);
-        - with expect_empty (every request has ended), no table and no held block remains.
+        - with expect_empty (every request has ended), no table and no held block remains;
+        - given the live `seqs`, whatever a subclass checks per sequence (`_check_seqs`).
         """
         _check_ref_counts(self.pool, self.tables, "device")
         if self.cpu_pool is not None:
@@ -345,6 +387,35 @@ class KVCacheManager:
             raise InvariantError(f"blocks still held after every request ended: device tables "
                                  f"{sorted(self.tables)}, CPU tables {sorted(self.cpu_tables)}, "
                                  f"{self.pool.num_blocks - self.pool.num_free} blocks in use")
+        if seqs is not None:
+            self._check_seqs(seqs)
+
+    def _check_seqs(self, seqs: list[Sequence]) -> None:
+        """Per-sequence invariants: a full-attention table holds no NULL entry."""
+        for seq in seqs:
+            for table in (self.tables.get(seq.seq_id, []), self.cpu_tables.get(seq.seq_id, [])):
+                if any(b is NULL_BLOCK for b in table):
+                    raise InvariantError(f"sequence {seq.seq_id}: a NULL entry in a "
+                                         "full-attention block table")
+
+
+def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: bool) -> list[int] | None:
+    """`admit` for a KVCacheManager or a HybridKVCacheManager (whose hits are one list per
+    group, every list as long as the hit): prefix hits, then allocation; all or nothing."""
+    admitted: list[Sequence] = []
+    cached_tokens: list[int] = []
+    for seq in seqs:
+        hits = manager.find_cached_prefix(seq) if use_prefix_cache else manager.no_hits()
+        num_cached = manager.hit_tokens(hits)
+        n = min(seq.num_uncomputed_tokens - num_cached, budget)
+        if not manager.fits_admission(seq, n, hits) or not manager.allocate_slots(seq, n, hits):
+            for s in admitted:
+                manager.reset_computed(s)
+            return None
+        admitted.append(seq)
+        cached_tokens.append(num_cached)
+        budget -= n
+    return cached_tokens
 
 
 def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:
@@ -356,6 +427,8 @@ def _check_ref_counts(pool: BlockPool, tables: dict[int, list[Block]], where: st
     holders: dict[int, int] = {}
     for table in tables.values():
         for block in table:
+            if block is NULL_BLOCK:
+                continue
             holders[block.block_id] = holders.get(block.block_id, 0) + 1
     for block in pool.blocks:
         if block.ref_count != holders.get(block.block_id, 0):

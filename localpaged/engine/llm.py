@@ -63,7 +63,7 @@ class LLM:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block (held blocks stay); benchmarks start cold with it."""
-        self.engine.block_manager.pool.reset_prefix_cache()
+        self.engine.block_manager.reset_prefix_cache()
 
     def stats(self, with_block_tables: bool = False) -> EngineStats:
         return self.engine.stats(with_block_tables)

@@ -24,14 +24,16 @@ import time
 import torch
 
 from localpaged.core.config import SPECULATION, EngineConfig, check_choice
+from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.core.request import BeamParams, BeamState, Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.core.speculation import Drafter
-from localpaged.engine import output_processor
+from localpaged.engine import kv_sizing, output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
-from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, SeqStep, StepRecord
+from localpaged.engine.outputs import (EngineInfo, EngineStats, KVGroupStats, RequestOutput, SeqStep,
+                                       StepRecord)
 from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
@@ -55,14 +57,21 @@ class LLMEngine:
         self.max_model_len = self._max_model_len()
         self.backend, graphs_ok = startup_check.select_backend(
             config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim)
-        num_blocks, num_cpu_blocks = self._num_blocks()
-        mc = self.model_config
+        self.kv_plan = self._kv_plan()
+        num_blocks, num_cpu_blocks = self.kv_plan.num_blocks, self.kv_plan.num_cpu_blocks
+        mc, groups = self.model_config, self.model.kv_groups
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
                                 mc.num_key_value_heads, self.model.head_dim, self.dtype,
-                                self.device, num_cpu_blocks)
-        self.block_manager = KVCacheManager(num_blocks, config.block_size,
-                                            config.enable_prefix_caching, num_cpu_blocks,
-                                            keep_runs=self.device.type == "cpu")
+                                self.device, num_cpu_blocks, groups.layer_group)
+        keep_runs = self.device.type == "cpu"
+        if groups.windows == (0,):        # one full-attention group: the plain manager
+            self.block_manager = KVCacheManager(num_blocks[0], config.block_size,
+                                                config.enable_prefix_caching, num_cpu_blocks[0],
+                                                keep_runs=keep_runs)
+        else:
+            self.block_manager = HybridKVCacheManager(groups.windows, num_blocks, config.block_size,
+                                                      config.enable_prefix_caching, num_cpu_blocks,
+                                                      keep_runs=keep_runs)
         shares = config.background_batch == "share" or (config.background_batch == "auto"
                                                           and self.device.type == "cuda")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
@@ -85,8 +94,10 @@ class LLMEngine:
         self.step_records: list[StepRecord] | None = [] if config.record_steps else None
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
-                    loaded.source.description, self.device, self.dtype, num_blocks,
+                    loaded.source.description, self.device, self.dtype, num_blocks[0],
                     config.block_size, self.backend.name)
+        if groups.has_window:
+            logger.info("KV-cache groups: %s", self.kv_plan.describe(config.block_size))
 
     # ---- set-up -------------------------------------------------------------------------------
     def _max_model_len(self) -> int:
@@ -95,29 +106,32 @@ class LLMEngine:
         limit = getattr(self.model_config, "max_position_embeddings", 2048)
         return min(limit, self.config.max_model_len or limit)
 
-    def _num_blocks(self) -> tuple[int, int]:
-        """(device blocks, CPU swap blocks). Device: num_kv_blocks when set, else
-        floor(budget / bytes_per_block) with budget = kv_cache_memory_fraction x available_memory
-        (on CPU at most max_kv_cache_gb); a budget that holds no block is a ValueError."""
+    def _kv_plan(self) -> kv_sizing.KVPlan:
+        """Blocks per KV-cache group, device and CPU swap (engine.kv_sizing: sliding groups get
+        what their windows need, group 0 the rest). The device budget: num_kv_blocks when set
+        (group 0's blocks), else kv_cache_memory_fraction x available_memory (on CPU at most
+        max_kv_cache_gb); a budget that holds no block of every layer is a ValueError."""
         c, mc = self.config, self.model_config
         per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads,
                                     self.model.head_dim, self.dtype)
-        cpu_blocks = int(c.swap_space_gb * 2**30 // per_block) if c.preemption_mode == "swap" else 0
-        if c.num_kv_blocks is not None:
-            return c.num_kv_blocks, cpu_blocks
-        available = available_memory(self.device)
-        budget = available * c.kv_cache_memory_fraction
-        capped = self.device.type == "cpu" and bool(c.max_kv_cache_gb)   # the cap is CPU's
-        if capped:
-            budget = min(budget, c.max_kv_cache_gb * 2**30)
-        if budget < per_block:
-            cap = f", capped at max_kv_cache_gb={c.max_kv_cache_gb}" if capped else ""
-            raise ValueError(
-                f"the automatic KV cache size (kv_cache_memory_fraction="
-                f"{c.kv_cache_memory_fraction} of {available / 2**20:.1f} MiB available{cap}) "
-                f"does not hold one block of {per_block:,} bytes; raise the fraction or the cap, "
-                f"or set num_kv_blocks")
-        return int(budget // per_block), cpu_blocks
+        swap = c.swap_space_gb * 2**30 if c.preemption_mode == "swap" else 0
+        budget = None
+        if c.num_kv_blocks is None:
+            available = available_memory(self.device)
+            budget = available * c.kv_cache_memory_fraction
+            capped = self.device.type == "cpu" and bool(c.max_kv_cache_gb)   # the cap is CPU's
+            if capped:
+                budget = min(budget, c.max_kv_cache_gb * 2**30)
+            if budget < per_block:
+                cap = f", capped at max_kv_cache_gb={c.max_kv_cache_gb}" if capped else ""
+                raise ValueError(
+                    f"the automatic KV cache size (kv_cache_memory_fraction="
+                    f"{c.kv_cache_memory_fraction} of {available / 2**20:.1f} MiB available{cap}) "
+                    f"does not hold one block of {per_block:,} bytes; raise the fraction or the cap, "
+                    f"or set num_kv_blocks")
+        return kv_sizing.plan(self.model.kv_groups, per_block // mc.num_hidden_layers,
+                              c.block_size, c.max_num_seqs, c.max_num_batched_tokens,
+                              c.num_kv_blocks, budget, swap)
 
     # ---- requests -----------------------------------------------------------------------------
     def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -165,7 +179,7 @@ class LLMEngine:
             raise ValueError(f"prompt is {len(ids)} tokens; the model's context is "
                              f"{self.max_model_len} tokens (prompt plus at least one new token)")
         bm = self.block_manager
-        capacity = bm.pool.num_blocks * bm.block_size
+        capacity = self.kv_capacity_tokens
         if len(ids) + 1 > capacity:
             raise ValueError(f"prompt is {len(ids)} tokens; the whole KV cache holds {capacity} "
                              f"({bm.pool.num_blocks} blocks of {bm.block_size})")
@@ -261,8 +275,9 @@ class LLMEngine:
 
     def check_invariants(self) -> None:
         """Block accounting (KVCacheManager.check) plus: only live sequences hold blocks."""
-        self.block_manager.check(expect_empty=not self.groups)
-        live = {s.seq_id for g in self.groups.values() for s in g.unfinished_seqs()}
+        seqs = [s for g in self.groups.values() for s in g.unfinished_seqs()]
+        self.block_manager.check(expect_empty=not self.groups, seqs=seqs)
+        live = {s.seq_id for s in seqs}
         stray = (set(self.block_manager.tables) | set(self.block_manager.cpu_tables)) - live
         if stray:
             raise InvariantError(f"sequences {sorted(stray)} hold blocks but are not running")
@@ -270,8 +285,15 @@ class LLMEngine:
     # ---- introspection ------------------------------------------------------------------------
     @property
     def kv_capacity_tokens(self) -> int:
-        """Tokens the whole KV cache holds: the most one request (prompt + reply) can use."""
-        return self.block_manager.pool.num_blocks * self.block_manager.block_size
+        """Tokens the whole KV cache holds: the most one request (prompt + reply) can use. A
+        model whose every layer slides holds only a window per sequence: its cache bounds no
+        request once its pool holds one sequence's window plus a whole prefill chunk."""
+        bm, c = self.block_manager, self.config
+        window = self.kv_plan.windows[0]
+        if window and bm.pool.num_blocks >= kv_sizing.sliding_blocks_needed(
+                window, bm.block_size, 1, c.max_num_batched_tokens):
+            return self.max_model_len
+        return bm.pool.num_blocks * bm.block_size
 
     def context_limit(self) -> int:
         """The most tokens one request may hold, prompt plus reply: the smaller of the model's
@@ -288,8 +310,9 @@ class LLMEngine:
         blocks = kv.usage()
         running = [s for g in sched.running for s in g.unfinished_seqs()]
         tables = {}
-        if with_block_tables:
-            tables = {g.request_id: [kv.block_ids(s) for s in g.unfinished_seqs()] for g in sched.running}
+        if with_block_tables:          # group 0's held blocks (a sliding group 0's NULL entries left out)
+            tables = {g.request_id: [kv.live_block_ids(s) for s in g.unfinished_seqs()]
+                      for g in sched.running}
         return EngineStats(
             num_blocks=blocks.num_blocks, block_size=kv.block_size, blocks_in_use=blocks.in_use,
             blocks_cached=blocks.cached, blocks_free=blocks.free, blocks_shared=blocks.shared,
@@ -301,7 +324,20 @@ class LLMEngine:
             num_swapped=len(sched.swapped), block_tables=tables,
             weights_bytes=self.weights_bytes, weights_format=self.weights_format,
             draft_tokens=self.drafter.drafted if self.drafter else 0,
-            accepted_draft_tokens=self.drafter.accepted if self.drafter else 0)
+            accepted_draft_tokens=self.drafter.accepted if self.drafter else 0,
+            kv_groups=self._group_stats(running))
+
+    def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
+        """Per KV-cache group, for a model with windows (empty without: the fields above)."""
+        kv = self.block_manager
+        if not isinstance(kv, HybridKVCacheManager):
+            return ()
+        return tuple(KVGroupStats(
+            window=w, num_layers=len(self.model.kv_groups.layers(g.group)),
+            num_blocks=u.num_blocks, blocks_in_use=u.in_use, blocks_cached=u.cached,
+            tokens_held=g.num_stored_tokens(running),
+            bytes_saved=g.num_null_entries() * self.kv_plan.bytes_per_block[g.group])
+            for g, w, u in zip(kv.groups, kv.windows, kv.group_usage()))
 
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""
@@ -311,4 +347,4 @@ class LLMEngine:
         """Prompt tokens a request for token_ids would get from the prefix cache if admitted now
         (its `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
         always computes the last prompt token, so only blocks before it count."""
-        return len(self.cached_prefix_blocks(token_ids[:-1])) * self.block_manager.block_size
+        return self.block_manager.cached_prefix_length(token_ids[:-1]) * self.block_manager.block_size

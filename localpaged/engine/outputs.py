@@ -181,9 +181,27 @@ class EngineInfo:
     block_size: int
 
 
+@dataclass(frozen=True)
+class KVGroupStats:
+    """One KV-cache group of a model with sliding windows (models.layer_types.KVGroups)."""
+    window: int                        # 0: full attention
+    num_layers: int
+    num_blocks: int                    # the group's own pool
+    blocks_in_use: int                 # ref_count > 0
+    blocks_cached: int                 # ref_count == 0, still findable by the prefix cache
+    tokens_held: int                   # per layer of the group: slots of held blocks storing a
+                                       # running sequence's computed token (shared: once)
+    bytes_saved: int                   # blocks the window gave back that the running tables
+                                       # would hold otherwise (NULL entries) x bytes of a block
+
+
 @dataclass
 class EngineStats:
-    """Public view of the KV cache and scheduler; the UI and /metrics read only this."""
+    """Public view of the KV cache and scheduler; the UI and /metrics read only this.
+
+    For a model with sliding windows the block figures (num_blocks .. tokens_in_use,
+    block_tables) are group 0's: the full-attention group's, or the only group's when every
+    layer slides; `kv_groups` has every group's."""
     num_blocks: int
     block_size: int
     blocks_in_use: int                 # ref_count > 0
@@ -206,6 +224,12 @@ class EngineStats:
     weights_format: str = ""           # e.g. "int4 g32 · 97 MB", "float32 · 540 MB"
     draft_tokens: int = 0              # speculative decoding: tokens drafted so far
     accepted_draft_tokens: int = 0     # of those, tokens the model confirmed
+    kv_groups: tuple[KVGroupStats, ...] = ()   # per KV-cache group; empty without windows
+
+    @property
+    def window_bytes_saved(self) -> int:
+        """KV bytes the sliding windows save now vs. holding every token in every layer."""
+        return sum(g.bytes_saved for g in self.kv_groups)
 
     @property
     def draft_acceptance(self) -> float:

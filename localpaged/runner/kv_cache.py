@@ -1,7 +1,8 @@
 """KVCache: the preallocated K/V tensors of every layer, and the CPU block pool for swapping.
 
-Layout per layer: k and v of shape [num_blocks, block_size, num_kv_heads, head_dim], views of one
-allocation made at start-up. Block ids come from `block_pool.BlockPool`; this module only moves
+Layout per layer: k and v of shape [num_blocks_of_its_group, block_size, num_kv_heads, head_dim],
+views of one allocation per KV-cache group made at start-up (a sliding-window group has its own,
+smaller pool: core.hybrid_kv_cache_manager). Block ids come from `block_pool.BlockPool`; this module only moves
 bytes: copy-on-write copies on the device, and swap-out / swap-in between device and CPU, each
 batched (many blocks per call), staged through a contiguous buffer when devices differ.
 """
@@ -33,32 +34,58 @@ def available_memory(device: torch.device) -> int:
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype, device: torch.device,
-                 num_cpu_blocks: int = 0) -> None:
-        shape = (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    """K/V tensors per KV-cache group: group g's layers share one allocation of
+    num_blocks[g] blocks (and num_cpu_blocks[g] for swap), indexed by that group's block ids.
+
+    `layer_group[i]` is layer i's group (models.layer_types.KVGroups); None: one group of every
+    layer. `device_blocks` / `cpu_blocks` are group 0's tensors ([layers, 2, blocks, ...])."""
+
+    def __init__(self, num_layers: int, num_blocks: int | list[int], block_size: int,
+                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device,
+                 num_cpu_blocks: int | list[int] = 0,
+                 layer_group: tuple[int, ...] | None = None) -> None:
+        layer_group = tuple(layer_group or (0,) * num_layers)
+        num_groups = max(layer_group) + 1
+        blocks = num_blocks if isinstance(num_blocks, list) else [num_blocks]
+        cpu = num_cpu_blocks if isinstance(num_cpu_blocks, list) else [num_cpu_blocks]
+        assert len(blocks) == len(cpu) == num_groups, "one pool size per KV-cache group"
         self.device = device
-        self.device_blocks = torch.zeros(shape, dtype=dtype, device=device)
         pin = device.type == "cuda"
-        cpu_shape = (num_layers, 2, num_cpu_blocks, block_size, num_kv_heads, head_dim)
-        self.cpu_blocks = torch.zeros(cpu_shape, dtype=dtype, pin_memory=pin) if num_cpu_blocks else None
-        self.layers = [(self.device_blocks[i, 0], self.device_blocks[i, 1]) for i in range(num_layers)]
+        self.group_blocks: list[torch.Tensor] = []
+        self.group_cpu_blocks: list[torch.Tensor | None] = []
+        for g in range(num_groups):
+            n = layer_group.count(g)
+            self.group_blocks.append(torch.zeros((n, 2, blocks[g], block_size, num_kv_heads, head_dim),
+                                                 dtype=dtype, device=device))
+            self.group_cpu_blocks.append(torch.zeros(
+                (n, 2, cpu[g], block_size, num_kv_heads, head_dim), dtype=dtype, pin_memory=pin)
+                if cpu[g] else None)
+        self.device_blocks, self.cpu_blocks = self.group_blocks[0], self.group_cpu_blocks[0]
+        # layer i -> its (k, v) views: its index among its group's layers
+        index = [layer_group[:i].count(g) for i, g in enumerate(layer_group)]
+        self.layers = [(self.group_blocks[g][j, 0], self.group_blocks[g][j, 1])
+                       for g, j in zip(layer_group, index)]
 
     def apply(self, op: BlockOp, backend: AttentionBackend) -> None:
-        """Carry out one block op decided by the KV cache manager."""
+        """Carry out one block op decided by the KV cache manager, in its group's tensors."""
+        device, cpu = self.group_blocks[op.group], self.group_cpu_blocks[op.group]
         if op.kind is BlockOpKind.COPY:
-            self.copy(op.pairs, backend)
+            self._copy(device, op.pairs, backend)
         elif op.kind is BlockOpKind.SWAP_OUT:
-            self.swap_out(op.pairs)
+            self._move(device, cpu, op.pairs)
         else:
-            self.swap_in(op.pairs)
+            self._move(cpu, device, op.pairs)
 
     def copy(self, mapping: list[tuple[int, int]], backend: AttentionBackend) -> None:
-        """Copy-on-write: device block src -> device block dst, for every layer, K and V."""
+        """Copy-on-write in group 0: device block src -> device block dst, every layer, K and V."""
+        self._copy(self.device_blocks, mapping, backend)
+
+    def _copy(self, blocks: torch.Tensor, mapping: list[tuple[int, int]],
+              backend: AttentionBackend) -> None:
         if not mapping:
             return
         pairs = torch.tensor(mapping, dtype=torch.long, device=self.device)
-        flat = self.device_blocks.flatten(0, 1)                # [layers * 2, blocks, ...]
+        flat = blocks.flatten(0, 1)                            # [layers * 2, blocks, ...]
         for cache in flat:
             backend.copy_blocks(cache, cache, pairs)
 

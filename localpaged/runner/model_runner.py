@@ -10,15 +10,19 @@ See docs/architecture.md §4 steps 3-4 (prepare: slot mapping, block tables; for
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
+from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import KVCacheManager
 from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
-from localpaged.kernels.reference import decode_runs
+from localpaged.core.request import Sequence
+from localpaged.kernels.reference import decode_runs, window_start
 from localpaged.models import LlamaForCausalLM
 from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.runner import prompt_logprobs
@@ -67,7 +71,8 @@ def phase_of(timings: StepTimings | None):
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache, block_manager: KVCacheManager,
+    def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache,
+                 block_manager: KVCacheManager | HybridKVCacheManager,
                  backend: PagedAttention, graphs: DecodeGraphRunner | None = None,
                  batch1: Batch1Decoder | None = None) -> None:
         self.model = model
@@ -77,6 +82,9 @@ class ModelRunner:
         self.block_manager = block_manager
         self.backend = backend
         self.device = kv_cache.device
+        # None: one full-attention group (one AttentionMetadata a step); else each KV-cache
+        # group's window, one AttentionMetadata per group (core.hybrid_kv_cache_manager)
+        self.windows = getattr(block_manager, "windows", None)
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, timings: StepTimings | None = None
@@ -95,9 +103,10 @@ class ModelRunner:
             input_ids, positions, meta = self.prepare(items)
         with phase("forward"):
             max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
-            if self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
+            one = isinstance(meta, AttentionMetadata)       # one KV-cache group
+            if one and self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
                 hidden = self.graphs.run(input_ids, positions, meta)
-            elif self.batch1 is not None and self.batch1.can_run(meta):
+            elif one and self.batch1 is not None and self.batch1.can_run(meta):
                 hidden = self.batch1.run(input_ids, positions, meta, max_position)
             else:
                 hidden = self.model(input_ids, positions, self.kv_cache.layers, meta,
@@ -114,43 +123,64 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden).float().cpu()
         return logits, _first_rows(sampling), prompt_lps
 
-    def prepare(self, items: list[ScheduledSeq]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        B = self.block_manager.block_size
-        tokens, positions, slots = [], [], []
+    def prepare(self, items: list[ScheduledSeq]
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata | list[AttentionMetadata]]:
+        """Token ids, positions and the attention metadata: one AttentionMetadata for a model of
+        one full-attention group, else one per KV-cache group (its own block tables and slots)."""
+        tokens, positions = [], []
         for it in items:
             start = it.seq.num_computed_tokens
-            span = range(start, start + it.num_tokens)
-            table = self.block_manager.block_ids(it.seq)
             tokens.extend(it.seq.token_ids[start:start + it.num_tokens])
-            positions.extend(span)
-            slots.extend(table[p // B] * B + p % B for p in span)
-        decodes = [it for it in items if is_decode(it)]        # items are ordered: decodes first
-        prefills = items[len(decodes):]
+            positions.extend(range(start, start + it.num_tokens))
+        bm = self.block_manager
+        if self.windows is None:
+            meta = self._metadata(items, positions, bm.block_ids, 0)
+        else:
+            meta = [self._metadata(items, positions, functools.partial(bm.group_block_ids, g), w)
+                    for g, w in enumerate(self.windows)]
+        dev = self.device
+        return (torch.tensor(tokens, dtype=torch.long, device=dev),
+                torch.tensor(positions, dtype=torch.long, device=dev), meta)
+
+    def _metadata(self, items: list[ScheduledSeq], positions: list[int],
+                  block_ids: Callable[[Sequence], list[int]], window: int) -> AttentionMetadata:
+        """One group's metadata from its block tables (`block_ids`; 0 in NULL entries, which
+        lie wholly before the window: never written, never read)."""
+        B = self.block_manager.block_size
+        tables = [block_ids(it.seq) for it in items]
+        slots = []
+        for it, table in zip(items, tables):
+            start = it.seq.num_computed_tokens
+            slots.extend(table[p // B] * B + p % B for p in range(start, start + it.num_tokens))
+        num_decodes = sum(1 for it in items if is_decode(it))   # items are ordered: decodes first
+        decodes, prefills = items[:num_decodes], items[num_decodes:]
         dev = self.device
         # One decode row per new token of a decode: a verified draft of d tokens is d + 1 rows
         # of its sequence, row j seeing the first computed + j + 1 tokens, so each position is
         # computed exactly as decoding it alone would (same kernels, same numbers).
-        rows = [(it, it.seq.num_computed_tokens + j + 1) for it in decodes for j in range(it.num_tokens)]
-        meta = AttentionMetadata(
+        rows = [(i, it.seq.num_computed_tokens + j + 1) for i, it in enumerate(decodes)
+                for j in range(it.num_tokens)]
+        runs = None
+        if self.backend.decode_one and len(items) == len(rows) == 1:
+            seq_len = positions[0] + 1
+            runs = decode_runs(tables[0], seq_len, B, window_start(seq_len, window))
+        return AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             num_decode_tokens=len(rows),
-            decode_block_tables=self._block_tables([it for it, _ in rows]),
+            decode_block_tables=self._block_tables([tables[i] for i, _ in rows]),
             decode_seq_lens=torch.tensor([n for _, n in rows], dtype=torch.int32, device=dev),
-            prefill_block_tables=self._block_tables(prefills),
+            prefill_block_tables=self._block_tables(tables[num_decodes:]),
             prefill_query_start_loc=torch.tensor(
                 [0] + _cumsum([it.num_tokens for it in prefills]), dtype=torch.int32, device=dev),
             prefill_seq_lens=_seq_lens(prefills, dev),
-            decode_runs=(decode_runs(self.block_manager.block_ids(items[0].seq), positions[0] + 1, B)
-                         if self.backend.decode_one and len(items) == len(rows) == 1 else None),
+            decode_runs=runs,
+            window=window,
         )
-        return (torch.tensor(tokens, dtype=torch.long, device=dev),
-                torch.tensor(positions, dtype=torch.long, device=dev), meta)
 
-    def _block_tables(self, items: list[ScheduledSeq]) -> torch.Tensor:
-        tables = [self.block_manager.block_ids(it.seq) for it in items]
+    def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
         width = max((len(t) for t in tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in tables]
-        return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(items), width)
+        return torch.tensor(padded, dtype=torch.int32, device=self.device).view(len(tables), width)
 
 
 def is_decode(it: ScheduledSeq) -> bool:
