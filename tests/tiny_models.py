@@ -6,8 +6,8 @@ import os
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from transformers import (AutoModelForCausalLM, LlamaConfig, MistralConfig, PreTrainedTokenizerFast,
-                          Qwen2Config, Qwen3Config)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig,
+                          PreTrainedTokenizerFast, Qwen2Config, Qwen3Config)
 
 VOCAB = 512
 
@@ -31,6 +31,22 @@ CONFIGS = {
 }
 
 
+# Gemma 3 text models (models/gemma3.py): 6 layers, so that the default pattern gives five
+# sliding-window layers and one full-attention layer; a window of 16 tokens (prompts of 3x that
+# cross it); query_pre_attn_scalar unlike head_dim, so a wrong attention scale shows.
+GEMMA_COMMON = dict(COMMON, num_hidden_layers=6, sliding_window=16)
+GEMMA_CONFIGS = {
+    "gemma3": lambda: Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                       query_pre_attn_scalar=24, **GEMMA_COMMON),
+    # untied lm_head, final logit softcapping, MQA, head_dim 64, its own layer pattern
+    "gemma3-softcap": lambda: Gemma3TextConfig(
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, query_pre_attn_scalar=64,
+        tie_word_embeddings=False, final_logit_softcapping=3.0,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention"], **GEMMA_COMMON),
+}
+
+
 def _tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level tokenizer whose vocabulary is VOCAB ids (unused ids decode to nothing)."""
     vocab = {f"<{i}>": i for i in range(3)}
@@ -43,15 +59,15 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build(kind: str, root: str, seed: int = 0) -> str:
-    """Save a random model of the given kind (see CONFIGS) to root/kind; returns the path. Its
-    weights follow from `seed` alone: drawn from the global RNG seeded inside fork_rng, which
-    leaves the global RNG as it was (the values every test was written against)."""
+    """Save a random model of the given kind (see CONFIGS, GEMMA_CONFIGS) to root/kind; returns
+    the path. Its weights follow from `seed` alone: drawn from the global RNG seeded inside
+    fork_rng, which leaves the global RNG as it was (the values every test was written against)."""
     path = os.path.join(root, kind)
     if os.path.isdir(path):
         return path
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        config = CONFIGS[kind]()
+        config = (CONFIGS.get(kind) or GEMMA_CONFIGS[kind])()
         model = AutoModelForCausalLM.from_config(config)
         for p in model.parameters():             # a sharper distribution than the default init
             p.data.normal_(0, 0.08)

@@ -1,5 +1,42 @@
-"""Model definitions whose attention reads and writes the paged KV cache."""
+"""Model definitions whose attention reads and writes the paged KV cache, and their registry.
 
-from localpaged.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM, build_model
+The registry maps a config's `model_type` to our class for it: the Llama family (models/llama.py:
+Llama, Mistral, Qwen2, Qwen3) and Gemma 3's text model (models/gemma3.py). Every class has the
+interface the engine uses (forward over a flat batch, compute_logits, use_norm_kernel, head_dim,
+kv_groups, config, model.embed_tokens, model.layers, lm_head, rotary); only architectures listed
+here load (`trust_remote_code` is never enabled).
+"""
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "build_model"]
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from localpaged.models.gemma3 import Gemma3ForCausalLM
+from localpaged.models.llama import LlamaForCausalLM
+
+# model_type -> (transformers' class name, ours)
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM", LlamaForCausalLM),
+    "mistral": ("MistralForCausalLM", LlamaForCausalLM),
+    "qwen2": ("Qwen2ForCausalLM", LlamaForCausalLM),
+    "qwen3": ("Qwen3ForCausalLM", LlamaForCausalLM),
+    "gemma3_text": ("Gemma3ForCausalLM", Gemma3ForCausalLM),
+}
+SUPPORTED_ARCHITECTURES = {kind: name for kind, (name, _) in ARCHITECTURES.items()}
+
+
+def check_architecture(model_type: str | None, architectures: list[str] | None = None) -> None:
+    """A ValueError naming the architecture and the supported ones, unless it is one of them."""
+    if model_type not in ARCHITECTURES:
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES.values()))
+        arch = (architectures or [model_type])[0]
+        raise ValueError(f"unsupported architecture {arch}; supported: {supported}")
+
+
+def build_model(config: PretrainedConfig) -> LlamaForCausalLM | Gemma3ForCausalLM:
+    check_architecture(config.model_type, getattr(config, "architectures", None))
+    return ARCHITECTURES[config.model_type][1](config)
+
+
+__all__ = ["ARCHITECTURES", "SUPPORTED_ARCHITECTURES", "Gemma3ForCausalLM", "LlamaForCausalLM",
+           "build_model", "check_architecture"]

@@ -26,12 +26,6 @@ from localpaged.models.linear import Linear
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-}
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -63,9 +57,13 @@ class Rotary(nn.Module):
     becomes a roll (see apply_rotary); (-a)*b == a*(-b) exactly, so outputs stay bitwise equal.
     """
 
-    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+    def __init__(self, config: PretrainedConfig, head_dim: int, layer_type: str | None = None) -> None:
+        """`layer_type`: for configs whose rope_parameters are per layer type (Gemma 3:
+        {"full_attention": {...}, "sliding_attention": {...}}), the type this table serves."""
         super().__init__()
         params = getattr(config, "rope_parameters", None) or {}
+        if layer_type is not None:
+            params = params[layer_type]
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             base = params.get("rope_theta", 10000.0)
@@ -75,7 +73,8 @@ class Rotary(nn.Module):
             inv_freq = 1.0 / (base ** (steps / head_dim))
             self.scaling = 1.0
         else:
-            inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+            kwargs = {} if layer_type is None else {"layer_type": layer_type}
+            inv_freq, self.scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None, **kwargs)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._tables: dict[tuple, torch.Tensor] = {}     # (dtype, device) -> [n, 2, D]
 
@@ -191,15 +190,18 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int) -> None:
+    """embed_tokens, layers, norm (transformers' names); `layer` and `norm` are the family's
+    classes (Gemma 3 passes its own: models/gemma3.py)."""
+
+    def __init__(self, config: PretrainedConfig, head_dim: int, layer: type[nn.Module] = DecoderLayer,
+                 norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         # _weight: no random init (the loader fills it; on the meta device, init would import
         # torch._dynamo, ~4 s of a model load)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config, head_dim)
-                                    for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(layer(config, head_dim) for _ in range(config.num_hidden_layers))
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -255,16 +257,3 @@ def fuse_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
                 if all(n in out for n in names):
                     out[f"{prefix}.{fused}.{kind}"] = torch.cat([out.pop(n) for n in names])
     return out
-
-
-def check_architecture(model_type: str | None, architectures: list[str] | None = None) -> None:
-    """A ValueError naming the architecture and the supported ones, unless it is one of them."""
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES.values()))
-        arch = (architectures or [model_type])[0]
-        raise ValueError(f"unsupported architecture {arch}; supported: {supported}")
-
-
-def build_model(config: PretrainedConfig) -> LlamaForCausalLM:
-    check_architecture(config.model_type, getattr(config, "architectures", None))
-    return LlamaForCausalLM(config)

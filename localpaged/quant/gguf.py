@@ -46,6 +46,15 @@ NAME_MAP = {
     "attn_k_norm": "self_attn.k_norm",
 }
 TOP_MAP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Gemma 3 (llama.cpp's gemma3 tensors, as transformers' GGUF mapping names them): four norms a
+# layer, its ffn_norm being the pre-feedforward one
+GEMMA3_MAP = {**NAME_MAP, "ffn_norm": "pre_feedforward_layernorm",
+              "post_attention_norm": "post_attention_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"}
+LAYER_MAPS = {"gemma3_text": GEMMA3_MAP}
+# llama.cpp's converter stores these families' (1 + w) RMSNorm weights as w + 1: transformers
+# subtracts 1 again (modeling_gguf_pytorch_utils.py Gemma2TensorProcessor), and so do we
+NORM_PLUS_ONE = ("gemma3_text",)
 FLOAT_TYPES = ("F32", "F16", "BF16")
 EXACT_INT4 = ("Q4_0", "Q4_1")
 TO_INT8 = ("Q8_0", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
@@ -56,11 +65,14 @@ CHUNK_WEIGHTS = 1 << 22        # weights dequantized at once (16 MB in float32):
 TRIM_BYTES = 1 << 20           # after a tensor this large in float32, hand freed heap pages back
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, model_type: str | None = None) -> str | None:
+    """transformers' parameter name of a GGUF tensor (None: not a model weight); `model_type`
+    (the config's) picks the family's layer names."""
     base, _, kind = gguf_name.rpartition(".")
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if m and m.group(2) in NAME_MAP:
-        return f"model.layers.{m.group(1)}.{NAME_MAP[m.group(2)]}.{kind}"
+    layer_map = LAYER_MAPS.get(model_type, NAME_MAP)
+    if m and m.group(2) in layer_map:
+        return f"model.layers.{m.group(1)}.{layer_map[m.group(2)]}.{kind}"
     if base in TOP_MAP:
         return f"{TOP_MAP[base]}.{kind}"
     return None
@@ -84,11 +96,12 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
     file = GgufFile(path)
     _check_types(file, path)
     permute = config.model_type in ("llama", "mistral")
+    norm_minus_one = config.model_type in NORM_PLUS_ONE
     keep = native.kinds if native is not None and quantization == "auto" else frozenset()
     floats: dict[str, torch.Tensor] = {}
     packed: dict[str, PackedWeight | GgmlWeight] = {}
     for t in tqdm(file.tensors, desc="loading GGUF", unit="tensor", leave=False):
-        name = hf_name(t.name)
+        name = hf_name(t.name, config.model_type)
         if name is None:
             if not t.name.startswith(SKIPPED):
                 logger.warning("GGUF tensor %s has no counterpart in the model: skipped", t.name)
@@ -107,6 +120,8 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             value = _unpermute(value, heads)
+        if norm_minus_one and name.endswith("norm.weight"):
+            value = value - 1.0
         (packed if isinstance(value, (PackedWeight, GgmlWeight)) else floats)[name] = value
     return floats, packed
 

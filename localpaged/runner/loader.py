@@ -24,8 +24,8 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 from localpaged.kernels import cpu_extension
-from localpaged.models import LlamaForCausalLM, build_model
-from localpaged.models.llama import Rotary, fuse_state_dict
+from localpaged.models import Gemma3ForCausalLM, LlamaForCausalLM, build_model
+from localpaged.models.llama import fuse_state_dict
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.ggml import cpu_native
 from localpaged.quant.gguf import read_gguf
@@ -44,6 +44,8 @@ from localpaged.runner.model_check import (
 )
 
 logger = logging.getLogger(__name__)
+
+Model = LlamaForCausalLM | Gemma3ForCausalLM       # what build_model makes (models/__init__.py)
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,7 +67,7 @@ class ModelSource:
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: Model
     config: PretrainedConfig
     tokenizer: object
     eos_token_ids: set[int]
@@ -195,14 +197,14 @@ def _check_model_files(source: ModelSource, config: PretrainedConfig) -> None:
     if source.gguf_file:
         path = os.path.join(source.path, source.gguf_file)
         check_config(config, path)
-        shapes, file_names = gguf_shapes(path)
+        shapes, file_names = gguf_shapes(path, config.model_type)
         check_shapes(shapes, config, path, file_names)
     else:
         check_config(config, os.path.join(source.path, "config.json"))
         check_shapes(safetensors_shapes(source.path), config, source.path)
 
 
-def _use_cpu_kernels(model: LlamaForCausalLM) -> None:
+def _use_cpu_kernels(model: Model) -> None:
     """RMSNorm in the CPU extension where it is built (cached) now; chosen once per load, like the
     int4 form (quant/cpu.py: for_cpu), so a model never switches kernels while it serves."""
     module = cpu_extension.BUILD.module_if_cached()
@@ -252,7 +254,7 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
     return state
 
 
-def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dtype: torch.dtype) -> None:
+def _load_weights(model: Model, state: dict, device: torch.device, dtype: torch.dtype) -> None:
     """The float weights into the model: `state` is consumed (emptied) layer by layer, so each
     source tensor is freed once its final form exists. On CPU the final tensors become the
     parameters (assign=True; to_empty's pages were never touched, so never resident): no second
@@ -269,11 +271,12 @@ def _load_weights(model: LlamaForCausalLM, state: dict, device: torch.device, dt
     unexpected = [k for k in unexpected if "rotary_emb" not in k]
     if missing or unexpected:
         raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    model.rotary = Rotary(model.config, model.head_dim).to(device)   # fp32, as in transformers
+    # rebuilt off the meta device, in fp32 as in transformers (Rotary, or Gemma's LayerRotaries)
+    model.rotary = type(model.rotary)(model.config, model.head_dim).to(device)
     model.eval().requires_grad_(False)
 
 
-def _empty_on(model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> None:
+def _empty_on(model: Model, device: torch.device, dtype: torch.dtype) -> None:
     """model.to_empty(device).to(dtype) for the meta model, parameter by parameter: to_empty's
     empty_like on meta tensors goes through torch._refs, whose first use imports torch's
     symbolic-shapes machinery (~1 s of a model load)."""
@@ -286,7 +289,7 @@ def _empty_on(model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype)
                     table[name] = nn.Parameter(new, requires_grad=False) if table is module._parameters else new
 
 
-def _check_shapes(model: LlamaForCausalLM, weights: dict[str, torch.Tensor]) -> None:
+def _check_shapes(model: Model, weights: dict[str, torch.Tensor]) -> None:
     """A weight of another shape than the model's (a damaged or mislabelled file): an error
     naming it, before torch's own."""
     expected = model.state_dict(keep_vars=True)
@@ -307,7 +310,7 @@ def _by_layer(weights: dict) -> list[list[str]]:
     return sorted(groups.values(), key=lambda keys: keys[0].startswith("model.embed_tokens."))
 
 
-def _install_packed(model: LlamaForCausalLM, packed: dict, device: torch.device,
+def _install_packed(model: Model, packed: dict, device: torch.device,
                     dtype: torch.dtype) -> None:
     """Packed weights fused and installed layer by layer, popping `packed`: the unfused, fused
     and device (CPU int4) forms of one layer coexist, never those of the whole model."""

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 
 from transformers import PretrainedConfig
 
-from localpaged.models.llama import check_architecture
+from localpaged.models import check_architecture
 
 # Far above every released model (Llama 3.1 405B: hidden 16384, 126 layers, 128 heads; vocabularies
 # to 256k; contexts to 10M positions), far below what would exhaust memory before an error.
@@ -62,6 +62,8 @@ def check_config(config: PretrainedConfig | Mapping, where: str) -> None:
         _check_positive_number("rms_norm_eps", eps, where)
     for name, value in _rope_thetas(get):
         _check_positive_number(name, value, where)
+    if get("query_pre_attn_scalar") is not None:       # Gemma: the attention scale's base
+        _check_positive_number("query_pre_attn_scalar", get("query_pre_attn_scalar"), where)
 
 
 def _check_heads(get, where: str) -> None:
@@ -129,7 +131,8 @@ def expected_shapes(config: PretrainedConfig) -> dict[str, tuple[tuple[int, ...]
         for module, (rows, cols) in layer.items():
             out[f"{p}{module}.weight"] = _shape(rows, cols)
             out[f"{p}{module}.bias"] = _shape(rows)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        for norm in ("input_layernorm", "post_attention_layernorm",       # Gemma 3: all four
+                     "pre_feedforward_layernorm", "post_feedforward_layernorm"):
             out[f"{p}{norm}.weight"] = _shape(hidden)
         for norm in ("self_attn.q_norm", "self_attn.k_norm"):
             out[f"{p}{norm}.weight"] = _shape((D, f"head_dim ({D})"))
@@ -154,14 +157,15 @@ def check_shapes(shapes: dict[str, tuple[int, ...]], config: PretrainedConfig, w
                              f"{_dims(want[0])} = {want[1]} ({origin})")
 
 
-def gguf_shapes(path: str) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+def gguf_shapes(path: str, model_type: str | None = None
+                ) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
     """({parameter name: shape}, {parameter name: its GGUF name}) of a GGUF file's tensors,
-    from its directory alone."""
+    from its directory alone; `model_type` (the config's) names the family's tensors."""
     from localpaged.quant.gguf import hf_name
     from localpaged.quant.gguf_file import GgufFile
     shapes, names = {}, {}
     for t in GgufFile(path).tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, model_type)
         if name is not None:
             shapes[name], names[name] = tuple(t.shape), t.name
     return shapes, names
@@ -183,6 +187,9 @@ def _rope_thetas(get) -> list[tuple[str, object]]:
     params = get("rope_parameters")
     if isinstance(params, Mapping) and "rope_theta" in params:
         found.append(("rope_parameters.rope_theta", params["rope_theta"]))
+    elif isinstance(params, Mapping):        # per layer type (Gemma 3: full / sliding attention)
+        found += [(f"rope_parameters.{kind}.rope_theta", p["rope_theta"])
+                  for kind, p in params.items() if isinstance(p, Mapping) and "rope_theta" in p]
     if get("rope_theta") is not None:
         found.append(("rope_theta", get("rope_theta")))
     return found
