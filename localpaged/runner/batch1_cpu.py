@@ -14,7 +14,8 @@ Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls 
 kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
 CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles), GGML blocks on the extension's kernel
 (quant/ggml.py: GgmlWeight, or a PartsWeight of them), with or without a bias, or float32
-(models/linear.py: Linear, threaded split included) without bias; no q/k norms. Anything else
+(models/linear.py: Linear, threaded split included) without bias; no q/k norms; a Llama-family
+model (models/llama.py: LlamaForCausalLM; Gemma 3's layers compute otherwise). Anything else
 decodes in Python.
 """
 
@@ -25,7 +26,7 @@ import torch
 from localpaged.kernels import cpu_extension, cpu_ops
 from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.models.linear import Linear
-from localpaged.models.llama import split_rope
+from localpaged.models.llama import LlamaForCausalLM, split_rope
 from localpaged.quant.cpu_tiles import CpuInt4Tiles
 from localpaged.quant.ggml import GgmlWeight, PartsWeight
 from localpaged.quant.linear import CPU_INT4, QuantLinear
@@ -94,6 +95,8 @@ class Batch1Decoder:
     def create(cls, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                backend: PagedAttention) -> Batch1Decoder | None:
         """A decoder for this model, or None where the conditions above do not hold."""
+        if not isinstance(model, LlamaForCausalLM):       # the loop computes Llama's layers
+            return None
         layers = model.model.layers
         attn = layers[0].self_attn
         if backend.name != "cpu" or not cpu_ops.supports(attn.head_dim, kv_caches[0][0].dtype):
