@@ -28,9 +28,9 @@ using at::Tensor;
 
 namespace {
 
-// One decoder linear, as the Python module computes a [1, K] row. `kind` is (code, parameter),
-// the code saying which module (batch1_cpu.py: _layout) and which tensors `w` points at; `w` is
-// advanced past them. code | kBias: a QuantLinear's bias follows, added as QuantLinear.forward
+// One decoder linear, as the Python module computes x [R, K] (R = 1, or a draft's rows). `kind`
+// is (code, parameter), the code saying which module (batch1_cpu.py: _layout) and which tensors
+// `w` points at; `w` is advanced past them. code | kBias: a QuantLinear's bias follows, added as QuantLinear.forward
 // adds it.
 enum Code : int64_t {
   kLinear = 0,     // F.linear: (weight)
@@ -65,8 +65,9 @@ Tensor unbiased(const Tensor& x, int64_t code, int64_t parameter, const Tensor*&
       w += 3;
       return y;
     }
-    case kSplit: {
+    case kSplit: {   // one row: the threaded bmm; several (a draft's rows): F.linear, as Linear
       const Tensor& blocks = *w++;
+      if (x.size(0) > 1) return at::linear(x, blocks.transpose(1, 2).reshape({-1, blocks.size(1)}));
       return at::bmm(x.expand({parameter, 1, blocks.size(1)}), blocks).view({1, parameter * blocks.size(2)});
     }
     default:
@@ -89,7 +90,7 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
                      const Tensor& block_table, const Tensor& seq_len,
                      int64_t heads, int64_t kv_heads, int64_t dim, double eps, double scale,
                      bool norm_kernel) {
-  const int64_t hidden = x.size(1), qk_width = (heads + kv_heads) * dim;
+  const int64_t rows = x.size(0), hidden = x.size(1), qk_width = (heads + kv_heads) * dim;
   // RMSNorm: the extension's kernel where the model's norms use it, else F.rms_norm's op
   auto norm = [&](const Tensor& t, const Tensor& weight) {
     return norm_kernel ? rms_norm(t, weight, eps) : at::rms_norm(t, {hidden}, weight, eps);
@@ -103,14 +104,14 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
     // attention
     Tensor h = norm(x, *w++);
     Tensor qkv = linear(h, kind, w);
-    Tensor v = qkv.slice(1, qk_width).view({1, kv_heads, dim});
-    Tensor qk = qkv.slice(1, 0, qk_width).view({1, heads + kv_heads, dim});
+    Tensor v = qkv.slice(1, qk_width).view({rows, kv_heads, dim});
+    Tensor qk = qkv.slice(1, 0, qk_width).view({rows, heads + kv_heads, dim});
     qk = qk * cos + qk.roll({dim / 2}, {-1}) * sin;
     k_cache.view({slots, kv_heads, dim}).index_copy_(0, slot, qk.slice(1, heads));
     v_cache.view({slots, kv_heads, dim}).index_copy_(0, slot, v);
     Tensor out = paged_decode_attention(qk.slice(1, 0, heads), k_cache, v_cache, block_table,
                                         seq_len, scale);
-    x = x + linear(out.reshape({1, heads * dim}), kind + 2, w);
+    x = x + linear(out.reshape({rows, heads * dim}), kind + 2, w);
     // MLP
     h = norm(x, *w++);
     Tensor gate_up = linear(h, kind + 4, w);

@@ -1,6 +1,7 @@
 """models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4, GGML or float32 weights) gives
 bitwise the tokens and logprobs of the Python path (the engine with enforce_eager, the same `cpu`
-attention backend), over one run of blocks and over several; its greedy tokens equal
+attention backend), over one run of blocks and over several, and for the rows that verify a
+speculative draft; its greedy tokens equal
 transformers' (float32: `generate` on the same weights, token for token; int4: transformers on
 the engine's int4 weights dequantized, by the greedy-margin rule of tests/quant_helpers.py, since
 the int4 kernels round activations to bf16); models it cannot run, a failed build and a failed
@@ -16,6 +17,7 @@ from quant_helpers import dequantized_hf_model, hf_sequence_logits, margin_rule,
 
 from localpaged import LLM
 from localpaged.kernels import cpu_extension
+from localpaged.core.speculation import StepCost
 from localpaged.kernels.reference import decode_runs
 from localpaged.quant import cpu_tiles
 
@@ -25,15 +27,24 @@ def outputs(llm, batch, params):
             for c in o.outputs]
 
 
+class Calls(list):
+    """Per call of the C++ loop, the number of runs of back-to-back blocks it read; `rows`: its
+    rows (1, or 1 + d verifying a draft of d)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[int] = []
+
+
 @pytest.fixture
-def calls(monkeypatch):
-    """The C++ loop's calls: the number of runs of back-to-back blocks each read."""
-    seen = []
+def calls(monkeypatch) -> Calls:
+    seen = Calls()
     real = cpu_extension.BUILD.module.decode_layers
 
     def spy(*args):
         table, seq_len, block_size = args[8][0].tolist(), int(args[9][0]), args[5][0].shape[1]
         seen.append(len(decode_runs(table, seq_len, block_size)))
+        seen.rows.append(args[0].shape[0])
         return real(*args)
     monkeypatch.setattr(cpu_extension.BUILD.module, "decode_layers", spy)
     return seen
@@ -73,6 +84,21 @@ def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(engines,
     params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
     assert outputs(fast, pair, params) == outputs(python, pair, params)
     assert max(calls) > 1
+
+
+def test_verifying_a_draft_equals_the_python_path(tiny_llama, cpu_ext, calls, monkeypatch):
+    """Speculation on, a regenerate drafting from its sibling (every draft right): the C++ loop
+    runs the 1 + d verification rows, and tokens and logprobs are bitwise the Python path's."""
+    monkeypatch.setattr(StepCost, "observe", lambda *args, **kwargs: None)   # always draft
+    fast = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram")
+    python = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram", enforce_eager=True)
+    assert fast.engine.runner.batch1.wait(600)
+    prompt = prompts(1, seed=11)[0]
+    first = fast.generate([prompt], greedy(40))[0].outputs[0].token_ids
+    again = greedy(40, logprobs=1, draft_sources=[list(first)])
+    assert outputs(fast, [prompt], again) == outputs(python, [prompt], again)
+    assert outputs(fast, [prompt], again)[0][0] == list(first)
+    assert max(calls.rows) > 1
 
 
 MARGIN = 0.004     # logits; int4 vs transformers on its dequantized weights: measured < 0.001

@@ -101,10 +101,10 @@ class DraftState:
 class StepCost:
     """What a drafted decode step costs in plain decode steps on this machine and model
     (exponential averages of their seconds; decode-only steps). A verification runs 1 + d
-    decode rows through the Python decode path: on a compute-bound CPU that costs several
-    plain steps (a plain step of one conversation has the C++ batch-1 loop), on a GPU about
-    one. Every CONTROL_EVERY-th step drafts nothing, so the plain figure stays
-    current whatever the sequences do."""
+    decode rows (one conversation's through the C++ batch-1 loop on CPU, as its plain steps):
+    where the weights' reads bound a step it costs little more than one plain step, where the
+    arithmetic does (a CPU's integer multiplies, large d) more. Every CONTROL_EVERY-th step
+    drafts nothing, so the plain figure stays current whatever the sequences do."""
     plain: float | None = None
     drafted: float | None = None
     step: int = 0

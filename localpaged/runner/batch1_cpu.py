@@ -1,5 +1,9 @@
 """Batch1Decoder: one conversation's decode step on CPU, the loop over the layers in C++.
 
+A step is the sequence's one new token, or, under speculative decoding, the 1 + d rows that
+verify a draft of d tokens (the same loop over several rows: each linear a matmul of R rows,
+row j attending over the first computed + j + 1 tokens, as the Python decode rows do).
+
 At batch 1 a step of a small model spends much of its time in the interpreter between ~40 small
 ATen calls per layer. The loop over the decoder layers (kernels/batch1_cpu.cpp) makes the same
 ATen calls, in the same order, with the same arguments as the Python path, so its tokens and
@@ -80,6 +84,13 @@ def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
     return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks])
 
 
+def one_sequence(meta: AttentionMetadata) -> bool:
+    """Whether a decode-only batch's rows are one sequence's: one block table, and each row one
+    position after the one before (a verified draft, model_runner.prepare)."""
+    tables, lens = meta.decode_block_tables, meta.decode_seq_lens
+    return bool((tables == tables[:1]).all()) and bool((lens[1:] - lens[:-1] == 1).all())
+
+
 class Batch1Decoder:
     def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.model = model
@@ -114,15 +125,18 @@ class Batch1Decoder:
         return cpu_extension.BUILD.wait(timeout)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A step of one decoding sequence, once the build is ready, for a model whose layers
-        all attend fully (the C++ loop takes no window)."""
-        one = meta.num_decode_tokens == meta.slot_mapping.shape[0] == 1
-        return (one and not self.model.kv_groups.has_window
-                and cpu_extension.BUILD.module is not None)
+        """A step of one decoding sequence (its token, or the 1 + d rows verifying a draft of d),
+        once the build is ready, for a model whose layers all attend fully (the C++ loop takes
+        no window)."""
+        rows = meta.slot_mapping.shape[0]
+        if (meta.num_decode_tokens != rows or self.model.kv_groups.has_window
+                or cpu_extension.BUILD.module is None):
+            return False
+        return rows == 1 or one_sequence(meta)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:
-        """Hidden states [1, hidden] after the final norm, as LlamaForCausalLM.forward's."""
+        """Hidden states [R, hidden] after the final norm, as LlamaForCausalLM.forward's."""
         model = self.model.model
         x = model.embed_tokens(input_ids)
         cos, sin = split_rope(self.model.rotary(positions, x.dtype, max_position))
