@@ -32,7 +32,8 @@ TAGS = ['<b style="position:fixed;inset:0;background:red">', "</b>", "<img src=x
         '<div onclick="x">', "</div>", "<!-- comment -->", "<![CDATA[<b>x</b>]]>", "<?php x ?>",
         "<!DOCTYPE html>", "<style>*{display:none}</style>", "<math><mi>x</mi></math>",
         "&lt;b&gt;", "&#60;img src=x&#62;", "&amp;", "&#x3C;script&#x3E;"]
-FRAGMENTS = ["```", "````", "~~~", "```x`", "```js", "``", "`", " `", "` ", "``x`", "\\]", "\\[",
+FRAGMENTS = ["$", "$$", "\\(", "\\)", "<think>", "</think>", "\\href{javascript:alert(1)}{x}",
+             "```", "````", "~~~", "```x`", "```js", "``", "`", " `", "` ", "``x`", "\\]", "\\[",
              "[", "]", "(", ")", "![", "*", "**", "_", "~~", "|", "|-|", "> ", "- ", "1. ", "3) ",
              "    ", "  ", "\\", "#", "---", "x", "text", ":", "<", ">", '"', "'", "=", "&"]
 SEPARATORS = ["", " ", "\n", "\n\n", "\n  ", "\n   ", "\n    ", "\n- ", "\n  - ", "\n1. "]
@@ -55,11 +56,12 @@ PIECE = st.one_of(st.sampled_from(TAGS), st.sampled_from(FRAGMENTS),
 HOSTILE = st.lists(PIECE, max_size=24).map("".join)
 
 # What `render` may emit: per element, the attributes and (a pattern of) their values.
-ALLOWED = {tag: {} for tag in markdown.ELEMENTS - {"sub"}}
+ALLOWED = {tag: {} for tag in markdown.ELEMENTS - {"sub", "div"}}     # those two: render.py
 ALLOWED["a"] = {"href": r"https?://.*", "target": "_blank", "rel": "noopener noreferrer"}
 ALLOWED["ol"] = {"start": r"\d+"}
 ALLOWED["code"] = {"class": r"language-[A-Za-z0-9_+-]+"}
-ALLOWED["span"] = {"class": r"hl-[A-Za-z0-9]+"}
+ALLOWED["span"] = {"class": r"hl-[A-Za-z0-9]+|lp-math|lp-math lp-math-display"}
+ALLOWED["details"] = {"class": "lp-think", "open": ""}
 ALLOWED["th"] = ALLOWED["td"] = {"class": r"lp-align-(left|center|right)"}
 
 
@@ -206,3 +208,45 @@ def test_an_error_in_a_reply_footer_is_text():
                   stats={"error": "server said ![x](https://evil.example/e.png) <img src=y>"})
     note = render.footer(msg, (1, 1))
     assert parsed(note).tags == [] and "&lt;img src=y&gt;" in note
+
+
+HOSTILE_TEX = [r"\href{javascript:alert(1)}{click}", r"\url{javascript:alert(2)}",
+               r"\htmlClass{lp-x}{y}", r"\includegraphics{https://evil.example/i.png}",
+               r"\htmlStyle{position:fixed}{z}", "</span><img src=x onerror=alert(1)>",
+               r"x \) <b>y</b>"]
+
+
+@pytest.mark.parametrize("tex", HOSTILE_TEX)
+@pytest.mark.parametrize("form", ["${}$", "$${}$$", "\\({}\\)", "\\[{}\\]"])
+def test_math_is_escaped_text_between_delimiters(tex, form):
+    """Math goes to the browser's KaTeX as text (trust off there): no markup of its own, and
+    TeX that would close the delimiters early is not math at all."""
+    out = markdown.render("see " + form.format(tex) + " end")
+    assert_allowed(out)
+    assert [t for t, _ in parsed(out).tags if t not in ("p", "span")] == []
+    assert "<img" not in out and "<b>" not in out
+    spans = [a for t, a in parsed(out).tags if t == "span"]
+    assert len(spans) <= 1 and all(a["class"].startswith("lp-math") for a in spans)
+    for math in re.findall(r'<span class="lp-math[^"]*">(.*?)</span>', out):
+        inner = html.unescape(math)[2:-2]                  # within its \\( \\) or \\[ \\]
+        assert "\\)" not in inner and "\\]" not in inner and inner.strip(), out
+    if "\\)" not in tex:
+        assert len(spans) == 1, out
+
+
+def test_prices_code_and_escapes_are_not_math():
+    for text in ("costs $5 and $10", "a $5-$10 range", "`$x$`\n\n```\n$y$\n```", "\\$x\\$"):
+        assert "lp-math" not in markdown.render(text), text
+    assert 'class="lp-math"' in markdown.render("$x$ and \\(y\\)")
+
+
+def test_reasoning_is_a_details_block_of_markdown():
+    done = markdown.render("<think>plan <img src=x> *a*</think>**Answer**")
+    assert_allowed(done)
+    tags = [t for t, _ in parsed(done).tags]
+    assert tags[:3] == ["details", "summary", "p"] and "strong" in tags
+    assert parsed(done).tags[0][1] == {"class": "lp-think"}          # closed: collapsed
+    assert "&lt;img src=x&gt;" in done
+    going = markdown.render("  <think>still thinking")
+    assert parsed(going).tags[0][1] == {"class": "lp-think", "open": ""}
+    assert "lp-think" not in markdown.render("not first <think>x</think>")

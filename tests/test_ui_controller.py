@@ -145,7 +145,8 @@ def test_fields_edited_at_once_are_all_kept(ctl):
     for t in threads:
         t.join()
     system_prompt, sampling = ctl.settings(cid)
-    assert {**sampling, "system_prompt": system_prompt} == edits
+    penalties = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    assert {**sampling, "system_prompt": system_prompt} == {**edits, **penalties}  # untouched
     with pytest.raises(ValueError, match="top_p"):
         ctl.update_setting(cid, "top_p", 0)
     assert ctl.settings(cid) == (system_prompt, sampling)

@@ -20,11 +20,12 @@ class TinyBackend(LocalChatBackend):
         self.llm_engine = llm_engine
 
 
-def tiny_backend(path: str, **llm_kwargs):
-    """Yields a TinyBackend on the model at path (a generator for a pytest fixture)."""
+def tiny_backend(path: str, backend_class: type | None = None, **llm_kwargs):
+    """Yields a TinyBackend (or `backend_class`, a subclass) on the model at path (a generator
+    for a pytest fixture)."""
     llm = LLM(path, **llm_kwargs)
     llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
-    backend = TinyBackend(llm.engine)
+    backend = (backend_class or TinyBackend)(llm.engine)
     yield backend
     backend.engine.shutdown()
 
@@ -45,3 +46,21 @@ def run(turn, timeout=60):
     assert turn.wait(timeout), "generation did not finish"
     assert turn.error is None, turn.error
     return turn
+
+
+class RecordingBackend(TinyBackend):
+    """TinyBackend keeping what each `chat` request sent: `sent[k]` is (messages, [params])."""
+
+    def __init__(self, llm_engine) -> None:
+        super().__init__(llm_engine)
+        self.sent: list[tuple[list[dict], list]] = []
+
+    def chat(self, messages, params, **kw):
+        self.sent.append(([dict(m) for m in messages],
+                          list(params) if isinstance(params, list) else [params]))
+        return super().chat(messages, params, **kw)
+
+
+def recording_backend(path: str, **llm_kwargs):
+    """Yields a RecordingBackend on the model at path (a generator for a pytest fixture)."""
+    yield from tiny_backend(path, RecordingBackend, **llm_kwargs)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .chat.events import ChatEvents, wire_chat_tab
+from .chat.events import ChatEvents, wire_chat_tab, wire_sibling_clicks
 from .chat.view import build_chat_tab
 from .compare.events import CompareEvents, wire_compare
 from .compare.view import build_compare
@@ -90,6 +90,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         loaded.then(**page.listing_event())
         page.follow_all(loaded)
         wire_first_screen(loaded)
+        wire_sibling_clicks(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(panel, page, ctl)

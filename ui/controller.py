@@ -5,6 +5,7 @@ store, the backend provider, the settings reader) and holding none of their stat
 
   turns.TurnRegistry                the running turn of each conversation, stop, stop all
   settings.logic.ConversationSettings  system prompt and sampling settings, checked on write
+  settings.presets.Presets          system-prompt presets, the defaults of new conversations
   prepared.logic.PreparedReplies    alternatives prepared in the background
   context.logic.ContextFeatures     context policy, the gauge's numbers, Continue
   chat.logic.ChatTurns              send, regenerate, edit (and the request compare makes)
@@ -29,10 +30,11 @@ from localpaged.chat.backend import ChatBackend
 
 from .chat.logic import NEW_TITLE, ChatTurns
 from .compare.logic import CompareTurns
-from .context.logic import ContextFeatures, ContextUsage, prompt_messages
+from .context.logic import ContextAsk, ContextFeatures, ContextUsage, prompt_messages
 from .edit_preview.logic import edit_cost
 from .prepared.logic import PreparedReplies
 from .settings.logic import ConversationSettings, Sampling
+from .settings.presets import Defaults, Presets
 from .store import Conversation, Message, Store
 from .tabs.logic import OpenTabsFile
 from .turns import ChatError, LiveReply, Turn, TurnRegistry
@@ -65,6 +67,7 @@ class ChatController:
         self._backend = backend
         self.turns = TurnRegistry()
         self.conversation_settings = ConversationSettings(store, default_sampling)
+        self.presets = Presets(store, self.conversation_settings.default)
         parts = (self.turns, store, backend, self.conversation_settings)
         self.prepared = PreparedReplies(*parts)
         self.context = ContextFeatures(*parts)
@@ -77,8 +80,13 @@ class ChatController:
 
     # ---- conversations --------------------------------------------------------------------
     def new_conversation(self, title: str = NEW_TITLE) -> Conversation:
-        return self.store.create_conversation(title.strip() or NEW_TITLE,
-                                              sampling=dict(self.conversation_settings.default))
+        """A new conversation with the defaults (settings/presets.py: saved, else the app's)."""
+        d = self.presets.defaults()
+        conv = self.store.create_conversation(title.strip() or NEW_TITLE, d.system_prompt,
+                                              sampling=d.sampling)
+        if d.context_policy != conv.context_policy:
+            conv = self.store.update_conversation(conv.id, context_policy=d.context_policy)
+        return conv
 
     def rename(self, cid: int, title: str) -> Conversation:
         if not title.strip():
@@ -113,6 +121,25 @@ class ChatController:
     def update_setting(self, cid: int, key: str, value: Any) -> Sampling:
         """One field edited ("system_prompt" or a sampling key), merged into what is stored."""
         return self.conversation_settings.update_one(cid, key, value)
+
+    # ---- presets and the defaults of new conversations (settings/presets.py) --------------
+    def preset_names(self) -> list[str]:
+        return self.presets.names()
+
+    def apply_preset(self, cid: int, name: str) -> str:
+        """Conversation cid takes preset `name`'s system prompt (saved); returns it."""
+        prompt = self.presets.prompt(name)
+        self.update_setting(cid, "system_prompt", prompt)
+        return prompt
+
+    def save_preset(self, name: str, system_prompt: str) -> str:
+        return self.presets.save(name, system_prompt)
+
+    def save_defaults(self, cid: int) -> Defaults:
+        """Conversation cid's settings (as saved) become the defaults of new conversations."""
+        system_prompt, sampling = self.settings(cid)
+        return self.presets.save_defaults(system_prompt, sampling,
+                                          self.conversation(cid).context_policy)
 
     # ---- the tree ---------------------------------------------------------------------------
     def view(self, cid: int) -> View:
@@ -179,8 +206,10 @@ class ChatController:
     def busy(self, cid: int) -> bool:
         return self.turns.busy(cid)
 
-    def send(self, cid: int, text: str, sampling: Sampling | None = None) -> Turn:
-        return self.chat.send(cid, text, sampling)
+    def send(self, cid: int, text: str, sampling: Sampling | None = None,
+             policy: str | None = None) -> Turn:
+        """`policy`: this request's context policy (default: the conversation's)."""
+        return self.chat.send(cid, text, sampling, policy)
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         return self.chat.regenerate(message_id, sampling)

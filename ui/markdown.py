@@ -1,4 +1,4 @@
-"""Untrusted text (model replies, user messages, titles, server errors) made safe to show:
+r"""Untrusted text (model replies, user messages, titles, server errors) made safe to show:
 `render` turns Markdown into HTML for components that show HTML (the Chatbot, the compare
 columns), `literal` turns any text into Markdown that shows exactly that text (for gr.Markdown).
 
@@ -10,10 +10,19 @@ of ELEMENTS, every text and attribute value html-escaped, and no attribute but
   target="_blank" rel="noopener noreferrer";
 - start on <ol> (a number);
 - class with values built here: `language-<name>` (name cut to [A-Za-z0-9_+-]), the `hl-*`
-  classes of Pygments' highlighting, `lp-align-left|center|right` on table cells.
+  classes of Pygments' highlighting, `lp-align-left|center|right` on table cells, `lp-math`,
+  `lp-math-display` (math), `lp-think` (reasoning);
+- open on <details> (a reasoning block still being written).
 No style, no event handler, no src: an image becomes link text naming its host (never loaded).
 A token this module does not know shows as escaped text. The Chatbot's own sanitizer and the
 page's Content-Security-Policy stay on as further lines of defence.
+
+Math (`math.py` finds it): `$...$` and `\(...\)` inline, `$$...$$` and `\[...\]` displayed,
+written out as escaped text between `\(` `\)` (or `\[` `\]`) in a `<span class="lp-math">`;
+the browser's KaTeX (the Chatbot's `latex_delimiters`, `MATH_DELIMITERS`) typesets them with
+`trust` off, so \href, \url, \includegraphics, \htmlClass and the like show as error text.
+A reasoning block (a reply that starts with `<think>`) becomes `<details class="lp-think">`
+with a `<summary>`, collapsed once its `</think>` arrived.
 """
 
 from __future__ import annotations
@@ -30,10 +39,17 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-# Elements `render` may emit (and `span` only from Pygments, `sub` only from the chat layout).
+from .math import math_rule
+
+# Elements `render` may emit (`span` only from Pygments and math, `details` and `summary` only
+# for reasoning, `sub` and `div` only from the chat layout: ui/render.py).
 ELEMENTS = frozenset({"p", "em", "strong", "s", "code", "pre", "blockquote", "ul", "ol", "li",
                       "h1", "h2", "h3", "h4", "h5", "h6", "hr", "br", "a", "table", "thead",
-                      "tbody", "tr", "th", "td", "span", "sub"})
+                      "tbody", "tr", "th", "td", "span", "sub", "div", "details", "summary"})
+# What the Chatbot's KaTeX looks for (its `latex_delimiters`): only what `_math` writes.
+MATH_DELIMITERS = [{"left": "\\(", "right": "\\)", "display": False},
+                   {"left": "\\[", "right": "\\]", "display": True}]
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 VOID = frozenset({"hr", "br"})
 LINK_ATTRS = ' target="_blank" rel="noopener noreferrer"'
 HIGHLIGHT_PREFIX = "hl-"
@@ -44,6 +60,7 @@ HIGHLIGHTED = frozenset({"python", "py", "javascript", "js", "typescript", "ts",
 HIGHLIGHT_MAX_CHARS = 20_000
 
 _PARSER = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
+_PARSER.inline.ruler.before("escape", "math", math_rule)      # before `\(` loses its backslash
 _HTTP = re.compile(r"https?://", re.IGNORECASE)
 _LANG_CHARS = re.compile(r"[^A-Za-z0-9_+-]")
 _ALIGN = re.compile(r"text-align:(left|center|right)")
@@ -60,7 +77,19 @@ def literal(text: str) -> str:
 @functools.lru_cache(maxsize=1024)      # a streamed update re-renders every message of the path
 def render(text: str) -> str:
     """Markdown -> HTML from the allow-list above. An unclosed fence (a reply still streaming)
-    runs to the end of the text."""
+    runs to the end of the text. A text that starts with `<think>` shows its reasoning as a
+    collapsible block (open while its `</think>` has not come yet), then the answer."""
+    head = text.lstrip()
+    if not head.startswith(THINK_OPEN):
+        return _markdown(text)
+    reasoning, closed, answer = head[len(THINK_OPEN):].partition(THINK_CLOSE)
+    summary, opened = ("Reasoning", "") if closed else ("Thinking…", ' open=""')
+    return (f'<details class="lp-think"{opened}><summary>{summary}</summary>'
+            f"{_markdown(reasoning)}</details>\n{_markdown(answer)}")
+
+
+def _markdown(text: str) -> str:
+    """Markdown -> HTML, token by token (see the module's docstring)."""
     out: list[str] = []
     for token in _PARSER.parse(text):
         if token.type == "inline":
@@ -129,6 +158,8 @@ def _inline(tokens: list[Token]) -> str:
             out.append(_image(t, in_link))
         elif t.type == "code_inline":
             out.append(f"<code>{_esc(t.content)}</code>")
+        elif t.type == "math":
+            out.append(_math(t.content, bool(t.meta.get("display"))))
         elif t.type in ("softbreak", "hardbreak"):
             out.append("<br>\n")       # a chat keeps the lines it was written in
         elif t.type.endswith(("_open", "_close")):
@@ -136,6 +167,13 @@ def _inline(tokens: list[Token]) -> str:
         else:
             out.append(_esc(t.content))
     return "".join(out)
+
+
+def _math(tex: str, display: bool) -> str:
+    """TeX between the delimiters KaTeX looks for, escaped (it is text to the browser)."""
+    left, right = ("\\[", "\\]") if display else ("\\(", "\\)")
+    cls = "lp-math lp-math-display" if display else "lp-math"
+    return f'<span class="{cls}">{left}{_esc(tex)}{right}</span>'
 
 
 def _safe_href(href: object) -> str | None:

@@ -4,8 +4,13 @@ choices and the small status texts.
 
 Safety: chat text is untrusted; `markdown.py` owns the rule (an allow-list of elements and
 attributes, no image ever loaded, http(s) links only). The Chatbot gets HTML (its own Markdown
-parser is off), so the server is the only Markdown parser. The markup added here is `<sub>`
-around footers built from numbers, fixed strings and escaped text.
+parser is off), so the server is the only Markdown parser. The markup added here: each message
+is `<div class="lp-body">` (its Markdown, rendered: balanced HTML, so a reply cut inside a code
+fence has its `</pre>` before anything after it) then `<div class="lp-foot"><sub>` (the footer,
+built from numbers, fixed strings and escaped text; never part of the message's Markdown, so
+never inside its code), and the context marker's `<sub>`. The branch marker `‹ 2/3 ›` is a
+`<span class="lp-sib lp-at-{index}">`: a click on its ‹ or › switches siblings (SIBLING_JS in
+chat/events.py reads the index from the class).
 """
 
 from __future__ import annotations
@@ -45,9 +50,22 @@ def fmt_stats(stats: dict[str, Any]) -> str:
     return " · ".join(bits)
 
 
-def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None) -> str:
-    """The line under a message: branch marker, then (replies) status and stats."""
-    bits = [f"‹ {pos[0]}/{pos[1]} ›"] if pos[1] > 1 else []
+def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None,
+           index: int | None = None) -> str:
+    """The line under a message (HTML): branch marker, then (replies) status and stats. With
+    the message's `index` on the path, the marker is clickable (its own span)."""
+    note = _note(msg, live)
+    if pos[1] <= 1:
+        return note
+    marker = f"‹ {pos[0]}/{pos[1]} ›"
+    if index is not None:
+        marker = f'<span class="lp-sib lp-at-{int(index)}">{marker}</span>'
+    return marker + (" · " + note if note else "")
+
+
+def _note(msg: Message, live: LiveReply | None) -> str:
+    """A reply's status and stats, escaped; "" for a user message."""
+    bits: list[str] = []
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
@@ -73,10 +91,10 @@ def chat_messages(view: View) -> list[dict[str, str]]:
     cut = context_cut(view)
     for i, (msg, pos) in enumerate(zip(view.path, view.siblings)):
         live = view.live.get(msg.id)
-        body = markdown.render(_source(msg, live))
-        note = footer(msg, pos, live)
+        body = f'<div class="lp-body">{markdown.render(_source(msg, live))}</div>'
+        note = footer(msg, pos, live, index=i)
         if note:
-            body += f"<sub>{note}</sub>"
+            body += f'<div class="lp-foot"><sub>{note}</sub></div>'
         if cut and i == cut:
             body = f"<sub>{html.escape(context_marker(cut), quote=False)}</sub>{body}"
         out.append({"role": msg.role, "content": body})
@@ -113,13 +131,15 @@ def prefill_note(done: int, total: int) -> str:
 
 
 def selection_label(view: View, index: int | None) -> str:
-    """Markdown for the message toolbar: which message the buttons act on."""
+    """Markdown for the message toolbar: which message the buttons act on, counted among the
+    messages shown (the active path), and which of its versions (siblings) it is."""
     if index is None or not 0 <= index < len(view.path):
         return "*No messages yet: type below.*"
     msg, (k, n) = view.path[index], view.siblings[index]
     who = "Your message" if msg.role == "user" else "Reply"
-    branch = f" · branch **{k}/{n}**" if n > 1 else ""
-    return f"{who} {index + 1} of {len(view.path)}{branch}"
+    versions = "versions of this reply" if msg.role == "assistant" else "versions of this message"
+    branch = f" · branch **{k}/{n}** ({versions}: ‹ › switch)" if n > 1 else ""
+    return f"{who} {index + 1} of {len(view.path)} messages shown{branch}"
 
 
 def conversation_choices(convs: list[Conversation]) -> list[tuple[str, int]]:

@@ -54,6 +54,17 @@ footer { display: none !important; }
 .lp-chat button[aria-label="Clear"] { display: none !important; }
 .lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
   font-size: .75rem; vertical-align: baseline; line-height: 1.35; }
+.lp-chat .lp-sib { cursor: pointer; user-select: none; border-radius: 4px; padding: 0 3px;
+  color: var(--color-accent); }
+.lp-chat .lp-sib:hover { background: var(--color-accent-soft); }
+.lp-chat .lp-math { display: inline-block; max-width: 100%; overflow-x: auto;
+  overflow-y: hidden; contain: paint; vertical-align: middle; }
+.lp-chat .lp-math-display { display: block; text-align: center; margin: 4px 0; }
+.lp-chat details.lp-think { border-left: 3px solid var(--border-color-primary);
+  padding: 2px 0 2px 10px; margin: 2px 0 8px; color: var(--body-text-color-subdued); }
+.lp-chat details.lp-think > summary { cursor: pointer; font-size: .85rem; }
+.lp-ask { border: 1px solid #d97706 !important; border-radius: 10px; padding: 10px;
+  background: var(--background-fill-secondary); }
 .lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }
 .lp-toolbar .lp-sel { flex: 1 1 200px !important; color: var(--body-text-color-subdued);
   font-size: .85rem; }

@@ -5,7 +5,10 @@ from component values to ChatController calls; each returns `TabValues` (or Page
 changes the tab set), rendering is `render.py`'s job.
 
 A turn starts from the tab's settings fields: they are saved first, and the send uses the
-sampling settings that save checked (`_settings`), so one send checks them once. A streaming
+sampling settings that save checked (`_settings`), so one send checks them once. Under "Stop and ask me" a
+send that no longer fits opens the tab's dialog (drop the oldest and send, edit, cancel). A
+click on ‹ or › inside a message switches that message's siblings (SIBLING_JS, wired by
+`wire_sibling_clicks`). A streaming
 handler starts a Turn and then follows it; `follow` re-attaches a tab to a turn that is already
 running (after a reload, say). The turn outlives the event (see turns.py).
 """
@@ -17,7 +20,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 
-from ..controller import ChatController
+from ..controller import ChatController, ContextAsk
 from ..edit_preview.events import wire_edit_cost
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
@@ -27,7 +30,7 @@ from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
-from .view import ChatTabUI, TabValues, tab_values
+from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +49,32 @@ class ChatEvents:
         """Save the tab's settings fields; the sampling settings, checked, for the turn."""
         return self.ctl.update_settings(cid, system or "", from_fields(sampling))
 
-    def send(self, slots: list, i: int, text: str, system: str, *sampling) -> Iterator[TabValues]:
+    def send(self, slots: list, i: int, text: str, system: str, *sampling,
+             policy: str | None = None) -> Iterator[TabValues]:
+        """Send the message box's text. Under "Stop and ask me", a conversation that no longer
+        fits opens the tab's dialog instead (the text stays in the box); `policy` is the
+        dialog's choice for this one request."""
         cid = slots[i]
         try:
-            turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling))
+            turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling), policy)
+        except ContextAsk as exc:
+            asked = self.chat(cid)
+            asked.ask, asked.ask_md = gr.Column(visible=True), ask_text(exc.dropped)
+            yield asked
+            return
         except USER_ERRORS as exc:
             warn(why(exc))
             yield self.chat(cid)
             return
         first = self.chat(cid)
-        first.msg = ""
+        first.msg, first.ask = "", gr.Column(visible=False)
         yield first
         yield from self._follow(cid, turn)
+
+    def send_dropping(self, slots: list, i: int, text: str, system: str,
+                      *sampling) -> Iterator[TabValues]:
+        """The dialog's "drop the oldest": this send leaves out the oldest messages."""
+        return self.send(slots, i, text, system, *sampling, policy="drop_oldest")
 
     def regenerate(self, slots: list, i: int, sel: int | None, system: str,
                    *sampling) -> Iterator[TabValues]:
@@ -123,6 +140,49 @@ class ChatEvents:
             warn(why(exc))
         return self.chat(slots[i], sel)
 
+    def switch_at(self, slots: list, i: int, nav: str) -> TabValues:
+        """A click on ‹ or › in message `index` (nav: "index step nonce", written by
+        SIBLING_JS): that message is selected and shows its sibling."""
+        try:
+            index, step = (int(x) for x in (nav or "").split()[:2])
+        except ValueError:
+            return TabValues()
+        if step not in (-1, 1) or slots[i] is None:
+            return TabValues()
+        return self.switch(slots, i, index, step)
+
+    # ---- presets and the defaults of new chats (settings/presets.py) -----------------------
+    def choose_preset(self, slots: list, i: int, name: str | None) -> TabValues:
+        if slots[i] is None or not name:
+            return TabValues()
+        try:
+            return TabValues(system=self.ctl.apply_preset(slots[i], name))
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return TabValues()
+
+    def save_preset(self, slots: list, i: int, name: str, system: str) -> TabValues:
+        try:
+            if slots[i] is not None:
+                self.ctl.update_setting(slots[i], "system_prompt", system or "")
+            saved = self.ctl.save_preset(name or "", system or "")
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return TabValues()
+        info(f"Saved the preset “{saved}”.")
+        return TabValues(preset=gr.Dropdown(choices=self.ctl.preset_names(), value=saved),
+                         preset_name="")
+
+    def make_default(self, slots: list, i: int) -> None:
+        if slots[i] is None:
+            return
+        try:
+            self.ctl.save_defaults(slots[i])
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            return
+        info("New chats will start with this conversation's system prompt and settings.")
+
     def edit_open(self, slots: list, i: int, sel: int | None) -> TabValues:
         """Show the edit box with the selected user message."""
         try:
@@ -148,6 +208,34 @@ class ChatEvents:
 # Runs in the browser after copy_source filled the hidden textbox (the click's user activation
 # still holds; 127.0.0.1 is a secure context, so navigator.clipboard exists).
 COPY_JS = "(text) => { navigator.clipboard.writeText(text || ''); }"
+
+
+# A click on a message's `‹ 2/3 ›` (render.footer: `<span class="lp-sib lp-at-{index}">`): its
+# left half shows the previous version, its right half the next. The tab's hidden `sibnav{i}`
+# box gets "index step nonce" and its input event runs ChatEvents.switch_at. One listener for
+# the page (capture phase, so the Chatbot's own select does not also fire).
+SIBLING_JS = """() => { if (window.__lpSiblings) return; window.__lpSiblings = true;
+  document.addEventListener('click', (e) => {
+    const sib = e.target.closest ? e.target.closest('.lp-sib') : null;
+    if (!sib) return;
+    let chat = sib.parentElement;
+    while (chat && !/^chat\\d+$/.test(chat.id)) chat = chat.parentElement;
+    const at = [...sib.classList].find((c) => /^lp-at-\\d+$/.test(c));
+    if (!chat || !at) return;
+    const box = document.querySelector('#sib' + 'nav' + chat.id.slice(4) + ' textarea');
+    if (!box) return;
+    const r = sib.getBoundingClientRect();
+    const step = e.clientX < r.left + r.width / 2 ? -1 : 1;
+    e.stopPropagation(); e.preventDefault();
+    box.value = at.slice(6) + ' ' + step + ' ' + Date.now();
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  }, true);
+}"""
+
+
+def wire_sibling_clicks(loaded) -> None:
+    """After the page loads: the listener that makes `‹ 2/3 ›` in messages clickable."""
+    loaded.then(None, None, None, js=SIBLING_JS)
 
 
 def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
@@ -183,8 +271,27 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     def select(slot_cids, evt: gr.SelectData) -> list:
         return ui.flatten(events.select(slot_cids, i, evt.index))
 
+    def send_dropping(slot_cids, text, system, *sampling) -> Iterator[list]:
+        for v in events.send_dropping(slot_cids, i, text, system, *sampling):
+            yield ui.flatten(v)
+
     for trigger in (ui.send.click, ui.msg.submit):
         page.refresh_after(trigger(send, [slots, ui.msg, *settings], out, **GEN))
+    closed = TabValues(ask=gr.Column(visible=False))
+    ask = ui.ask_ui
+    page.refresh_after(ask.drop.click(send_dropping, [slots, ui.msg, *settings], out, **GEN))
+    ask.cancel.click(lambda: ui.flatten(closed), None, out, **QUICK)
+    ask.edit.click(lambda: ui.flatten(closed), None, out, **QUICK).then(
+        None, None, None, js=f"() => {{ const t = document.querySelector('#msg{i} textarea');"
+                             " if (t) { t.focus(); t.setSelectionRange(t.value.length,"
+                             " t.value.length); } }")
+    ui.sibnav.input(lambda c, nav: ui.flatten(events.switch_at(c, i, nav)), [slots, ui.sibnav],
+                    out, **QUICK)
+    ui.preset.input(lambda c, name: ui.flatten(events.choose_preset(c, i, name)),
+                    [slots, ui.preset], out, **QUICK)
+    ui.presets.save.click(lambda c, name, system: ui.flatten(events.save_preset(c, i, name, system)),
+                          [slots, ui.preset_name, ui.system], out, **QUICK)
+    ui.presets.make_default.click(lambda c: events.make_default(c, i), slots, None, **QUICK)
     page.refresh_after(ui.regen.click(regenerate, [slots, ui.sel, *settings], out, **GEN))
     ui.chatbot.retry(retry, [slots, *settings], out, **GEN)
     ui.chatbot.select(select, slots, out, **QUICK)
@@ -211,5 +318,5 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
-    wire_settings(ui.system, ui.sampling, events.ctl, slots, i)
+    wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)
     page.followers.append((follow, out))

@@ -36,17 +36,22 @@ class ChatTurns:
         """The params of k replies: from `sampling` (checked already) or the stored settings."""
         return (sampling or self.settings.sampling(cid)).columns(k)
 
-    def send(self, cid: int, text: str, sampling: Sampling | None = None) -> Turn:
+    def send(self, cid: int, text: str, sampling: Sampling | None = None,
+             policy: str | None = None) -> Turn:
         """Add the user's message at the end of the shown path and answer it. With empty text,
-        answer the last message if it is the user's (a reply that failed before)."""
+        answer the last message if it is the user's (a reply that failed before). `policy`
+        overrides the conversation's context policy for this request only (the "Stop and ask
+        me" dialog's "drop the oldest"). Under policy "error", a conversation that no longer
+        fits raises ContextAsk (context/logic.py) when dropping would help."""
         path = self.store.active_path(cid)
         if not text.strip():
             if path and path[-1].role == "user":
-                return self.generate(cid, path[-1].id, self.params(cid, sampling))
+                return self.generate(cid, path[-1].id, self.params(cid, sampling), policy=policy)
             raise ChatError("type a message first")
         params = self.params(cid, sampling)                   # bad settings: nothing written
         self.turns.check_idle(cid)
-        return self.generate(cid, path[-1].id if path else None, params, user_text=text)
+        return self.generate(cid, path[-1].id if path else None, params, user_text=text,
+                             policy=policy)
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
@@ -83,7 +88,7 @@ class ChatTurns:
         return [c.token_ids[:MAX_DRAFT_SOURCE_TOKENS] for c in reversed(replies)]
 
     def generate(self, cid: int, parent_id: int | None, params: list[SamplingParams],
-                 user_text: str | None = None, beam: int = 0) -> Turn:
+                 user_text: str | None = None, beam: int = 0, policy: str | None = None) -> Turn:
         """One reply per params to `parent_id` (a beam search of width `beam` if set); with
         `user_text`, to a new user message under it, stored only once the request is known to
         fit the context (else ContextError, nothing stored). The registry cancels the
@@ -91,7 +96,8 @@ class ChatTurns:
         if user_text is not None and self.backend() is None:
             self._add_user(cid, parent_id, user_text)      # kept: a later empty send answers it
         return self.turns.launch(cid, self.backend(),
-                                 lambda b: self._start(b, cid, parent_id, params, user_text, beam))
+                                 lambda b: self._start(b, cid, parent_id, params, user_text, beam,
+                                                       policy))
 
     def _add_user(self, cid: int, parent_id: int | None, text: str) -> Message:
         if self.store.get_conversation(cid).title == NEW_TITLE:
@@ -99,12 +105,13 @@ class ChatTurns:
         return self.store.add_message(cid, parent_id, "user", text)
 
     def _start(self, backend: ChatBackend, cid: int, parent_id: int | None,
-               params: list[SamplingParams], user_text: str | None, beam: int = 0) -> Turn:
+               params: list[SamplingParams], user_text: str | None, beam: int = 0,
+               policy: str | None = None) -> Turn:
         conv = self.store.get_conversation(cid)
         prompt = prompt_messages(self.store, cid, parent_id)
         if user_text is not None:
             prompt.append({"role": "user", "content": user_text})
-        sent = fit_prompt(backend, prompt, params[0].max_tokens, conv.context_policy)
+        sent = fit_prompt(backend, prompt, params[0].max_tokens, policy or conv.context_policy)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
         if beam:                                        # ValueError: bad input
             stream = backend.beam_search(sent.messages, beam, params[0].max_tokens, request_id)

@@ -10,7 +10,9 @@ in ChatTabUI and in TabValues, and its value in `tab_values` (all here); `values
 
 Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel{i}`, `prev{i}`,
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
-`cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), ...
+`cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
+`askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `preset{i}`,
+`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibnav{i}` ...
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import Any
 
 import gradio as gr
 
-from .. import render
+from .. import markdown, render
 from ..context.view import GAUGE_EMPTY, build_continue, build_gauge, build_policy, gauge_value
 from ..controller import ChatController
 from ..edit_preview.view import build_edit_cost
 from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
-from ..settings.logic import SAMPLING_KEYS
-from ..settings.view import sampling_fields
+from ..settings.logic import PENALTY_KEYS, SAMPLING_KEYS
+from ..settings.view import build_presets, penalty_fields, sampling_fields
 from ..values import KEEP, flatten, outputs
 
 
@@ -47,6 +49,11 @@ class TabValues:
     prepare: Any = KEEP               # its prepared-alternatives options (prepared/view.py)
     gauge: Any = KEEP                 # the context gauge (HTML)
     policy: Any = KEEP                # the conversation's context policy
+    penalties: Any = KEEP             # its penalty settings, in PENALTY_KEYS order
+    preset: Any = KEEP                # the presets dropdown (choices; no value: a chooser)
+    preset_name: Any = KEEP           # the name a preset is saved under
+    ask: Any = KEEP                   # the "Stop and ask me" dialog (visibility)
+    ask_md: Any = KEEP                # what the dialog says
 
 
 @dataclass
@@ -79,6 +86,14 @@ class ChatTabUI:
     cont: Any = None
     copy: Any = None                  # Copy: the selected message's text (Markdown) to the clipboard
     sel_text: Any = None              # a hidden textbox the Copy button fills, then copies
+    penalties: list = field(default_factory=list)      # settings.view.penalty_fields
+    presets: Any = None               # settings.view.PresetsUI (its preset, name: below)
+    preset: Any = None
+    preset_name: Any = None
+    ask: Any = None                   # AskUI's column, text and buttons (build_ask)
+    ask_md: Any = None
+    ask_ui: Any = None
+    sibnav: Any = None                # hidden: "index step" from a click on ‹ or › in a message
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -103,6 +118,8 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
+        values.penalties = [sampling[k] for k in PENALTY_KEYS]
+        values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy
         values.gauge = GAUGE_EMPTY if view.busy else gauge_value(ctl, cid)
@@ -115,10 +132,12 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
     with gr.Tab(f"Chat {i + 1}", id=f"slot{i}", visible=False, elem_id=f"tab{i}") as tab:
         # The messages are HTML (render.chat_messages): Gradio's Markdown pass is off, and so are
         # its inline edit and copy buttons, which would edit or copy that HTML (Edit and Copy in
-        # the toolbar take the stored text).
+        # the toolbar take the stored text). KaTeX typesets only what markdown.py marked as math
+        # (MATH_DELIMITERS), with Gradio's defaults: trust off, errors shown as text.
         chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
                              buttons=[], sanitize_html=True, allow_tags=False,
                              render_markdown=False, layout="bubble",
+                             latex_delimiters=markdown.MATH_DELIMITERS,
                              feedback_options=None, elem_classes="lp-chat",
                              placeholder="**Start the conversation below.**\n\nReplies stream "
                                          "in; every regenerate and edit is kept as a branch.")
@@ -148,13 +167,51 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                              elem_id=f"msg{i}", container=False)
             send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id=f"send{i}")
             stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id=f"stop{i}")
+        ask = build_ask(i)
         gauge = build_gauge(i)
         with gr.Accordion("Conversation settings", open=False, elem_id=f"settings{i}"):
+            presets = build_presets(i)
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
             policy = build_policy(i)
             sampling = sampling_fields(f"s{i}-")
+            penalties = penalty_fields(f"s{i}-")
             prepare = build_prepare_fields(i)
             export = build_export(i)
+        sibnav = gr.Textbox(visible="hidden", elem_id=f"sibnav{i}", show_label=False,
+                            container=False)
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
-                     sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text)
+                     sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
+                     penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
+                     sibnav)
+
+
+@dataclass
+class AskUI:
+    """The "Stop and ask me" dialog of tab i (elem_ids `ask{i}`, `askdrop{i}`, `askedit{i}`,
+    `askcancel{i}`): shown when a send under that policy no longer fits the context."""
+    column: gr.Column
+    text: gr.Markdown
+    drop: gr.Button
+    edit: gr.Button
+    cancel: gr.Button
+
+
+def build_ask(i: int) -> AskUI:
+    with gr.Column(visible=False, elem_id=f"ask{i}", elem_classes="lp-ask") as column:
+        text = gr.Markdown(elem_id=f"asktext{i}")
+        with gr.Row(elem_classes="lp-tight"):
+            drop = gr.Button("Drop the oldest messages and send", variant="primary", size="sm",
+                             elem_id=f"askdrop{i}")
+            edit = gr.Button("Edit my message", size="sm", elem_id=f"askedit{i}")
+            cancel = gr.Button("Cancel", size="sm", elem_id=f"askcancel{i}")
+    return AskUI(column, text, drop, edit, cancel)
+
+
+def ask_text(dropped: int) -> str:
+    """What the dialog says (Markdown from numbers and fixed text)."""
+    n = f"{dropped} oldest message{'s' if dropped != 1 else ''}"
+    return (f"**This conversation no longer fits the model's context.** Your message was not "
+            f"sent and is still in the box. Send it with the {n} left out of the model's "
+            "context (they stay saved here; this conversation keeps “Stop and ask me”), edit "
+            "your message, or cancel.")

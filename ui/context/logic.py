@@ -42,6 +42,16 @@ class ContextError(ValueError):
     message says what to do."""
 
 
+class ContextAsk(ContextError):
+    """Policy "error" ("Stop and ask me") met a conversation that no longer fits, and leaving
+    out the oldest `dropped` messages would make it fit: the UI asks the user what to do (send
+    once with them left out, edit the message, or cancel). Nothing was sent or stored."""
+
+    def __init__(self, message: str, dropped: int) -> None:
+        super().__init__(message)
+        self.dropped = dropped
+
+
 @dataclass
 class ContextUsage:
     """What the gauge shows for the next request of a conversation."""
@@ -117,14 +127,26 @@ def fit_prompt(backend, messages: list[dict], max_tokens: int | None, policy: st
                            "Shorten it in the conversation settings.") from exc
     except ContextOverflowError as exc:
         if policy == "error":
-            raise ContextError(
-                f"This conversation no longer fits the model's context ({exc}). Your message "
-                "was not sent. To go on, choose “Drop the oldest messages” in the "
-                "conversation settings, shorten your message, or fork from an earlier "
-                "message.") from exc
+            why = (f"This conversation no longer fits the model's context ({exc}). Your "
+                   "message was not sent. To go on, choose “Drop the oldest messages” in the "
+                   "conversation settings, shorten your message, or fork from an earlier "
+                   "message.")
+            dropped = _dropped_to_fit(window, messages, reserve)
+            if dropped is not None:
+                raise ContextAsk(why, dropped) from exc
+            raise ContextError(why) from exc
         raise ContextError(f"Your message is too long for the model's context: {exc}. "
                            "Shorten it and send again.") from exc
     return Prompt(fit.messages, fit.num_dropped)
+
+
+def _dropped_to_fit(window: ContextWindow, messages: list[dict], reserve: int) -> int | None:
+    """How many of the oldest messages policy "drop_oldest" would leave out; None when even
+    that cannot make the request fit (the message alone is too long)."""
+    try:
+        return window.fit(messages, reserve, "drop_oldest").num_dropped
+    except ContextOverflowError:
+        return None
 
 
 def sent_messages(messages: list[dict], dropped: int) -> list[dict]:

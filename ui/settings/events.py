@@ -9,7 +9,7 @@ import gradio as gr
 from ..controller import ChatController
 from ..queues import QUICK
 from ..toasts import USER_ERRORS, warn, why
-from .logic import SAMPLING_KEYS
+from .logic import PENALTY_KEYS, SAMPLING_KEYS
 
 
 def save_setting(ctl: ChatController, slots: list, i: int, key: str, value) -> None:
@@ -24,7 +24,10 @@ def save_setting(ctl: ChatController, slots: list, i: int, key: str, value) -> N
 
 
 def wire_settings(system: gr.Textbox, sampling: list, ctl: ChatController, slots: gr.State,
-                  i: int) -> None:
-    for key, f in zip(("system_prompt", *SAMPLING_KEYS), (system, *sampling)):
+                  i: int, penalties: list = ()) -> None:
+    """Each field saves itself: the system prompt, the sampling fields (SAMPLING_KEYS order)
+    and the penalty fields (PENALTY_KEYS order)."""
+    keys = ("system_prompt", *SAMPLING_KEYS, *PENALTY_KEYS[:len(penalties)])
+    for key, f in zip(keys, (system, *sampling, *penalties)):
         edited = f.blur if f is system else f.input
         edited(lambda c, v, key=key: save_setting(ctl, c, i, key, v), [slots, f], None, **QUICK)

@@ -21,13 +21,19 @@ from ..store import Store
 
 # Order matters: it is the order of the settings fields on a chat tab and a compare column.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")
+# The penalties against repeating tokens (a chat tab's third row of fields; a compare column
+# takes the conversation's). Stored beside SAMPLING_KEYS in the same settings dict; the
+# neutral values change nothing.
+PENALTY_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+ALL_KEYS = SAMPLING_KEYS + PENALTY_KEYS
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
-                                    "seed": None, "max_tokens": 512}
+                                    "seed": None, "max_tokens": 512, "repetition_penalty": 1.0,
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings that passed the check: `values` (SAMPLING_KEYS) and `params`, the
+    """Sampling settings that passed the check: `values` (ALL_KEYS) and `params`, the
     engine params the check built from them."""
     values: dict[str, Any]
     params: SamplingParams
@@ -44,10 +50,11 @@ class Sampling:
 
 
 def check_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None = None) -> Sampling:
-    """Known keys only, numbers coerced (blank seed: None), missing keys from base/defaults;
-    raises ValueError naming the field when a value is not acceptable to the engine."""
+    """Known keys only (ALL_KEYS), numbers coerced (blank seed: None), missing keys from
+    base/defaults; raises ValueError naming the field when a value is not acceptable to the
+    engine."""
     out = {**DEFAULT_SAMPLING, **(base or {})}
-    for key in SAMPLING_KEYS:
+    for key in ALL_KEYS:
         value = (settings or {}).get(key, out[key])
         if value in ("", None):
             value = None if key in ("seed", "max_tokens") else DEFAULT_SAMPLING[key]
@@ -56,7 +63,7 @@ def check_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None 
         else:
             value = float(value)
         out[key] = value
-    return Sampling.of({k: out[k] for k in SAMPLING_KEYS})
+    return Sampling.of({k: out[k] for k in ALL_KEYS})
 
 
 def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
@@ -64,13 +71,14 @@ def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
     return SamplingParams(temperature=settings["temperature"], top_p=settings["top_p"],
                           top_k=settings["top_k"], min_p=settings["min_p"],
                           seed=None if seed is None else seed + seed_offset,
-                          max_tokens=settings["max_tokens"])
+                          max_tokens=settings["max_tokens"],
+                          **{k: settings.get(k, DEFAULT_SAMPLING[k]) for k in PENALTY_KEYS})
 
 
 def sampling_record(params: SamplingParams) -> dict[str, Any]:
     """What a reply's row keeps of the params that produced it."""
     p = vars(params)
-    return {k: p[k] for k in SAMPLING_KEYS}
+    return {k: p[k] for k in ALL_KEYS}
 
 
 def from_fields(values: tuple | list) -> dict[str, Any]:
@@ -93,7 +101,7 @@ class ConversationSettings:
     def read(self, cid: int) -> tuple[str, dict[str, Any]]:
         """(system prompt, sampling values) as stored, missing keys from the defaults."""
         conv = self.store.get_conversation(cid)
-        stored = {k: conv.sampling[k] for k in SAMPLING_KEYS if k in conv.sampling}
+        stored = {k: conv.sampling[k] for k in ALL_KEYS if k in conv.sampling}
         return conv.system_prompt, {**self.default, **stored}
 
     def sampling(self, cid: int) -> Sampling:
@@ -103,9 +111,11 @@ class ConversationSettings:
 
     def update(self, cid: int, system_prompt: str, sampling: dict[str, Any]) -> Sampling:
         """Save both; returns the sampling settings checked (their params serve the request
-        that follows). Raises ValueError naming a bad field; nothing is saved then."""
+        that follows). A key `sampling` leaves out keeps its stored value (a tab's send passes
+        SAMPLING_KEYS; the penalties were saved as they were edited). Raises ValueError naming
+        a bad field; nothing is saved then."""
         old_prompt, old = self.read(cid)
-        checked = check_sampling(sampling, self.default)
+        checked = check_sampling(sampling, old)
         if system_prompt != old_prompt or checked.values != old:  # else keep the sidebar order
             self.store.update_conversation(cid, system_prompt=system_prompt,
                                            sampling=checked.values)

@@ -1,13 +1,16 @@
-"""The sampling settings as Gradio fields (a chat tab's settings, a compare column's): one
-component per key of `logic.SAMPLING_KEYS`, returned in that order."""
+"""The settings as Gradio fields: the sampling fields (a chat tab's settings, a compare column's):
+one component per key of `logic.SAMPLING_KEYS`, returned in that order; a chat tab's penalty
+fields (`logic.PENALTY_KEYS`); its presets row (`PresetsUI`: choose a preset, save the system
+prompt as one, make the conversation's settings the defaults of new chats)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
 
-from .logic import DEFAULT_SAMPLING, SAMPLING_KEYS
+from .logic import DEFAULT_SAMPLING, PENALTY_KEYS, SAMPLING_KEYS
 
 
 def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
@@ -37,3 +40,42 @@ def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
             with gr.Row():
                 built.update({k: make[k]() for k in line})
     return [built[k] for k in SAMPLING_KEYS]
+
+
+def penalty_fields(prefix: str) -> list:
+    """The penalties against repetition, one row, in PENALTY_KEYS order (elem_ids
+    `{prefix}{key}`); their ranges are the engine's (core/sampling_params.py)."""
+    d = DEFAULT_SAMPLING
+    with gr.Row():
+        fields = [
+            gr.Number(value=d["repetition_penalty"], minimum=0.01, maximum=100, step=0.05,
+                      label="Repetition penalty (1: off)", elem_id=f"{prefix}repetition_penalty"),
+            gr.Slider(-2, 2, value=d["presence_penalty"], step=0.1,
+                      label="Presence penalty (0: off)", elem_id=f"{prefix}presence_penalty"),
+            gr.Slider(-2, 2, value=d["frequency_penalty"], step=0.1,
+                      label="Frequency penalty (0: off)", elem_id=f"{prefix}frequency_penalty"),
+        ]
+    assert len(fields) == len(PENALTY_KEYS)
+    return fields
+
+
+@dataclass
+class PresetsUI:
+    """A chat tab's presets row: elem_ids `preset{i}`, `presetname{i}`, `presetsave{i}`,
+    `defaults{i}`."""
+    preset: gr.Dropdown
+    name: gr.Textbox
+    save: gr.Button
+    make_default: gr.Button
+
+
+def build_presets(i: int) -> PresetsUI:
+    with gr.Row(equal_height=True, elem_classes="lp-presets"):
+        preset = gr.Dropdown([], value=None, label="Preset (fills the system prompt)",
+                             elem_id=f"preset{i}", scale=2, allow_custom_value=False)
+        name = gr.Textbox(label="Save the system prompt as a preset named", scale=2,
+                          max_lines=1, elem_id=f"presetname{i}")
+        save = gr.Button("Save preset", size="sm", scale=0, min_width=100, elem_id=f"presetsave{i}")
+    make_default = gr.Button("Use these settings for new chats", size="sm",
+                             elem_id=f"defaults{i}")
+    return PresetsUI(preset, name, save, make_default)

@@ -3,6 +3,7 @@
   store.py          Store: conversations (create, list/search, rename, update, delete)
   tree.py           MessageTree: messages (add, update, delete, siblings, active path)
   export.py         ExportImport: fork, export to JSON / Markdown, import
+  app_settings.py   AppSettings: app-wide settings (defaults for new chats), saved presets
   db.py             StoreBase: the connection, the lock, transactions
   errors.py         StoreError and its causes (disk full, read-only, locked, damaged, ...)
   private.py        owner-only modes for the data dir, the database, exports

@@ -5,6 +5,7 @@ export to JSON (the whole tree) and Markdown (the active path), and import from 
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from .rows import Conversation, message_from_row
@@ -18,13 +19,16 @@ class ExportImport(MessageTree):
 
     @guarded
     def fork_conversation(self, message_id: int, title: str | None = None) -> Conversation:
-        """A new conversation with the same settings holding a copy of the path up to
-        `message_id` (timestamps, sampling, stats, status and reply token ids copied)."""
+        """A new conversation with the same settings (system prompt, model, sampling
+        settings, context policy, options) holding a copy of the path up to `message_id`
+        (timestamps, sampling, stats, status and reply token ids copied)."""
         path = self.path_to(message_id)
         src = self.get_conversation(path[0].conversation_id)
         with self._write():
             cid = self._insert_conversation(title or f"{src.title} (fork)", src.system_prompt,
                                             src.model, src.sampling)
+            self.db.execute("UPDATE conversations SET context_policy = ?, options = ?"
+                            " WHERE id = ?", [src.context_policy, json.dumps(src.options), cid])
             parent = None
             for m in path:
                 parent = self._insert(cid, parent, m.role, m.content, m.sampling, m.status,

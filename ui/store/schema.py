@@ -7,13 +7,17 @@ The version lives in `PRAGMA user_version`:
   2  `messages.status` ('complete' | 'streaming' | 'stopped' | 'interrupted') and
      `messages.stats` (JSON: prompt_tokens, generated_tokens, ttft_s, tokens_per_s,
      prefix_tokens_reused, finish_reason).
-  3  current: `messages.prepared` (NULL: an ordinary message; 'unseen': a reply prepared in the
+  3  `messages.prepared` (NULL: an ordinary message; 'unseen': a reply prepared in the
      background that the user has not opened; 'seen': one they opened, see `ui/prepared/logic.py`),
      `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`),
      `messages.token_ids` (JSON list of a reply's token ids, exactly as generated, so
      Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
      `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
      conversation no longer fits the model's context).
+  4  current: `app_settings` (key -> JSON value: app-wide settings, e.g. `defaults`, the system
+     prompt, sampling settings and context policy a new conversation starts with) and `presets`
+     (named system prompts the user saved; the built-in ones are not stored, see
+     `ui/settings/presets.py`). Added tables only: every conversation and message is kept as it was.
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -33,7 +37,7 @@ from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
@@ -79,6 +83,16 @@ CREATE_CURRENT = [
     "CREATE INDEX messages_parent ON messages(parent_id)",
     "CREATE INDEX messages_status ON messages(status)",
 ]
+# Version 4's tables: in CREATE_CURRENT and, for an older file, in MIGRATIONS[3].
+_APP_TABLES = [
+    "CREATE TABLE app_settings (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    """CREATE TABLE presets (
+        name TEXT PRIMARY KEY,
+        system_prompt TEXT NOT NULL,
+        created REAL NOT NULL
+    )""",
+]
+CREATE_CURRENT += _APP_TABLES
 
 # Tree queries (recursive CTEs, no depth limit): the active path of conversation ?, from its
 # active root down the active children; the path from the root down to message ?; the ids of
@@ -114,6 +128,7 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE messages ADD COLUMN token_ids TEXT",
         "ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL DEFAULT 'drop_oldest'",
     ],
+    3: _APP_TABLES,
 }
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .app_settings import AppSettings
 from .db import DB_FILENAME, guarded
 from .errors import StoreError
 from .export import EXPORT_FORMAT, ExportImport
@@ -41,7 +42,7 @@ def default_data_dir() -> Path:
     return base / "localpaged"
 
 
-class Store(ExportImport):
+class Store(AppSettings, ExportImport):
     """The conversation store. `path` is the database file, or a directory to hold
     DB_FILENAME; missing directories are created (see StoreBase)."""
 
