@@ -5,6 +5,8 @@ import pytest
 from engine_helpers import greedy, prompts
 
 from localpaged import LLM
+from localpaged.core.block_pool import NULL_BLOCK
+from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager, hash_block
 from localpaged.core.request import Sequence
 
@@ -69,3 +71,65 @@ def test_engine_debug_flag_checks_every_step(tiny_llama):
     while engine.has_unfinished_requests():                  # repaired: runs to the end, checked
         engine.step()
     assert llm.stats().blocks_in_use == 0
+
+
+# ---- sliding-window groups (core.sliding_window, core.hybrid_kv_cache_manager) ----------------
+def hybrid_with_a_window() -> tuple[HybridKVCacheManager, Sequence]:
+    """Group 0 full, group 1 window 6, block size 4; 30 tokens computed: blocks 0-5 dead."""
+    kv = HybridKVCacheManager((0, 6), [32, 32], block_size=4, num_cpu_blocks=[16, 16])
+    seq = Sequence(list(range(30)), 30, 0, None)
+    assert kv.admit([seq], 30) == [0]
+    seq.num_computed_tokens = 30
+    kv.cache_full_blocks(seq)
+    kv.check(seqs=[seq])
+    return kv, seq
+
+
+def test_check_catches_a_null_entry_inside_the_window():
+    kv, seq = hybrid_with_a_window()
+    table = kv.groups[1].tables[seq.seq_id]
+    kv.groups[1].pool.decref(table[6])
+    table[6] = NULL_BLOCK
+    with pytest.raises(InvariantError, match="block 6 is NULL with 30 tokens computed"):
+        kv.check(seqs=[seq])
+
+
+def test_check_catches_a_block_the_window_did_not_give_back():
+    kv, seq = hybrid_with_a_window()
+    table = kv.groups[1].tables[seq.seq_id]
+    table[5] = kv.groups[1].pool.allocate()
+    with pytest.raises(InvariantError, match="block 5 is not NULL"):
+        kv.check(seqs=[seq])
+
+
+def test_check_catches_groups_that_disagree_and_a_null_entry_in_a_full_table():
+    kv, seq = hybrid_with_a_window()
+    kv.groups[1].pool.decref(kv.groups[1].tables[seq.seq_id].pop())
+    with pytest.raises(InvariantError, match="block tables of group 1 differ"):
+        kv.check()
+    kv, seq = hybrid_with_a_window()
+    kv.groups[0].pool.decref(kv.groups[0].tables[seq.seq_id][0])
+    kv.groups[0].tables[seq.seq_id][0] = NULL_BLOCK
+    with pytest.raises(InvariantError, match="NULL entry in a full-attention block table"):
+        kv.check(seqs=[seq])
+
+
+def test_swap_keeps_null_entries_and_check_covers_every_group():
+    kv, seq = hybrid_with_a_window()
+    assert kv.can_swap_out([seq])
+    kv.swap_out([seq])
+    ops = kv.take_block_ops()
+    assert [(op.group, len(op.pairs)) for op in ops] == [(0, 8), (1, 2)]   # NULL entries stay
+    assert kv.groups[1].cpu_tables[seq.seq_id][:6] == [NULL_BLOCK] * 6
+    kv.check(seqs=[seq])
+    kv.swap_in([seq])
+    kv.check(seqs=[seq])
+    kv.groups[1].pool.blocks[kv.group_block_ids(1, seq)[7]].ref_count += 1
+    with pytest.raises(InvariantError, match="ref_count 2, held by 1"):
+        kv.check()
+    kv.groups[1].pool.blocks[kv.group_block_ids(1, seq)[7]].ref_count -= 1
+    kv.free(seq)
+    kv.check(expect_empty=True)
+    kv.groups[1].pool.allocate()                              # a block no table holds
+    with pytest.raises(InvariantError, match="ref_count 1, held by 0"):
+        kv.check(expect_empty=True)

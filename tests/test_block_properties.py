@@ -1,13 +1,16 @@
 """Property-based block accounting: random add / fork / append / free / abort / preempt / swap
 / speculate (a draft written, part of it accepted, the rest given back) sequences keep the
 invariants of docs/architecture.md §3 (I1-I5, I14), checked both here (independently) and by
-KVCacheManager.check()."""
+KVCacheManager.check(); the same machine runs over HybridKVCacheManager (a full group beside
+sliding-window groups, and a model whose every layer slides), where blocks wholly before a
+window must be NULL entries and everything else holds in every group."""
 
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from localpaged.core.block_pool import BlockOpKind, BlockPool
+from localpaged.core.block_pool import NULL_BLOCK, BlockOpKind, BlockPool
+from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import KVCacheManager, hash_block
 from localpaged.core.request import Sequence
 
@@ -32,7 +35,16 @@ class BlockMachine(RuleBasedStateMachine):
         self.running: list[Sequence] = []
         self.swapped: list[Sequence] = []
         self.waiting: list[Sequence] = []
-        self.content: dict[int, tuple] = {}      # device block -> tokens up to its end, when full
+        # (group, device block) -> tokens up to its end, when full
+        self.content: dict[tuple[int, int], tuple] = {}
+
+    @property
+    def groups(self) -> list[KVCacheManager]:
+        """The managers of each KV-cache group (the plain manager is one group)."""
+        return getattr(self.kv, "groups", [self.kv])
+
+    def live(self) -> list[Sequence]:
+        return self.running + self.swapped
 
     # ---- helpers ------------------------------------------------------------------------------
     def compute(self, seq: Sequence, n: int) -> None:
@@ -47,23 +59,26 @@ class BlockMachine(RuleBasedStateMachine):
         for op in self.kv.take_block_ops():
             if op.kind is not BlockOpKind.COPY:       # swaps only move bytes we track below
                 continue
+            g = op.group
             # a batched op reads all its sources before it writes (kernels' copy_blocks)
-            read = {src: self.content.get(src) for src, _ in op.pairs}
+            read = {src: self.content.get((g, src)) for src, _ in op.pairs}
             for src, dst in op.pairs:
                 # a private copy (ref 1) or a cached block's new holder (free: ref 0)
-                assert self.kv.pool.blocks[dst].ref_count <= 1
+                assert self.groups[g].pool.blocks[dst].ref_count <= 1
                 if read[src] is None:
-                    self.content.pop(dst, None)
+                    self.content.pop((g, dst), None)
                 else:
-                    self.content[dst] = read[src]
-        table = self.kv.block_ids(seq)
-        for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
-            block = table[pos // B]
-            assert self.kv.pool.blocks[block].ref_count == 1, "write into a shared block"
-            if pos % B == B - 1:
-                self.content[block] = tuple(seq.token_ids[:pos + 1])
-            elif pos % B == 0:
-                self.content.pop(block, None)
+                    self.content[(g, dst)] = read[src]
+        for g, group in enumerate(self.groups):
+            table = group.tables[seq.seq_id]
+            for pos in range(seq.num_computed_tokens, seq.num_computed_tokens + n):
+                block = table[pos // B]
+                assert block is not NULL_BLOCK, "write into a NULL entry"
+                assert block.ref_count == 1, "write into a shared block"
+                if pos % B == B - 1:
+                    self.content[(g, block.block_id)] = tuple(seq.token_ids[:pos + 1])
+                elif pos % B == 0:
+                    self.content.pop((g, block.block_id), None)
 
     def append_token(self, seq: Sequence, token: int) -> None:
         seq.token_ids.append(token)
@@ -77,7 +92,7 @@ class BlockMachine(RuleBasedStateMachine):
     def add(self, tokens):
         seq = Sequence(tokens, len(tokens), 0, None)
         hits = self.kv.find_cached_prefix(seq)
-        n = len(tokens) - len(hits) * B
+        n = len(tokens) - self.kv.hit_tokens(hits)
         if self.kv.allocate_slots(seq, n, hits):
             self.compute(seq, n)
             self.running.append(seq)
@@ -170,12 +185,15 @@ class BlockMachine(RuleBasedStateMachine):
         if self.kv.can_swap_in([seq]):
             self.swapped.pop(0)
             self.kv.swap_in([seq])
-            for i, block in enumerate(self.kv.block_ids(seq)):   # the restored bytes
-                end = (i + 1) * B
-                if end <= seq.num_computed_tokens:
-                    self.content[block] = tuple(seq.token_ids[:end])
-                else:
-                    self.content.pop(block, None)
+            for g, group in enumerate(self.groups):             # the restored bytes
+                for i, block in enumerate(group.tables[seq.seq_id]):
+                    if block is NULL_BLOCK:
+                        continue
+                    end = (i + 1) * B
+                    if end <= seq.num_computed_tokens:
+                        self.content[(g, block.block_id)] = tuple(seq.token_ids[:end])
+                    else:
+                        self.content.pop((g, block.block_id), None)
             self.running.append(seq)
 
     @precondition(lambda self: self.waiting)
@@ -183,7 +201,7 @@ class BlockMachine(RuleBasedStateMachine):
     def resume_waiting(self):
         seq = self.waiting[0]
         hits = self.kv.find_cached_prefix(seq)
-        n = len(seq.token_ids) - len(hits) * B
+        n = len(seq.token_ids) - self.kv.hit_tokens(hits)
         if self.kv.allocate_slots(seq, n, hits):
             self.waiting.pop(0)
             self.compute(seq, n)
@@ -194,14 +212,15 @@ class BlockMachine(RuleBasedStateMachine):
     def admit_waiting(self, budget):
         """The scheduler's admission: prefix hits, watermark and allocation in one call."""
         seq = self.waiting[0]
-        free_before = self.kv.pool.num_free
+        free_before = [g.pool.num_free for g in self.groups]
         cached = self.kv.admit([seq], budget)
-        if cached is None:
-            assert self.kv.pool.num_free == free_before and seq.seq_id not in self.kv.tables
+        if cached is None:                     # nothing held, in any group
+            assert [g.pool.num_free for g in self.groups] == free_before
+            assert all(seq.seq_id not in g.tables for g in self.groups)
             return
         self.waiting.pop(0)
         assert seq.num_computed_tokens == cached[0] and cached[0] % B == 0
-        assert self.kv.pool.num_free >= self.kv.watermark_blocks
+        assert all(g.pool.num_free >= g.watermark_blocks for g in self.groups)
         n = min(seq.num_uncomputed_tokens, budget)
         self.compute(seq, n)
         if seq.num_uncomputed_tokens:          # the rest of the prompt, as the next steps would
@@ -215,39 +234,59 @@ class BlockMachine(RuleBasedStateMachine):
     # ---- invariants ---------------------------------------------------------------------------
     @invariant()
     def manager_check_passes(self):
-        self.kv.check()
+        self.kv.check(seqs=self.live())
 
     @invariant()
     def ref_counts_match_tables(self):
-        holders: dict[int, int] = {}
-        for table in self.kv.tables.values():
-            for block in table:
-                holders[block.block_id] = holders.get(block.block_id, 0) + 1
-        for block in self.kv.pool.blocks:
-            assert block.ref_count == holders.get(block.block_id, 0)
-            assert (block.block_id in self.kv.pool.free_queue) == (block.ref_count == 0)
-
-    @invariant()
-    def cpu_ref_counts_match_tables(self):
-        holders: dict[int, int] = {}
-        for table in self.kv.cpu_tables.values():
-            for block in table:
-                holders[block.block_id] = holders.get(block.block_id, 0) + 1
-        for block in self.kv.cpu_pool.blocks:
-            assert block.ref_count == holders.get(block.block_id, 0)
+        for group in self.groups:
+            for tables, pool in ((group.tables, group.pool), (group.cpu_tables, group.cpu_pool)):
+                holders: dict[int, int] = {}
+                for table in tables.values():
+                    for block in table:
+                        if block is not NULL_BLOCK:
+                            holders[block.block_id] = holders.get(block.block_id, 0) + 1
+                for block in pool.blocks:
+                    assert block.ref_count == holders.get(block.block_id, 0)
+            for block in group.pool.blocks:
+                assert (block.block_id in group.pool.free_queue) == (block.ref_count == 0)
 
     @invariant()
     def cached_hash_describes_stored_tokens(self):
-        for h, block in self.kv.pool.cached.items():
-            assert block.block_hash == h
-            assert chain_hash(self.content[block.block_id]) == h
+        for g, group in enumerate(self.groups):
+            for h, block in group.pool.cached.items():
+                assert block.block_hash == h
+                assert chain_hash(self.content[(g, block.block_id)]) == h
+
+    @invariant()
+    def no_hash_for_an_uncomputed_block(self):
+        for group in self.groups:
+            for seq in self.running:
+                for i, block in enumerate(group.tables[seq.seq_id]):
+                    if block.block_hash is not None:
+                        assert (i + 1) * B <= seq.num_computed_tokens
+
+    @invariant()
+    def sliding_groups_hold_only_their_window(self):
+        """Blocks wholly before the window of the next query (at num_computed_tokens) are NULL,
+        the others real; so a table holds at most ceil((W + B - 2) / B) blocks."""
+        for group in self.groups:
+            window = getattr(group, "window", 0)
+            if not window:
+                continue
+            for seq in self.live():
+                table = group.tables.get(seq.seq_id) or group.cpu_tables[seq.seq_id]
+                dead = max(0, (seq.num_computed_tokens - window + 1) // B)
+                assert [b is NULL_BLOCK for b in table] == [i < dead for i in range(len(table))]
+                assert len(table) - dead <= -(-(window + B - 2) // B)
 
     def teardown(self):
         for seq in self.running + self.swapped + self.waiting:
             self.kv.free(seq)
-        assert self.kv.pool.num_free == NUM_BLOCKS, "a block is still held after every request ended"
-        assert all(b.ref_count == 0 for b in self.kv.pool.blocks)
-        assert self.kv.cpu_pool.num_free == self.kv.cpu_pool.num_blocks
+        for group in self.groups:
+            assert group.pool.num_free == group.pool.num_blocks, \
+                "a block is still held after every request ended"
+            assert all(b.ref_count == 0 for b in group.pool.blocks)
+            assert group.cpu_pool.num_free == group.cpu_pool.num_blocks
         self.kv.check(expect_empty=True)
 
 
@@ -256,10 +295,34 @@ class RunsMachine(BlockMachine):
     keep_runs = True
 
 
+class HybridMachine(BlockMachine):
+    """A full-attention group beside two sliding groups (windows 5 and 9, smaller pools)."""
+    windows, sizes = (0, 5, 9), [NUM_BLOCKS, 10, 12]
+
+    def __init__(self):
+        RuleBasedStateMachine.__init__(self)
+        self.kv = HybridKVCacheManager(self.windows, self.sizes, B, enable_prefix_caching=True,
+                                       num_cpu_blocks=[12] * len(self.windows),
+                                       keep_runs=self.keep_runs)
+        self.running: list[Sequence] = []
+        self.swapped: list[Sequence] = []
+        self.waiting: list[Sequence] = []
+        self.content: dict[tuple[int, int], tuple] = {}
+
+
+class AllSlidingMachine(HybridMachine):
+    """Every layer slides (Mistral): one sliding group, its tables kept back to back."""
+    windows, sizes, keep_runs = (6,), [14], True
+
+
 TestBlockMachine = BlockMachine.TestCase
 TestBlockMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestRunsMachine = RunsMachine.TestCase
 TestRunsMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestHybridMachine = HybridMachine.TestCase
+TestHybridMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestAllSlidingMachine = AllSlidingMachine.TestCase
+TestAllSlidingMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 
 
 def _cache_order(pool) -> list:

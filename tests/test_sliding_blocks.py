@@ -90,6 +90,14 @@ def test_allocation_is_all_or_nothing_across_groups():
     assert [g.usage().in_use for g in kv.groups] == [3, 3]
 
 
+def evict(group, seq: Sequence, i: int) -> None:
+    """Drop block i of seq's tokens from group's prefix cache, as eviction would."""
+    block = group.pool.lookup(group.block_hashes(seq, i + 1)[i])
+    group.pool.incref(block)
+    group.pool._evict(block)
+    group.pool.decref(block)
+
+
 def test_prefix_hit_needs_only_the_window_in_a_sliding_group():
     kv = HybridKVCacheManager((0, 6), [32, 32], block_size=4)
     first = Sequence(list(range(41)), 41, 0, None)
@@ -99,19 +107,13 @@ def test_prefix_hit_needs_only_the_window_in_a_sliding_group():
     kv.free(first)
     sliding = kv.groups[1]
     # evict an early block of the sliding group: hits that need it become invalid, later ones not
-    early = sliding.pool.lookup(sliding.block_hashes(first, 10)[1])
-    sliding.pool.incref(early)
-    sliding.pool._evict(early)
-    sliding.pool.decref(early)
+    evict(sliding, first, 1)
     again = Sequence(list(range(41)), 41, 0, None)
     hits = kv.find_cached_prefix(again)
     assert len(hits[0]) == len(hits[1]) == 10                 # a hit of 10 blocks needs 40-45 only
     assert hits[1][:8] == [NULL_BLOCK] * 8 and NULL_BLOCK not in hits[0]
     # block 9 missing too: a hit of 10 blocks lacks it, one of 9 needs blocks 7-8 only
-    inside = sliding.pool.lookup(sliding.block_hashes(first, 10)[9])
-    sliding.pool.incref(inside)
-    sliding.pool._evict(inside)
-    sliding.pool.decref(inside)
+    evict(sliding, first, 9)
     assert kv.cached_prefix_length(list(range(41))) == 9
     assert kv.admit([again], 64) == [36]
     assert kv.groups[1].tables[again.seq_id][:7] == [NULL_BLOCK] * 7
