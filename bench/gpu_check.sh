@@ -2,11 +2,13 @@
 # One prepared check for a machine with CUDA, run from anywhere; finishes within 10 minutes.
 #   1. install the project (pip install -e .[test]; offline machines fall back to --no-deps;
 #      SKIP_INSTALL=1 skips this)
-#   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset)
+#   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset): tests/test_kernels.py and
+#      the sliding-window cases of every kernel, tests/test_kernels_window.py
 #   3. the quantized-matmul kernel tests (tests/test_quant_kernels.py, and the GGUF block-format
 #      kernel with a Q4_K_M file on the GPU: tests/test_triton_ggml.py), compiled
 #   4. the engine-vs-transformers equality tests with the Triton backend, where present
-#   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio
+#   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio, and
+#      decode with a sliding window of 1,024 against full attention
 #   6. bench/gpu_quant.py: int8/int4 and GGUF Q4_K/Q6_K/Q8_0 matmul vs fp16, batch-1 weight
 #      bandwidth
 #   7. bench/throughput.py --device cuda --quick, where present
@@ -25,7 +27,8 @@ LOG="$DEST/gpu_check.log"
 : >"$LOG"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 unset TRITON_INTERPRET
-DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 540; kills add <= 10 s each
+DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 570, the deadline caps them (the
+                                  # last steps get what is left); kills add <= 10 s each
 STEPS=""
 
 # step NAME LIMIT_S CMD...: run CMD (a command or an exported function) under
@@ -83,7 +86,8 @@ throughput() {
 export PY
 export -f install_project engine_tests throughput
 step install 60 install_project
-step kernel_tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py
+step kernel_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py \
+    tests/test_kernels_window.py
 step quant_tests 70 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py \
     tests/test_triton_ggml.py
 step engine_tests 90 engine_tests

@@ -7,6 +7,9 @@ block size 16, every sequence at the full context) it times:
 - triton_in_order: the public function over a cache whose blocks are in order per sequence
   (the paging overhead alone, as the paper measured it);
 - sdpa: ``F.scaled_dot_product_attention`` over contiguous [B, Hkv, L, D] K/V (enable_gqa);
+- window: the public function with a sliding window (``--window``, default 1024; where the
+  context is longer), which reads only the window's blocks: its time, its error against SDPA
+  over the last W tokens, and its time against full attention's (window_vs_full);
 and prints the achieved bandwidth (bytes of K/V read / time) and the paged/contiguous time ratio
 (the paper reports its paged kernel 20-26% slower than a contiguous one). Block tables are a
 random permutation of the block ids, so reads are scattered as in a long-running server.
@@ -83,25 +86,40 @@ def run(args, device="cuda") -> dict:
                                                                enable_gqa=True),
             }
             expected = fns["sdpa"]().squeeze(2).float()
+            windowed = context > args.window > 0
+            if windowed:
+                kw, vw = kk[:, :, -args.window:], vv[:, :, -args.window:]
+                expected_window = F.scaled_dot_product_attention(
+                    q4, kw, vw, scale=scale, enable_gqa=True).squeeze(2).float()
+                fns["window"] = lambda: dec.paged_decode_attention(*paged, args.window)
             max_context = d["scattered"][2].shape[1] * block_size
             row = {"batch": batch, "context": context,
                    "split_k_chosen": dec.use_split_k(batch, num_kv_heads, max_context, q.device)}
             kv_bytes = 2 * batch * context * num_kv_heads * head_dim * q.element_size()
             for name, fn in fns.items():
                 if name != "sdpa":
-                    row[f"{name}_max_abs_err"] = (fn().float() - expected).abs().max().item()
+                    want = expected_window if name == "window" else expected
+                    row[f"{name}_max_abs_err"] = (fn().float() - want).abs().max().item()
                 ms = time_ms(fn)
                 row[f"{name}_ms"] = ms
                 row[f"{name}_GBps"] = kv_bytes / (ms * 1e-3) / 1e9
             for name in ("triton", "plain", "split", "triton_in_order"):
                 row[f"{name}_vs_sdpa"] = row[f"{name}_ms"] / row["sdpa_ms"]
             row["scattered_vs_in_order"] = row["triton_ms"] / row["triton_in_order_ms"]
+            if windowed:
+                row["window"] = args.window
+                row["window_vs_full"] = row["window_ms"] / row["triton_ms"]
+                row["window_GBps"] *= args.window / context        # bytes of the window only
             rows.append(row)
             logger.info("B=%-3d L=%-5d triton %.3f ms %.0f GB/s (%s), sdpa %.3f ms %.0f GB/s, "
                         "ratio %.2f, err %.1e", batch, context, row["triton_ms"],
                         row["triton_GBps"], "split" if row["split_k_chosen"] else "plain",
                         row["sdpa_ms"], row["sdpa_GBps"], row["triton_vs_sdpa"],
                         row["triton_max_abs_err"])
+            if windowed:
+                logger.info("  window %d: %.3f ms (%.2f of full), err %.1e", args.window,
+                            row["window_ms"], row["window_vs_full"], row["window_max_abs_err"])
+                del kw, vw, expected_window
             del d, q, lens, paged, ordered, q4, kk, vv, fns, expected
             torch.cuda.empty_cache()
     return {"config": {"num_heads": num_heads, "num_kv_heads": num_kv_heads,
@@ -128,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="JSON path (default: $OUT or bench/results)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--window", type=int, default=1024,
+                        help="sliding window of the windowed rows (0: none)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out_dir = os.environ.get("OUT") or os.path.join(os.path.dirname(__file__), "results")

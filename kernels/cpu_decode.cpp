@@ -8,6 +8,12 @@
 // threads. An item reads each token's K row (all KV heads, contiguous) once, then its V row once,
 // following the block table one block at a time.
 //
+// Sliding window W (0: full attention): the query at position len - 1 attends to positions
+// [window_start, len) with window_start = max(0, len - W), and the chunks tile that range from
+// window_start (the same chunking as a sequence of len - window_start tokens). Rows before
+// window_start are never read, nor are table entries of blocks wholly before it: they may hold
+// any block id (a sliding-window layer's KV cache gives those blocks back).
+//
 // Against the torch reference (kernels/reference.py, SDPA): the same softmax in float32, summed
 // in another order, so equal to ~1e-7 (tests/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
 // context, 2 cores: 30 layers in ~1.4 ms where SDPA over the same cache takes ~4.5 ms.
@@ -142,10 +148,15 @@ void combine(const float* part, int64_t chunks, int64_t stride, int64_t heads, i
   }
 }
 
-// Shapes, dtypes and every block id a sequence will read: a bad table must not read outside
-// the cache.
+// The first position a sequence of `len` tokens attends to under window `window` (0: none).
+inline int64_t window_start(int64_t len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, len - window) : 0;
+}
+
+// Shapes, dtypes and every block id a sequence will read (its window's): a bad table must not
+// read outside the cache.
 void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
-                  const Tensor& tables, const Tensor& lens) {
+                  const Tensor& tables, const Tensor& lens, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [B, H, D] and caches [N, bs, Hkv, D]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
               v_cache.scalar_type() == at::kFloat, "float32 q and caches");
@@ -157,6 +168,7 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
   TORCH_CHECK(dim == k_cache.size(3) && dim % kLanes == 0 && dim <= kLanes * kMaxVecs,
               "head_dim a multiple of 16, at most 256");
   TORCH_CHECK(heads % kv_heads == 0, "query heads a multiple of KV heads");
+  TORCH_CHECK(window >= 0, "window ", window, " negative (0: full attention)");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == q.size(0) && lens.numel() == q.size(0),
               "one block table row and one length per sequence");
   const int64_t block_size = k_cache.size(1), num_blocks = k_cache.size(0);
@@ -165,7 +177,8 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
   for (int64_t b = 0; b < q.size(0); ++b) {
     TORCH_CHECK(len[b] >= 1 && len[b] <= tables.size(1) * block_size, "sequence length ", len[b],
                 " outside [1, block table capacity]");
-    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; ++i) {
+    for (int64_t i = window_start(len[b], window) / block_size;
+         i < (len[b] + block_size - 1) / block_size; ++i) {
       const int32_t id = table[b * tables.size(1) + i];
       TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
     }
@@ -175,17 +188,22 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
 }  // namespace
 
 Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const Tensor& v_cache,
-                              const Tensor& block_tables, const Tensor& seq_lens, double scale) {
+                              const Tensor& block_tables, const Tensor& seq_lens, double scale,
+                              int64_t window) {
   RECORD_FUNCTION("localpaged::paged_decode_attention", std::vector<c10::IValue>());
   const Tensor q = q_in.contiguous();
   const Tensor tables = block_tables.to(at::kInt).contiguous();
   const Tensor lens = seq_lens.to(at::kInt).contiguous();
-  check_inputs(q, k_cache, v_cache, tables, lens);
+  check_inputs(q, k_cache, v_cache, tables, lens, window);
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int32_t* len = lens.data_ptr<int32_t>();
-  int64_t chunks = 0;                           // per sequence, at most
-  for (int64_t b = 0; b < batch; ++b)
-    chunks = std::max<int64_t>(chunks, (len[b] + kChunk - 1) / kChunk);
+  std::vector<int64_t> first(batch), count(batch);   // per sequence: window start, its chunks
+  int64_t chunks = 0;                                // per sequence, at most
+  for (int64_t b = 0; b < batch; ++b) {
+    first[b] = window_start(len[b], window);
+    count[b] = (len[b] - first[b] + kChunk - 1) / kChunk;
+    chunks = std::max(chunks, count[b]);
+  }
   Tensor part = at::empty({batch, chunks, heads, dim + 2}, q.options());
   Tensor out = at::empty_like(q);
   const Paged cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
@@ -197,8 +215,8 @@ Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const T
     std::vector<float> scores(heads * kChunk);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / chunks, c = item % chunks;
-      const int64_t lo = c * kChunk, hi = std::min<int64_t>(lo + kChunk, len[b]);
-      if (lo >= hi) continue;
+      if (c >= count[b]) continue;
+      const int64_t lo = first[b] + c * kChunk, hi = std::min<int64_t>(lo + kChunk, len[b]);
       Paged seq = cache;
       seq.table += b * tables.size(1);
       attend(q.data_ptr<float>() + b * heads * dim, heads, kv_heads, dim / kLanes, seq, lo, hi,
@@ -207,8 +225,8 @@ Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const T
   });
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
-      combine(part.data_ptr<float>() + b * chunks * stride, (len[b] + kChunk - 1) / kChunk, stride,
-              heads, dim, out.data_ptr<float>() + b * heads * dim);
+      combine(part.data_ptr<float>() + b * chunks * stride, count[b], stride, heads, dim,
+              out.data_ptr<float>() + b * heads * dim);
   });
   return out;
 }

@@ -5,7 +5,9 @@
 
 // One query token per sequence: q [B, H, D] float32 attends to the seq_lens[b] tokens that
 // block_tables[b] ([B, max_blocks] int32) points at in k_cache / v_cache
-// ([num_blocks, block_size, Hkv, D] float32). Returns [B, H, D].
+// ([num_blocks, block_size, Hkv, D] float32). Returns [B, H, D]. With a sliding window W > 0
+// only its last W tokens are attended to, and table entries of blocks wholly before them are
+// never read (they may hold any id).
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens, double scale);
+                                  const at::Tensor& seq_lens, double scale, int64_t window = 0);

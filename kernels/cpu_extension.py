@@ -148,8 +148,8 @@ def _compile():
 @torch.inference_mode()
 def self_check(module) -> str | None:
     """None when the compiled kernels match their references on small inputs, else what differs:
-    decode attention (grouped heads, blocks out of order, lengths across a chunk boundary) against
-    the torch reference; the int4 matmul against float32 math on the dequantized weights;
+    decode attention (grouped heads, blocks out of order, lengths across a chunk boundary; full
+    and with a sliding window) against the torch reference; the int4 matmul against float32 math on the dequantized weights;
     RMSNorm against transformers' formula; the GGUF-block matmul (Q4_K, Q8_0) against float32
     math on gguf-py's dequantization, within the bound of its int8 rounding of x."""
     gen = torch.Generator().manual_seed(0)
@@ -157,9 +157,12 @@ def self_check(module) -> str | None:
     q = torch.randn(2, 6, 64, generator=gen)
     tables = torch.tensor([[7, 2, 9, 0, 5, 11], [3, 1, 4, 6, 8, 10]], dtype=torch.int32)
     lens = torch.tensor([70, 93], dtype=torch.int32)
-    got = module.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
-    want = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
-    failures = [_differs("decode attention", got, want, CHECK_TOLERANCE)]
+    failures = []
+    for window in (0, 40):            # full attention; a window from inside the second block
+        got = module.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
+        want = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
+        failures.append(_differs(f"decode attention (window {window})", got, want,
+                                 CHECK_TOLERANCE))
     ints = torch.randint(0, 16, (64, 96), generator=gen)
     scales, mins = torch.rand(3, 64, generator=gen).half() / 8, -torch.rand(3, 64, generator=gen).half()
     x = torch.randn(3, 96, generator=gen)

@@ -3,8 +3,10 @@
 `paged_decode_attention` runs kernels/cpu_decode.cpp (flash-decoding over the block tables,
 vectorized, on torch's threads) once the CPU extension is built (kernels/cpu_extension.py),
 for float32 caches with a head size that is a multiple of 16 (at most 256); otherwise, and until
-then, the reference. Writing K/V, prefill attention and block copies are the reference's.
-The kernel's result for a sequence does not depend on the batch around it or the thread count.
+then, the reference. A sliding window (`window` > 0) is the kernel's too: it reads only the
+blocks inside each sequence's window. Writing K/V, prefill attention and block copies are the
+reference's. The kernel's result for a sequence does not depend on the batch around it or the
+thread count.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """One query token per sequence, q [S, H, D], over its seq_lens[s] cached tokens (the last
     `window` of them with a window)."""
     module = cpu_extension.BUILD.module
-    if (module is None or window or q.dtype != torch.float32
-            or not supports(q.shape[2], k_cache.dtype)):
+    if module is None or q.dtype != torch.float32 or not supports(q.shape[2], k_cache.dtype):
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens,
                                                 scale, window)
-    return module.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return module.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                         window)

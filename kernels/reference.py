@@ -159,18 +159,38 @@ def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     max_len = int(seq_lens.max())
-    table = block_tables[:, :-(-max_len // block_size)].long()
-    # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries (and with a window the
-    # blocks before it, whatever ids they hold) are masked below.
-    keys = k_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
-    values = v_cache[table].flatten(1, 2)[:, :max_len].transpose(1, 2).to(q.dtype)
+    if window:
+        table, pos = _window_columns(block_tables, seq_lens.to(q.device), block_size, window)
+        length = pos.shape[1]
+    else:
+        table, length = block_tables[:, :-(-max_len // block_size)].long(), max_len
+        pos = torch.arange(max_len, device=q.device)[None, :]
+    # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries are masked below.
+    keys = k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
+    values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
     group = num_heads // num_kv_heads
     qg = q.view(batch, num_kv_heads, group, head_dim)
-    pos, lens = torch.arange(max_len, device=q.device)[None, :], seq_lens[:, None].to(q.device)
+    lens = seq_lens[:, None].to(q.device)
     valid = (pos < lens) & (pos >= lens - window) if window else pos < lens
     out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
                                          scale=scale)
     return out.reshape(batch, num_heads, head_dim)
+
+
+def _window_columns(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,
+                    window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For decode with a window: each row's block ids from its window's first block on
+    ([B, n], as many columns as the widest row needs; a shorter row's extra columns repeat
+    table entries at or after its window, clamped to the table, and are masked) and the
+    position of each gathered token ([B, n * block_size]). Entries before a row's window are
+    not gathered: they may hold any block id."""
+    device = seq_lens.device
+    first = (seq_lens - window).clamp(min=0) // block_size
+    width = int((-(-seq_lens // block_size) - first).max())
+    cols = first[:, None] + torch.arange(width, device=device)[None, :]
+    table = block_tables.to(device).long().gather(1, cols.clamp(max=block_tables.shape[1] - 1))
+    pos = first[:, None] * block_size + torch.arange(width * block_size, device=device)[None, :]
+    return table, pos
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -7,7 +7,11 @@ Conventions for every kernel in this package:
   ``table[pos // block_size]`` at offset ``pos % block_size``;
 - softmax runs in the log2 domain: scores are multiplied by ``scale * log2(e)`` and exponentiated
   with ``exp2``; statistics and accumulators are fp32 whatever the input dtype;
-- a head dim is padded to a power of two (``D_PAD``) and masked, so 80 or 96 work as well as 128.
+- a head dim is padded to a power of two (``D_PAD``) and masked, so 80 or 96 work as well as 128;
+- sliding window W: the query at position p sees keys p - W < k <= p. A kernel takes W as a
+  runtime argument and ``WINDOWED`` (W > 0) as a constexpr, so full attention compiles to the
+  same work as before windows existed; its loop starts at the first window's block, so table
+  entries of blocks wholly before it (which may hold any block id) are never loaded.
 """
 
 from __future__ import annotations
@@ -76,17 +80,21 @@ def _dot(a, b, DOT_F32: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
+def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos, window,
                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                 TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                 TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+                 WINDOWED: tl.constexpr):
     """Fold keys/values at positions [start, end) into the running softmax state of the rows of q.
 
     q: [M, D_PAD] in the cache dtype; acc: [M, D_PAD] fp32, unnormalised output; m_i: [M] fp32
     running max of log2-domain scores; l_i: [M] fp32 running sum of exp2(score - m_i).
     k_base/v_base already point at the KV head; table_row at the sequence's block-table row.
-    Row r may see key position p only if p <= q_pos[r] (causality; decode passes seq_len - 1).
-    Positions >= end are never loaded, so padding table entries and unwritten slots are not read.
+    Row r may see key position p only if p <= q_pos[r] (causality; decode passes seq_len - 1)
+    and, with WINDOWED, p > q_pos[r] - window (rows whose windows start at or before `start`,
+    as decode's single row, need no WINDOWED: the loop starts there).
+    Positions outside [start, end) are never loaded, so padding table entries, unwritten slots
+    and blocks before the window are not read.
     """
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, D_PAD)
@@ -101,6 +109,8 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
                     mask=kv_mask, other=0.0)
         s = _dot(q, tl.trans(k.to(q.dtype)), DOT_F32, PREC) * qk_scale       # [M, TILE_N]
         visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)

@@ -36,7 +36,7 @@ def _compile(kernel, pointers: dict[str, str], floats: tuple[str, ...], constexp
     return triton.compile(ASTSource(kernel, signature, constexprs=consts), target=target)
 
 
-def _decode(dt, group, block_size, head_dim, split):
+def _decode(dt, group, block_size, head_dim, split, windowed=False):
     from . import triton_decode as dec
     from .triton_common import next_pow2
     out = "fp32" if split else dt
@@ -46,7 +46,7 @@ def _decode(dt, group, block_size, head_dim, split):
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
         TILE_N=dec.default_tile_n(block_size, head_dim), SPLIT=split, DOT_F32=False,
-        PREC="ieee" if dt == "fp32" else "tf32")
+        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed)
 
 
 def _reduce(dt, head_dim):
@@ -56,7 +56,7 @@ def _reduce(dt, head_dim):
         PART_CHUNK=dec.REDUCE_CHUNK, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
 
 
-def _prefill(dt, group, block_size, head_dim):
+def _prefill(dt, group, block_size, head_dim, windowed=False):
     from . import triton_prefill as pre
     from .triton_common import next_pow2
     group_pad = next_pow2(group)
@@ -67,7 +67,7 @@ def _prefill(dt, group, block_size, head_dim):
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(block_q, -(-16 // group_pad)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
         TILE_N=tile_n, DOT_F32=False,
-        PREC="ieee" if dt == "fp32" else "tf32")
+        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed)
 
 
 def _write_kv(src, cache, block_size, head_dim):
@@ -98,10 +98,13 @@ def _quant(kind, dt, bits, group, block_m, block_n, sub_k, unroll):
 
 CONFIGS = {
     "decode split fp16 gqa4 bs16 d128": lambda: _decode("fp16", 4, 16, 128, True),
+    "decode split fp16 gqa4 bs16 d128 window": lambda: _decode("fp16", 4, 16, 128, True, True),
+    "decode plain bf16 gqa2 bs16 d64 window": lambda: _decode("bf16", 2, 16, 64, False, True),
     "decode plain bf16 gqa1 bs8 d64": lambda: _decode("bf16", 1, 8, 64, False),
     "decode plain fp32 gqa8 bs32 d80": lambda: _decode("fp32", 8, 32, 80, False),
     "reduce fp16 d128": lambda: _reduce("fp16", 128),
     "prefill fp16 gqa4 bs16 d128": lambda: _prefill("fp16", 4, 16, 128),
+    "prefill fp16 gqa4 bs16 d128 window": lambda: _prefill("fp16", 4, 16, 128, True),
     "prefill bf16 gqa8 bs32 d256": lambda: _prefill("bf16", 8, 32, 256),
     "prefill fp32 gqa1 bs8 d64": lambda: _prefill("fp32", 1, 8, 64),
     "write_kv fp32->fp16 bs16 d80": lambda: _write_kv("fp32", "fp16", 16, 80),

@@ -8,6 +8,11 @@ two variants:
 The public function picks split-K when there are few (sequence, KV head) programs to fill the GPU
 and the context is long; ``decode_plain`` and ``decode_split_k`` are callable directly for tests.
 
+Sliding window W (``window``; 0: full attention): a sequence attends to its last W tokens,
+[window_start, seq_len). The plain program starts its walk there; split-K numbers partitions from
+the one holding window_start, so the grid is the window's partitions (about W / PARTITION_SIZE + 1)
+rather than the table's. Table entries of blocks wholly before window_start are never loaded.
+
 GQA: the ``group`` query heads sharing a KV head are the rows of one program's query tile, so
 each K/V tile is loaded once per group. Rows are padded to GROUP_PAD >= 16 (tl.dot's minimum).
 """
@@ -31,25 +36,34 @@ REDUCE_CHUNK = 32           # partitions the reduce kernel combines per step
 
 @triton.jit
 def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
-                   qk_scale, partition_size,
+                   qk_scale, partition_size, window,
                    stride_qb, stride_qh, stride_tb, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_ob, stride_oh, stride_op,
                    stride_lb, stride_lh,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, TILE_N: tl.constexpr,
-                   SPLIT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                   SPLIT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+                   WINDOWED: tl.constexpr):
     """Program (b, kv_head, part): the GROUP query heads of kv_head over one partition.
 
     SPLIT=False: a single partition; writes the normalised output [B, H, D] in out's dtype.
     SPLIT=True: writes out[b, h, part] = partition output (fp32, normalised within the partition)
     and lse[b, h, part] = its log2-sum-exp2 (NEG_BIG for an empty partition).
+    WINDOWED: partition `part` counts from the one holding the window's start, and the first
+    starts at the window's start.
     """
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
-    start = part * partition_size
-    end = tl.minimum(start + partition_size, seq_len)   # end <= start: empty partition
+    if WINDOWED:
+        first = tl.maximum(seq_len - window, 0)            # window_start
+        start = (first // partition_size + part) * partition_size
+        end = tl.minimum(start + partition_size, seq_len)
+        start = tl.maximum(start, first)
+    else:
+        start = part * partition_size
+        end = tl.minimum(start + partition_size, seq_len)   # end <= start: empty partition
 
     rows = tl.arange(0, GROUP_PAD)
     heads = kv_head * GROUP + rows
@@ -66,8 +80,8 @@ def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
     q_pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)
     acc, m_i, l_i = attend_tiles(
         q, acc, m_i, l_i, k_cache + kv_head * stride_kh, v_cache + kv_head * stride_vh,
-        tables + b * stride_tb, start, end, q_pos, stride_kb, stride_ks, stride_vb, stride_vs,
-        qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC)
+        tables + b * stride_tb, start, end, q_pos, window, stride_kb, stride_ks, stride_vb,
+        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, False)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)   # an empty range leaves acc = 0, output 0
     out = acc / l_safe[:, None]
@@ -132,6 +146,13 @@ def default_tile_n(block_size: int, head_dim: int) -> int:
     return max(block_size, 32 if next_pow2(head_dim) > 128 else 64)
 
 
+def num_partitions(max_context: int, partition_size: int, window: int = 0) -> int:
+    """Split-K partitions per (sequence, KV head): enough for max_context tokens, or with a
+    window for any W consecutive positions (they touch at most cdiv(W, P) + 1 partitions)."""
+    parts = max(1, triton.cdiv(max_context, partition_size))
+    return min(parts, triton.cdiv(window, partition_size) + 1) if window else parts
+
+
 def _prepare(q, k_cache, block_tables, seq_lens):
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables.to(device=q.device, dtype=torch.int32).contiguous()
@@ -140,7 +161,7 @@ def _prepare(q, k_cache, block_tables, seq_lens):
 
 
 def _launch(q, k_cache, v_cache, tables, lens, scale, out, lse, num_parts, partition_size,
-            tile_n):
+            tile_n, window):
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
@@ -149,41 +170,43 @@ def _launch(q, k_cache, v_cache, tables, lens, scale, out, lse, num_parts, parti
     lse_arg = lse if split else out
     stride_op = out.stride(2) if split else 0
     _decode_kernel[(batch, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, tables, lens, out, lse_arg, scale * LOG2E, partition_size,
+        q, k_cache, v_cache, tables, lens, out, lse_arg, scale * LOG2E, partition_size, window,
         q.stride(0), q.stride(1), tables.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         out.stride(0), out.stride(1), stride_op,
         lse_arg.stride(0), lse_arg.stride(1),
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), TILE_N=tile_n, SPLIT=split,
-        DOT_F32=dot_f32, PREC=prec)
+        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0)
 
 
-def decode_plain(q, k_cache, v_cache, block_tables, seq_lens, scale, tile_n=None):
-    """Plain variant: grid (B, Hkv); each program walks the whole context."""
+def decode_plain(q, k_cache, v_cache, block_tables, seq_lens, scale, tile_n=None, window=0):
+    """Plain variant: grid (B, Hkv); each program walks the whole context (its window)."""
     q, tables, lens = _prepare(q, k_cache, block_tables, seq_lens)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     tile_n = tile_n or default_tile_n(k_cache.shape[1], q.shape[2])
-    _launch(q, k_cache, v_cache, tables, lens, scale, out, None, 1, _PLAIN_PARTITION, tile_n)
+    _launch(q, k_cache, v_cache, tables, lens, scale, out, None, 1, _PLAIN_PARTITION, tile_n,
+            window)
     return out
 
 
 def decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                   partition_size=PARTITION_SIZE, tile_n=None):
+                   partition_size=PARTITION_SIZE, tile_n=None, window=0):
     """Split-K variant: partitions sized ``partition_size`` (a multiple of tile_n), then reduce.
 
     The partition count comes from the block-table width, an upper bound on every seq_len that
-    needs no device-to-host sync; partitions past a sequence's end are empty and weigh 0.
+    needs no device-to-host sync (with a window, from the window: `num_partitions`); partitions
+    past a sequence's end are empty and weigh 0.
     """
     q, tables, lens = _prepare(q, k_cache, block_tables, seq_lens)
     batch, num_heads, head_dim = q.shape
     tile_n = tile_n or min(default_tile_n(k_cache.shape[1], head_dim), partition_size)
     assert partition_size % tile_n == 0, "a partition must be whole tiles"
-    num_parts = max(1, triton.cdiv(tables.shape[1] * k_cache.shape[1], partition_size))
+    num_parts = num_partitions(tables.shape[1] * k_cache.shape[1], partition_size, window)
     part_out = torch.empty(batch, num_heads, num_parts, head_dim, dtype=torch.float32,
                            device=q.device)
     part_lse = torch.empty(batch, num_heads, num_parts, dtype=torch.float32, device=q.device)
     _launch(q, k_cache, v_cache, tables, lens, scale, part_out, part_lse, num_parts,
-            partition_size, tile_n)
+            partition_size, tile_n, window)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _reduce_kernel[(batch, num_heads)](
         part_out, part_lse, out, num_parts, *part_out.stride()[:3], *part_lse.stride()[:2],
@@ -199,8 +222,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """One query token per sequence: q [B, H, D] attends to its seq_len cached tokens (the last
     `window` of them with a window)."""
     reason = fallback_reason(_decode_kernel, q, q.shape[-1], (k_cache, v_cache))
-    if reason is None and window:
-        reason = "sliding window"
     if reason is not None:
         log_fallback("paged_decode_attention", reason)
         return reference.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens,
@@ -208,6 +229,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if q.shape[0] == 0:
         return torch.empty_like(q)
     max_context = block_tables.shape[1] * k_cache.shape[1]
+    if window:                                  # what a sequence attends to, at most
+        max_context = min(max_context, window)
     if use_split_k(q.shape[0], k_cache.shape[2], max_context, q.device):
-        return decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale)
-    return decode_plain(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return decode_split_k(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)
+    return decode_plain(q, k_cache, v_cache, block_tables, seq_lens, scale, window=window)

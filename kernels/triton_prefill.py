@@ -9,6 +9,10 @@ row = token * GROUP_PAD + head, so each K/V tile is loaded once for the whole gr
 Positions: sequence i has q_len = query_start_loc[i+1] - query_start_loc[i] new tokens, the last
 q_len of its seq_len tokens, so new token t sits at position seq_len - q_len + t and may see keys
 at positions <= that. A program only walks keys up to its last token's position.
+
+Sliding window W (``window``; 0: full attention): token at position p sees keys p - W < k <= p.
+A program walks keys from its first token's window start (table entries of blocks wholly before
+it are never loaded) and masks each row to its own window.
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ BLOCK_M = 64   # rows (token x head pairs) per program for 16-bit caches, when t
 
 @triton.jit
 def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, out_ptr,
-                    qk_scale,
+                    qk_scale, window,
                     stride_qt, stride_qh, stride_tb, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh, stride_ot, stride_oh,
                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
-                    TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr):
+                    TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
+                    WINDOWED: tl.constexpr):
     """Program (b, kv_head, q_tile): new tokens [q_tile * BLOCK_Q, +BLOCK_Q) of sequence b."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -61,10 +66,14 @@ def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, 
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
     q_pos = ctx_len + tok
     end = tl.minimum(seq_len, ctx_len + first_tok + BLOCK_Q)   # last token's position + 1
+    if WINDOWED:                    # the first token's window start: the others' are later
+        start = tl.maximum(ctx_len + first_tok - window + 1, 0)
+    else:
+        start = 0
     acc, m_i, l_i = attend_tiles(
         q, acc, m_i, l_i, k_cache + kv_head * stride_kh, v_cache + kv_head * stride_vh,
-        tables + b * stride_tb, 0, end, q_pos, stride_kb, stride_ks, stride_vb, stride_vs,
-        qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC)
+        tables + b * stride_tb, start, end, q_pos, window, stride_kb, stride_ks, stride_vb,
+        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, WINDOWED)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh
@@ -80,7 +89,7 @@ def default_tiles(group_pad: int, block_size: int, head_dim: int, elem_size: int
 
 
 def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-            block_q=None, tile_n=None):
+            block_q=None, tile_n=None, window=0):
     """The kernel launch, with tile sizes exposed for tests. Syncs once to size the grid."""
     q = q if q.stride(-1) == 1 else q.contiguous()
     device = q.device
@@ -102,12 +111,12 @@ def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
     dot_f32, prec = dot_options(_prefill_kernel, k_cache.dtype)
     grid = (batch, num_kv_heads, triton.cdiv(max_q_len, block_q))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, tables, starts, lens, out, scale * LOG2E,
+        q, k_cache, v_cache, tables, starts, lens, out, scale * LOG2E, window,
         q.stride(0), q.stride(1), tables.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), TILE_N=tile_n,
-        DOT_F32=dot_f32, PREC=prec)
+        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0)
     return out
 
 
@@ -121,10 +130,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
     """
     reason = fallback_reason(_prefill_kernel, q, q.shape[-1], (k_cache, v_cache))
-    if reason is None and window:
-        reason = "sliding window"
     if reason is not None:
         log_fallback("paged_prefill_attention", reason)
         return reference.paged_prefill_attention(q, k_cache, v_cache, block_tables,
                                                  query_start_loc, seq_lens, scale, window)
-    return prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale)
+    return prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                   window=window)

@@ -51,13 +51,18 @@ DEVICES = [
 ]
 
 
-@pytest.mark.skipif(not STALE, reason="the kernel tests run in this process")
-def test_in_fresh_process():
+def run_interpreted(test_file: str) -> None:
+    """Run a test file in a fresh process with TRITON_INTERPRET=1; assert it passed."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout
+
+
+@pytest.mark.skipif(not STALE, reason="the kernel tests run in this process")
+def test_in_fresh_process():
+    run_interpreted(__file__)
 
 
 TOL = {torch.float32: (2e-5, 1e-4), torch.float16: (3e-3, 1e-2), torch.bfloat16: (2e-2, 2e-2)}

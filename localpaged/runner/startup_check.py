@@ -67,13 +67,18 @@ def triton_ggml_native(device: torch.device) -> NativeKernel | None:
 KERNELS = ("write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")
 
 
+WINDOWS = (0, 5)   # the attention kernels' checks: full attention, a sliding window
+
+
 def _tolerance(dtype: torch.dtype) -> float:
     return 1e-3 if dtype == torch.float32 else 3e-2
 
 
 def check_kernels(ops: AttentionBackend, reference: AttentionBackend, device: torch.device,
                   dtype: torch.dtype, block_size: int = 16, head_dim: int = 64) -> str | None:
-    """Run each kernel of `ops` once against `reference`; None, or what failed and how."""
+    """Run each kernel of `ops` once against `reference`; None, or what failed and how. The
+    attention kernels run with full attention and with a sliding window of 5 (it starts inside
+    the first sequence's second block, so its table entry 0 is not attended to)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     num_blocks, kv_heads, heads = 8, 2, 4
 
@@ -88,10 +93,10 @@ def check_kernels(ops: AttentionBackend, reference: AttentionBackend, device: to
     tol = _tolerance(dtype)
     cases = {
         "write_kv": lambda m, c: (m.write_kv(k_new, v_new, c[0], c[1], slots), torch.cat(c))[1],
-        "paged_decode_attention": lambda m, c: m.paged_decode_attention(
-            q_dec, c[0], c[1], tables, lens, scale),
-        "paged_prefill_attention": lambda m, c: m.paged_prefill_attention(
-            q_pre, c[0], c[1], tables, starts, lens, scale),
+        "paged_decode_attention": lambda m, c: torch.cat([m.paged_decode_attention(
+            q_dec, c[0], c[1], tables, lens, scale, window) for window in WINDOWS]),
+        "paged_prefill_attention": lambda m, c: torch.cat([m.paged_prefill_attention(
+            q_pre, c[0], c[1], tables, starts, lens, scale, window) for window in WINDOWS]),
         "copy_blocks": lambda m, c: (m.copy_blocks(c[0], c[0], pairs), c[0])[1],
     }
     k_new, v_new = rand(3, kv_heads, head_dim), rand(3, kv_heads, head_dim)
