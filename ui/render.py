@@ -72,6 +72,8 @@ def _note(msg: Message, live: LiveReply | None) -> str:
         if msg.prepared:
             bits.append(PREPARED_NOTE)
         detail = stats.get("finish_detail")
+        if detail is None and stats.get("finish_reason") == "length":
+            detail = "max_tokens"          # a remote server says only OpenAI's reason
         if status == "stopped" and detail not in (None, "abort") and detail not in NATURAL_ENDS:
             bits.append(f"■ stopped: {FINISH_DETAILS.get(detail, detail)}")
         elif status != "complete":

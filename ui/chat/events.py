@@ -141,8 +141,8 @@ class ChatEvents:
         return self.chat(slots[i], sel)
 
     def switch_at(self, slots: list, i: int, nav: str) -> TabValues:
-        """A click on ‹ or › in message `index` (nav: "index step nonce", written by
-        SIBLING_JS): that message is selected and shows its sibling."""
+        """A click on ‹ or › in message `index` (nav: "index step", from SIBLING_JS): that
+        message is selected and shows its sibling."""
         try:
             index, step = (int(x) for x in (nav or "").split()[:2])
         except ValueError:
@@ -211,9 +211,10 @@ COPY_JS = "(text) => { navigator.clipboard.writeText(text || ''); }"
 
 
 # A click on a message's `‹ 2/3 ›` (render.footer: `<span class="lp-sib lp-at-{index}">`): its
-# left half shows the previous version, its right half the next. The tab's hidden `sibnav{i}`
-# box gets "index step nonce" and its input event runs ChatEvents.switch_at. One listener for
-# the page (capture phase, so the Chatbot's own select does not also fire).
+# left half shows the previous version, its right half the next. The listener leaves
+# "index step" in window.__lpSibNav and clicks the tab's hidden `sibgo{i}` button, whose event
+# hands that to ChatEvents.switch_at (SIBLING_INPUTS_JS). One listener for the page (capture
+# phase, so the Chatbot's own select does not also fire).
 SIBLING_JS = """() => { if (window.__lpSiblings) return; window.__lpSiblings = true;
   document.addEventListener('click', (e) => {
     const sib = e.target.closest ? e.target.closest('.lp-sib') : null;
@@ -222,15 +223,18 @@ SIBLING_JS = """() => { if (window.__lpSiblings) return; window.__lpSiblings = t
     while (chat && !/^chat\\d+$/.test(chat.id)) chat = chat.parentElement;
     const at = [...sib.classList].find((c) => /^lp-at-\\d+$/.test(c));
     if (!chat || !at) return;
-    const box = document.querySelector('#sib' + 'nav' + chat.id.slice(4) + ' textarea');
-    if (!box) return;
+    const go = document.getElementById('sibgo' + chat.id.slice(4));
+    if (!go) return;
     const r = sib.getBoundingClientRect();
     const step = e.clientX < r.left + r.width / 2 ? -1 : 1;
     e.stopPropagation(); e.preventDefault();
-    box.value = at.slice(6) + ' ' + step + ' ' + Date.now();
-    box.dispatchEvent(new Event('input', {bubbles: true}));
+    window.__lpSibNav = at.slice(6) + ' ' + step;
+    go.click();
   }, true);
 }"""
+# The hidden button's event reads what the listener left (its js runs before the handler and
+# gives the handler its inputs).
+SIBLING_INPUTS_JS = "(c, nav) => [c, window.__lpSibNav || '']"
 
 
 def wire_sibling_clicks(loaded) -> None:
@@ -285,8 +289,8 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
         None, None, None, js=f"() => {{ const t = document.querySelector('#msg{i} textarea');"
                              " if (t) { t.focus(); t.setSelectionRange(t.value.length,"
                              " t.value.length); } }")
-    ui.sibnav.input(lambda c, nav: ui.flatten(events.switch_at(c, i, nav)), [slots, ui.sibnav],
-                    out, **QUICK)
+    ui.sibgo.click(lambda c, nav: ui.flatten(events.switch_at(c, i, nav)), [slots, ui.sibnav],
+                   out, js=SIBLING_INPUTS_JS, **QUICK)
     ui.preset.input(lambda c, name: ui.flatten(events.choose_preset(c, i, name)),
                     [slots, ui.preset], out, **QUICK)
     ui.presets.save.click(lambda c, name, system: ui.flatten(events.save_preset(c, i, name, system)),

@@ -12,7 +12,7 @@ Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
 `cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
 `askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `preset{i}`,
-`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibnav{i}` ...
+`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}` ...
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ class ChatTabUI:
     ask_md: Any = None
     ask_ui: Any = None
     sibnav: Any = None                # hidden: "index step" from a click on ‹ or › in a message
+    sibgo: Any = None                 # hidden: clicked with it (chat/events.py: SIBLING_JS)
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -179,11 +180,12 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             export = build_export(i)
         sibnav = gr.Textbox(visible="hidden", elem_id=f"sibnav{i}", show_label=False,
                             container=False)
+        sibgo = gr.Button(visible="hidden", elem_id=f"sibgo{i}")
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
                      sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
                      penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
-                     sibnav)
+                     sibnav, sibgo)
 
 
 @dataclass
