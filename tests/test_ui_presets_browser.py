@@ -20,6 +20,8 @@ from test_ui_browser import ARTIFACTS, browser_page, saved, send, text, wait_idl
 from test_ui_browser_context import WORDS, app  # noqa: F401  (app: the same app fixture)
 
 pytestmark = pytest.mark.slow
+# The preset's system prompt takes ~70 of the 200 tokens (one per ASCII character): short turns.
+SHORT = [w[:20] for w in WORDS]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +67,11 @@ def walk_through(page, app) -> None:
     open_settings(page, 0)
 
     # A preset fills the system prompt (and saves it).
-    page.locator("#preset0 input").click()
-    page.get_by_role("option", name="Concise").click()
+    choose = page.locator("#preset0 input")
+    choose.click()
+    page.get_by_role("option", name="Concise").wait_for(state="visible")
+    choose.fill("Concise")                    # the list animates: choose by typing
+    choose.press("Enter")
     prompt = BUILT_IN["Concise"]
     page.wait_for_function("p => document.querySelector('#system0 textarea').value === p",
                            arg=prompt)
@@ -93,7 +98,7 @@ def walk_through(page, app) -> None:
 
     # Fork copies the settings: the forked chat shows the same system prompt and penalty.
     set_field(page, 1, "presence_penalty", 0.5)
-    send(page, 1, WORDS[0])
+    send(page, 1, SHORT[0])
     wait_text(page, "#chat1", "tokens", timeout=60_000)
     wait_idle(page, 1)
     page.click("#fork1")
@@ -111,7 +116,7 @@ def walk_through(page, app) -> None:
     # "Stop and ask me": grow tab 2's chat until the dialog opens.
     page.locator("#ctxpolicy2").get_by_text("Stop and ask me").click()
     saved(app, "SELECT context_policy FROM conversations", lambda r: ("error",) in r)
-    for word in WORDS[1:]:
+    for word in SHORT[1:]:
         n = len(rows(app, "SELECT id FROM messages"))
         send(page, 2, word)
         try:
