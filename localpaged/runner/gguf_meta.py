@@ -28,13 +28,18 @@ from localpaged.runner.model_check import built_config
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "LOCALPAGED_CACHE_DIR"
-ENTRY_VERSION = 1               # bump when what an entry holds changes
+ENTRY_VERSION = 2               # bump when what an entry holds changes
 DONE = "complete"               # written last: an entry without it is ignored and rebuilt
 
 
 def cache_root() -> Path:
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV])
+    return default_cache_root()
+
+
+def default_cache_root() -> Path:
+    """The cache folder when $LOCALPAGED_CACHE_DIR is not set."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "localpaged"
 
@@ -61,8 +66,20 @@ def config_and_tokenizer(folder: str, gguf_file: str) -> tuple[PretrainedConfig,
                                                              trust_remote_code=False),
                           os.path.join(folder, gguf_file))
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
+    _llamacpp_defaults(config)
     _store(entry, config, tokenizer)
     return config, tokenizer
+
+
+def _llamacpp_defaults(config: PretrainedConfig) -> None:
+    """Fields a GGUF file does not hold, set as llama.cpp sets them for the file (where
+    transformers' defaults differ): Gemma 3's attention scale is 1/sqrt(head_dim), and
+    1/sqrt(hidden_size / heads) for the 62-layer 27B (llama.cpp's gemma3 f_attention_scale);
+    transformers' default query_pre_attn_scalar 256 is head_dim only for most released sizes."""
+    if config.model_type == "gemma3_text":
+        big = config.num_hidden_layers == 62
+        config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if big
+                                        else config.head_dim)
 
 
 def _from_folder(entry: Path) -> tuple[PretrainedConfig, object]:

