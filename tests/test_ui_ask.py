@@ -8,7 +8,10 @@ it was). Without a browser: ui/chat/events.py's ChatEvents over the tiny model."
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from step_gate import StepGate
 from test_ui_context import WORDS, _tiny
 from ui_helpers import controller, recording_backend, run
 
@@ -98,3 +101,22 @@ def test_the_dialog_and_each_choice(ctl, backend):
     path = ctl.store.active_path(cid)
     assert path[-2].content == word and path[-1].status == "complete"
     assert path[-1].stats["context_dropped"] > 0
+
+
+def test_a_message_sent_while_a_reply_streams_waits_for_it(ctl, backend):
+    """Enter during a reply: the handler waits for the reply's end, then sends (nothing is
+    dropped, the first reply is not cut)."""
+    ev = ChatEvents(ctl, TabSet(ctl))
+    cid = ctl.new_conversation().id
+    slots = [cid, None, None, None]
+    fields = [GREEDY[k] for k in SAMPLING_KEYS]
+    with StepGate(backend.llm_engine, step=2) as gate:           # the first reply is running
+        first = ctl.send(cid, WORDS[0])
+        gate.wait_held()
+        threading.Timer(0.5, gate.release).start()              # ends while the send waits
+        steps = list(ev.send(slots, 0, WORDS[1], "", *fields))
+    assert first.done and steps[0].msg == ""
+    path = ctl.store.active_path(cid)
+    assert [m.content for m in path[::2]] == [WORDS[0], WORDS[1]]
+    assert path[1].status == "complete" and path[1].stats["generated_tokens"] == 8
+    assert path[3].status == "complete"

@@ -10,6 +10,10 @@ message (REPLIES), so each case is exact text. Screenshots: artifacts/ui/render-
   link, no class of its own and no request (KaTeX's trust stays off: error text instead).
 - A reasoning block (`<think>`) is a collapsed <details>; a click on its summary opens it.
 - `‹ 2/2 ›` in a message is clickable: its left half shows the previous version.
+- The keyboard (ui/keyboard.py): `?` opens the shortcuts' help and Esc closes it; Tab from the
+  message box goes to Send; Alt+← / Alt+→ switch versions; Ctrl+K focuses the search; Enter
+  while a reply streams says the message is queued, Esc stops the reply, and the queued
+  message is then sent; Alt+N opens a new chat.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import ThreadingHTTPServer
 
 import pytest
@@ -35,7 +40,8 @@ HOSTILE = ("bad: $\\href{javascript:window.__pwned=1}{click me}$ "
 THINK = "<think>I plan *carefully* first.</think>The answer is **42**."
 # message -> (reply, finish_reason)
 REPLIES = {"code please": (CODE, "length"), "math please": (MATH + HOSTILE, "stop"),
-           "think please": (THINK, "stop")}
+           "think please": (THINK, "stop"), "slow please": ("slow " * 120, "stop")}
+SLOW_CHUNK_S = 0.3                     # "slow please" streams for ~11 s (Esc stops it sooner)
 
 
 class Scripted(FakeOpenAI):
@@ -53,6 +59,12 @@ class Scripted(FakeOpenAI):
         base = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "fake-model"}
         pieces = [reply[k:k + 16] for k in range(0, len(reply), 16)]
         for k, piece in enumerate(pieces):
+            if last == "slow please":
+                time.sleep(SLOW_CHUNK_S)
+            try:
+                self.wfile.flush()
+            except OSError:
+                return                                       # the app stopped the reply
             delta = {"content": piece, **({"role": "assistant"} if k == 0 else {})}
             chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
@@ -170,3 +182,39 @@ def walk_through(page, app, fake) -> None:
     page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)
     wait_text(page, "#chat0", "‹ 2/2 ›")
     shot(page, "04-sibling-click")
+
+    # The keyboard.
+    page.locator("#msg0 textarea").focus()
+    page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement?.id") == "send0"
+    page.locator("#chat0").click(position={"x": 5, "y": 5})      # out of the text fields
+    page.keyboard.press("?")
+    page.locator("#lp-help").wait_for(state="visible")
+    assert "Alt+N" in text(page, "#lp-help") and "regenerate" in text(page, "#lp-help")
+    shot(page, "05-shortcuts")
+    page.keyboard.press("Escape")
+    page.locator("#lp-help").wait_for(state="hidden")
+    page.keyboard.press("Alt+ArrowLeft")
+    wait_text(page, "#chat0", "‹ 1/2 ›")
+    page.keyboard.press("Alt+ArrowRight")
+    wait_text(page, "#chat0", "‹ 2/2 ›")
+    page.keyboard.press("Control+k")
+    assert page.evaluate("() => !!document.activeElement?.closest('#search')")
+    # Enter while a reply streams: queued (said so), Esc stops the reply, then it is sent.
+    page.fill("#msg0 textarea", "slow please")
+    page.click("#send0")
+    wait_text(page, "#chat0", "slow slow", timeout=60_000)
+    page.fill("#msg0 textarea", "after the slow one")
+    page.locator("#msg0 textarea").press("Enter")
+    page.locator("#lp-queued").wait_for(state="visible")
+    shot(page, "06-queued")
+    page.keyboard.press("Escape")
+    wait_text(page, "#chat0", "■ stopped", timeout=30_000)
+    wait_text(page, "#chat0", "after the slow one", timeout=30_000)
+    wait_text(page, "#chat0", "plain reply", timeout=30_000)
+    wait_idle(page, 0)
+    page.locator("#lp-queued").wait_for(state="hidden")
+    assert page.locator("#msg0 textarea").input_value() == ""
+    page.keyboard.press("Alt+n")
+    page.locator("#tab1-button").wait_for(state="visible")
+    shot(page, "07-new-chat-by-key")

@@ -25,7 +25,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
 Shared, at the top: `controller.py` (ChatController, every handler reads and writes through it;
 it composes the features' logic), `turns.py` (Turn, and the TurnRegistry of running turns),
 `values.py` (the only place handler results become Gradio outputs), `render.py` (messages and
-labels as the components show them), `queues.py` (concurrency groups), `toasts.py` (user
+labels as the components show them), `markdown.py` and `math.py` (untrusted text as safe HTML),
+`keyboard.py` (shortcuts, their help, a message queued behind a streaming reply), `queues.py` (concurrency groups), `toasts.py` (user
 messages), `style.py` (theme and CSS). Views and events import the controller and the shared
 modules; the controller imports the logic it composes; no logic module imports Gradio.
 
@@ -48,6 +49,7 @@ from .compare.view import build_compare
 from .context.events import ContextEvents, wire_context, wire_first_screen
 from .controller import ChatController
 from .engine_panel.events import wire_engine_panel
+from .keyboard import build_help, wire_keyboard
 from .engine_panel.view import build_engine_panel
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
@@ -70,6 +72,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         with gr.Row(elem_id="lp-body", equal_height=False):
             with gr.Column(scale=1, min_width=230, elem_id="lp-sidebar"):
                 side = build_sidebar()
+                build_help()
             with gr.Column(scale=4, min_width=520, elem_id="lp-main"):
                 sels = [gr.State(None) for _ in range(N_SLOTS)]   # not inside gr.Tabs
                 with gr.Tabs(elem_id="lp-tabs", overflow_behavior="wrap") as tabs:
@@ -91,6 +94,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         page.follow_all(loaded)
         wire_first_screen(loaded)
         wire_sibling_clicks(loaded)
+        wire_keyboard(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(panel, page, ctl)

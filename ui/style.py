@@ -65,6 +65,23 @@ footer { display: none !important; }
 .lp-chat details.lp-think > summary { cursor: pointer; font-size: .85rem; }
 .lp-ask { border: 1px solid #d97706 !important; border-radius: 10px; padding: 10px;
   background: var(--background-fill-secondary); }
+.lp-help-btn { margin-top: 6px; width: 100%; font-size: .78rem; background: none;
+  border: 1px dashed var(--border-color-primary); border-radius: 8px; padding: 4px;
+  color: var(--body-text-color-subdued); cursor: pointer; }
+.lp-help { display: none; position: fixed; inset: 0; z-index: 1000;
+  background: rgba(15, 23, 42, .45); align-items: center; justify-content: center; }
+.lp-help.lp-help-open { display: flex; }
+.lp-help-card { background: var(--background-fill-primary); border-radius: 12px;
+  padding: 16px 20px; max-width: 560px; box-shadow: 0 10px 30px rgba(0, 0, 0, .25); }
+.lp-help-card table { margin: 10px 0; border-collapse: collapse; font-size: .88rem; }
+.lp-help-card td { padding: 3px 10px 3px 0; vertical-align: top; }
+.lp-help-card kbd { font-family: var(--font-mono); background: var(--background-fill-secondary);
+  border: 1px solid var(--border-color-primary); border-radius: 4px; padding: 0 5px;
+  white-space: nowrap; }
+.lp-queued { display: none; position: fixed; bottom: 18px; left: 50%; transform: translateX(-50%);
+  z-index: 900; background: #fef3c7; color: #92400e; border: 1px solid #f59e0b;
+  border-radius: 8px; padding: 6px 12px; font-size: .85rem; }
+.lp-queued.lp-queued-open { display: block; }
 .lp-toolbar { align-items: center; gap: 6px !important; flex-wrap: wrap; }
 .lp-toolbar .lp-sel { flex: 1 1 200px !important; color: var(--body-text-color-subdued);
   font-size: .85rem; }

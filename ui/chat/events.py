@@ -34,6 +34,8 @@ from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
 
+QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
+
 
 class ChatEvents:
     """Handlers of chat tab i (`slots[i]` is its conversation)."""
@@ -51,10 +53,14 @@ class ChatEvents:
 
     def send(self, slots: list, i: int, text: str, system: str, *sampling,
              policy: str | None = None) -> Iterator[TabValues]:
-        """Send the message box's text. Under "Stop and ask me", a conversation that no longer
-        fits opens the tab's dialog instead (the text stays in the box); `policy` is the
-        dialog's choice for this one request."""
+        """Send the message box's text; while the conversation's reply streams, wait for it to
+        end first (the message is queued, not dropped). Under "Stop and ask me", a conversation
+        that no longer fits opens the tab's dialog instead (the text stays in the box);
+        `policy` is the dialog's choice for this one request."""
         cid = slots[i]
+        running = self.ctl.turn(cid) if cid is not None else None
+        if running is not None and not running.done and (text or "").strip():
+            running.wait(QUEUE_WAIT_S)      # queued: sent once the streaming reply ends
         try:
             turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling), policy)
         except ContextAsk as exc:
@@ -279,8 +285,12 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
         for v in events.send_dropping(slot_cids, i, text, system, *sampling):
             yield ui.flatten(v)
 
+    # "always_last": a message sent while this tab's reply streams waits for that event to end
+    # (its turn) and is sent then (Gradio's default, "once", dropped it silently); the page
+    # says it is queued (keyboard.py).
     for trigger in (ui.send.click, ui.msg.submit):
-        page.refresh_after(trigger(send, [slots, ui.msg, *settings], out, **GEN))
+        page.refresh_after(trigger(send, [slots, ui.msg, *settings], out,
+                                   trigger_mode="always_last", **GEN))
     closed = TabValues(ask=gr.Column(visible=False))
     ask = ui.ask_ui
     page.refresh_after(ask.drop.click(send_dropping, [slots, ui.msg, *settings], out, **GEN))

@@ -18,10 +18,13 @@ from ..settings.logic import SAMPLING_KEYS
 from ..toasts import USER_ERRORS, warn, why
 from .view import gauge_value
 
-# Focus the shown chat's message box and put every message box first in the tab order.
+# Focus the shown chat's message box; the tab order starts with the message box, then Send, then
+# Stop (then the page in order).
 FOCUS_JS = """() => { setTimeout(() => {
   const boxes = [...document.querySelectorAll("[id^='msg'] textarea")];
   boxes.forEach((t) => t.setAttribute("tabindex", "1"));
+  document.querySelectorAll("button[id^='send']").forEach((b) => b.setAttribute("tabindex", "2"));
+  document.querySelectorAll("button[id^='stop']").forEach((b) => b.setAttribute("tabindex", "3"));
   const shown = boxes.find((t) => t.offsetParent !== null);
   if (shown) shown.focus();
 }, 0); }"""
