@@ -7,8 +7,9 @@ detokenizes and applies stop rules. What that decided (forks, frees, finished gr
 abort and the out-of-memory path finish groups through the same update. The engine is single-threaded;
 `async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
 
-Names: `block_manager` is the KVCacheManager (block tables, in block ids); `kv_cache` holds the
-K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
+Names: `block_manager` is the KVCacheManager (block tables, in block ids), or for a model with
+sliding-window layers the HybridKVCacheManager (one per KV-cache group, engine.kv_sizing sizing
+each group's pool); `kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
 with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram) overrides
 `EngineConfig.speculation` for every engine of the process.
 See docs/architecture.md §4 (the life of a request, from make_group to the output).
@@ -34,6 +35,7 @@ from localpaged.engine import kv_sizing, output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.outputs import (EngineInfo, EngineStats, KVGroupStats, RequestOutput, SeqStep,
                                        StepRecord)
+from localpaged.kernels import kv_quant
 from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
@@ -49,6 +51,7 @@ class LLMEngine:
         self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
                                    else ("cpu" if config.device == "auto" else config.device))
         self.dtype = loader.resolve_dtype(config.dtype, self.device)
+        self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
         loaded = loader.load(config.model, self.device, self.dtype, config.revision, config.quantization)
         self.model, self.tokenizer, self.model_config = loaded.model, loaded.tokenizer, loaded.config
         self.eos_token_ids = loaded.eos_token_ids
@@ -61,7 +64,7 @@ class LLMEngine:
         num_blocks, num_cpu_blocks = self.kv_plan.num_blocks, self.kv_plan.num_cpu_blocks
         mc, groups = self.model_config, self.model.kv_groups
         self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
-                                mc.num_key_value_heads, self.model.head_dim, self.dtype,
+                                mc.num_key_value_heads, self.model.head_dim, self.kv_cache_dtype,
                                 self.device, num_cpu_blocks, groups.layer_group)
         keep_runs = self.device.type == "cpu"
         if groups.windows == (0,):        # one full-attention group: the plain manager
@@ -93,9 +96,9 @@ class LLMEngine:
         # With EngineConfig.record_steps: one StepRecord per step (what ran together), else None.
         self.step_records: list[StepRecord] | None = [] if config.record_steps else None
         self._ids = itertools.count()
-        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens, backend %s",
+        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens (%s), backend %s",
                     loaded.source.description, self.device, self.dtype, num_blocks[0],
-                    config.block_size, self.backend.name)
+                    config.block_size, self.kv_cache_dtype, self.backend.name)
         if groups.has_window:
             logger.info("KV-cache groups: %s", self.kv_plan.describe(config.block_size))
 
@@ -113,7 +116,7 @@ class LLMEngine:
         max_kv_cache_gb); a budget that holds no block of every layer is a ValueError."""
         c, mc = self.config, self.model_config
         per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads,
-                                    self.model.head_dim, self.dtype)
+                                    self.model.head_dim, self.kv_cache_dtype)
         swap = c.swap_space_gb * 2**30 if c.preemption_mode == "swap" else 0
         budget = None
         if c.num_kv_blocks is None:

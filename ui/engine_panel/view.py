@@ -49,6 +49,7 @@ def render_panel(snap: KvSnapshot) -> str:
     held = (f" · {s.blocks_without_sharing} block references held in {s.blocks_in_use} blocks"
             if s.blocks_in_use else "")
     parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
+    parts += _sliding_lines(s)
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
@@ -56,6 +57,18 @@ def render_panel(snap: KvSnapshot) -> str:
     parts.append(_rows_html(snap.rows, sharing))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _sliding_lines(s) -> list[str]:
+    """One line per sliding-window KV-cache group (the map above is group 0's blocks)."""
+    groups = [g for g in getattr(s, "kv_groups", ()) if g.window]
+    lines = [f'<p class="lp-muted">Sliding window {g.window} ({g.num_layers} layers): '
+             f'{g.blocks_in_use} of {g.num_blocks} blocks in use, {g.tokens_held} tokens per '
+             f'layer held</p>' for g in groups]
+    if groups and s.window_bytes_saved:
+        lines.append(f'<p class="lp-muted">The windows save {s.window_bytes_saved / 2**20:.1f} MiB '
+                     f'of KV now</p>')
+    return lines
 
 
 def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:
