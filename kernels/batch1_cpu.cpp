@@ -107,8 +107,10 @@ Tensor decode_layers(Tensor x, const std::vector<Tensor>& weights, const std::ve
     Tensor v = qkv.slice(1, qk_width).view({rows, kv_heads, dim});
     Tensor qk = qkv.slice(1, 0, qk_width).view({rows, heads + kv_heads, dim});
     qk = qk * cos + qk.roll({dim / 2}, {-1}) * sin;
-    k_cache.view({slots, kv_heads, dim}).index_copy_(0, slot, qk.slice(1, heads));
-    v_cache.view({slots, kv_heads, dim}).index_copy_(0, slot, v);
+    // write_kv: rows as the cache stores them (kv_rows: as is for float32, int8 quantized)
+    const int64_t width = k_cache.size(3);   // dim, or dim + 4 for int8 (kernels/kv_quant.py)
+    k_cache.view({slots, kv_heads, width}).index_copy_(0, slot, kv_rows(qk.slice(1, heads), k_cache.scalar_type()));
+    v_cache.view({slots, kv_heads, width}).index_copy_(0, slot, kv_rows(v, v_cache.scalar_type()));
     Tensor out = paged_decode_attention(qk.slice(1, 0, heads), k_cache, v_cache, block_table,
                                         seq_len, scale);
     x = x + linear(out.reshape({rows, heads * dim}), kind + 2, w);

@@ -14,6 +14,12 @@
 // window_start are never read, nor are table entries of blocks wholly before it: they may hold
 // any block id (a sliding-window layer's KV cache gives those blocks back).
 //
+// Cache dtypes (kernels/kv_quant.py): float32, bfloat16 and float16 rows are converted to float
+// 16 lanes at a time as they are loaded; an int8 row (D int8 values, then its float32 scale s)
+// is loaded as float(q) * s, which is exactly the reference's dequantized value, so the result
+// differs from the reference over dequantized rows only by the order of summation. The same
+// loop serves every dtype (a template over the element type); the float32 code is unchanged.
+//
 // Against the torch reference (kernels/reference.py, SDPA): the same softmax in float32, summed
 // in another order, so equal to ~1e-7 (tests/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
 // context, 2 cores: 30 layers in ~1.4 ms where SDPA over the same cache takes ~4.5 ms.
@@ -22,14 +28,25 @@
 #include "cpu_vec.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/abs.h>
+#include <ATen/ops/amax.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/clamp.h>
+#include <ATen/ops/clamp_min.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/round.h>
 #include <ATen/record_function.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 using at::Tensor;
@@ -44,6 +61,49 @@ using localpaged::Vec;
 
 constexpr int64_t kChunk = 64;      // tokens per work item: 16 items at 1,000 tokens
 constexpr int64_t kMaxVecs = 16;    // head_dim <= 256
+constexpr int64_t kScaleBytes = 4;  // an int8 row's float32 scale, after its head_dim values
+
+// 16 lanes of a cached row as floats: float32 as is; bfloat16 its bits shifted into a float's
+// upper half (exact); float16 through the compiler's _Float16 conversion (F16C where present,
+// exact); int8 converted (exact), the caller multiplying by the row's scale.
+typedef uint16_t U16x16 __attribute__((vector_size(kLanes * 2)));
+typedef uint32_t U32x16 __attribute__((vector_size(kLanes * 4)));
+typedef _Float16 H16x16 __attribute__((vector_size(kLanes * 2)));
+typedef int8_t I8x16 __attribute__((vector_size(kLanes)));
+
+inline Vec lanes(const float* p) { return load(p); }
+inline Vec lanes(const c10::BFloat16* p) {
+  U16x16 bits;
+  std::memcpy(&bits, p, sizeof bits);
+  const U32x16 wide = __builtin_convertvector(bits, U32x16) << 16;
+  Vec v;
+  std::memcpy(&v, &wide, sizeof v);
+  return v;
+}
+inline Vec lanes(const c10::Half* p) {
+  H16x16 h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, Vec);
+}
+inline Vec lanes(const int8_t* p) {
+  I8x16 q;
+  std::memcpy(&q, p, sizeof q);
+  return __builtin_convertvector(q, Vec);
+}
+
+// Lanes j of a KV head's row, as the reference reads them (int8: float(q) * the row's scale).
+template <typename T>
+struct RowReader {
+  const T* row;
+  float scale = 1.0f;
+  RowReader(const T* r, int64_t dim) : row(r) {
+    if constexpr (std::is_same_v<T, int8_t>) std::memcpy(&scale, r + dim, sizeof scale);
+  }
+  Vec operator()(int64_t j) const {
+    if constexpr (std::is_same_v<T, int8_t>) return lanes(row + j * kLanes) * scale;
+    else return lanes(row + j * kLanes);
+  }
+};
 
 // x[i] = exp(x[i]) for x <= 0 (scores minus their max): Cephes' expf (range reduction by ln 2,
 // degree-6 polynomial, ~1 ulp), written elementwise so the loop vectorizes. Below -87 the result
@@ -69,19 +129,20 @@ inline void exp_in_place(float* x, int64_t n) {
 
 // Where one sequence's K and V rows are: a row's offset in its cache is
 // table[pos / block_size] * block + (pos % block_size) * token; a KV head's part is `head` further.
+template <typename T>
 struct Paged {
-  const float* k;
-  const float* v;
+  const T* k;
+  const T* v;
   const int32_t* table;
-  int64_t block_size, block, token, head;   // strides in floats
+  int64_t block_size, block, token, head;   // strides in elements of T
 };
 
 // f(row, i) for the rows of tokens lo + i in [lo, hi) of `cache`, one block at a time.
-template <typename F>
-inline void for_each_row(const Paged& s, const float* cache, int64_t lo, int64_t hi, F&& f) {
+template <typename T, typename F>
+inline void for_each_row(const Paged<T>& s, const T* cache, int64_t lo, int64_t hi, F&& f) {
   for (int64_t pos = lo; pos < hi;) {
     const int64_t blk = pos / s.block_size, end = std::min(hi, (blk + 1) * s.block_size);
-    const float* row = cache + s.table[blk] * s.block + (pos - blk * s.block_size) * s.token;
+    const T* row = cache + s.table[blk] * s.block + (pos - blk * s.block_size) * s.token;
     for (; pos < end; ++pos, row += s.token) f(row, pos - lo);
   }
 }
@@ -89,14 +150,15 @@ inline void for_each_row(const Paged& s, const float* cache, int64_t lo, int64_t
 // One work item: tokens [lo, hi) of one sequence, every head. q [H, D]; part [H, D + 2] gets per
 // head (sum_i p_i * v_i, max, sum_i p_i) with p_i = exp(score_i - max); scores [H, kChunk] is
 // scratch. VECS = D / kLanes when known at compile time (the common head sizes), else 0.
-template <int64_t VECS>
-void attend_chunk(const float* q, int64_t heads, int64_t kv_heads, int64_t vecs, const Paged& s,
+template <typename T, int64_t VECS>
+void attend_chunk(const float* q, int64_t heads, int64_t kv_heads, int64_t vecs, const Paged<T>& s,
                   int64_t lo, int64_t hi, float scale, float* part, float* scores) {
   const int64_t V = VECS ? VECS : vecs, dim = V * kLanes, group = heads / kv_heads, n = hi - lo;
-  for_each_row(s, s.k, lo, hi, [&](const float* row, int64_t i) {
+  for_each_row(s, s.k, lo, hi, [&](const T* row, int64_t i) {
     for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      const RowReader<T> read(row + kh * s.head, dim);
       Vec key[VECS ? VECS : kMaxVecs];
-      for (int64_t j = 0; j < V; ++j) key[j] = load(row + kh * s.head + j * kLanes);
+      for (int64_t j = 0; j < V; ++j) key[j] = read(j);
       for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {   // the query heads of KV head kh
         Vec acc = load(q + h * dim) * key[0];
         for (int64_t j = 1; j < V; ++j) acc += load(q + h * dim + j * kLanes) * key[j];
@@ -114,10 +176,11 @@ void attend_chunk(const float* q, int64_t heads, int64_t kv_heads, int64_t vecs,
     out[dim] = max;
     out[dim + 1] = std::accumulate(p, p + n, 0.0f);
   }
-  for_each_row(s, s.v, lo, hi, [&](const float* row, int64_t i) {
+  for_each_row(s, s.v, lo, hi, [&](const T* row, int64_t i) {
     for (int64_t kh = 0; kh < kv_heads; ++kh) {
+      const RowReader<T> read(row + kh * s.head, dim);
       for (int64_t j = 0; j < V; ++j) {
-        const Vec value = load(row + kh * s.head + j * kLanes);
+        const Vec value = read(j);
         for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
           float* acc = part + h * (dim + 2) + j * kLanes;
           store(acc, load(acc) + scores[h * kChunk + i] * value);
@@ -158,15 +221,18 @@ inline int64_t window_start(int64_t len, int64_t window) {
 void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                   const Tensor& tables, const Tensor& lens, int64_t window) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4, "q [B, H, D] and caches [N, bs, Hkv, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-              v_cache.scalar_type() == at::kFloat, "float32 q and caches");
+  const auto kv = k_cache.scalar_type();
+  TORCH_CHECK(q.scalar_type() == at::kFloat && v_cache.scalar_type() == kv &&
+              (kv == at::kFloat || kv == at::kBFloat16 || kv == at::kHalf || kv == at::kChar),
+              "float32 q; float32, bfloat16, float16 or int8 caches of one dtype");
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "CPU tensors");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.strides() == v_cache.strides() &&
               k_cache.stride(3) == 1, "K and V caches of one layout, head_dim contiguous");
   const int64_t heads = q.size(1), kv_heads = k_cache.size(2), dim = q.size(2);
-  TORCH_CHECK(dim == k_cache.size(3) && dim % kLanes == 0 && dim <= kLanes * kMaxVecs,
-              "head_dim a multiple of 16, at most 256");
+  TORCH_CHECK(k_cache.size(3) == dim + (kv == at::kChar ? kScaleBytes : 0),
+              "cache rows of head_dim values (int8: and a float32 scale)");
+  TORCH_CHECK(dim % kLanes == 0 && dim <= kLanes * kMaxVecs, "head_dim a multiple of 16, at most 256");
   TORCH_CHECK(heads % kv_heads == 0, "query heads a multiple of KV heads");
   TORCH_CHECK(window >= 0, "window ", window, " negative (0: full attention)");
   TORCH_CHECK(tables.dim() == 2 && tables.size(0) == q.size(0) && lens.numel() == q.size(0),
@@ -183,6 +249,32 @@ void check_inputs(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
       TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " outside the cache");
     }
   }
+}
+
+// Every (sequence, chunk) work item's partials into `part` ([B, chunks, H, D + 2]), over caches
+// of element type T; sequence b's chunks tile [first[b], len[b]).
+template <typename T>
+void attend_all(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                const Tensor& tables, const int32_t* len, const std::vector<int64_t>& first,
+                const std::vector<int64_t>& count, int64_t chunks, float scale, Tensor& part) {
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  const Paged<T> cache{k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+                       tables.data_ptr<int32_t>(), k_cache.size(1), k_cache.stride(0),
+                       k_cache.stride(1), k_cache.stride(2)};
+  const int64_t stride = heads * (dim + 2), kv_heads = k_cache.size(2);
+  auto attend = dim == 64 ? attend_chunk<T, 4> : dim == 128 ? attend_chunk<T, 8> : attend_chunk<T, 0>;
+  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(heads * kChunk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / chunks, c = item % chunks;
+      if (c >= count[b]) continue;
+      const int64_t lo = first[b] + c * kChunk, hi = std::min<int64_t>(lo + kChunk, len[b]);
+      Paged<T> seq = cache;
+      seq.table += b * tables.size(1);
+      attend(q.data_ptr<float>() + b * heads * dim, heads, kv_heads, dim / kLanes, seq, lo, hi,
+             scale, part.data_ptr<float>() + item * stride, scores.data());
+    }
+  });
 }
 
 }  // namespace
@@ -206,27 +298,35 @@ Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const T
   }
   Tensor part = at::empty({batch, chunks, heads, dim + 2}, q.options());
   Tensor out = at::empty_like(q);
-  const Paged cache{k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                    tables.data_ptr<int32_t>(), k_cache.size(1), k_cache.stride(0),
-                    k_cache.stride(1), k_cache.stride(2)};
-  const int64_t stride = heads * (dim + 2), kv_heads = k_cache.size(2);
-  auto attend = dim == 64 ? attend_chunk<4> : dim == 128 ? attend_chunk<8> : attend_chunk<0>;
-  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(heads * kChunk);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / chunks, c = item % chunks;
-      if (c >= count[b]) continue;
-      const int64_t lo = first[b] + c * kChunk, hi = std::min<int64_t>(lo + kChunk, len[b]);
-      Paged seq = cache;
-      seq.table += b * tables.size(1);
-      attend(q.data_ptr<float>() + b * heads * dim, heads, kv_heads, dim / kLanes, seq, lo, hi,
-             static_cast<float>(scale), part.data_ptr<float>() + item * stride, scores.data());
-    }
-  });
+  const float s = static_cast<float>(scale);
+  switch (k_cache.scalar_type()) {
+    case at::kBFloat16:
+      attend_all<c10::BFloat16>(q, k_cache, v_cache, tables, len, first, count, chunks, s, part);
+      break;
+    case at::kHalf:
+      attend_all<c10::Half>(q, k_cache, v_cache, tables, len, first, count, chunks, s, part);
+      break;
+    case at::kChar:
+      attend_all<int8_t>(q, k_cache, v_cache, tables, len, first, count, chunks, s, part);
+      break;
+    default:
+      attend_all<float>(q, k_cache, v_cache, tables, len, first, count, chunks, s, part);
+  }
+  const int64_t stride = heads * (dim + 2);
   at::parallel_for(0, batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b)
       combine(part.data_ptr<float>() + b * chunks * stride, count[b], stride, heads, dim,
               out.data_ptr<float>() + b * heads * dim);
   });
   return out;
+}
+
+Tensor kv_rows(const Tensor& x, at::ScalarType cache_dtype) {
+  if (cache_dtype != at::kChar) return x.scalar_type() == cache_dtype ? x : x.to(cache_dtype);
+  // kernels/kv_quant.py quantize: the same ATen calls in the same order, so the same bytes
+  const Tensor f = x.to(at::kFloat);
+  const Tensor row_scale = (at::amax(f.abs(), {-1}, true) / 127).clamp_min(
+      std::numeric_limits<float>::min());
+  const Tensor q = (f / row_scale).round().clamp(-127, 127).to(at::kChar);
+  return at::cat({q, row_scale.view(at::kChar)}, -1);
 }

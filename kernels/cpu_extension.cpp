@@ -11,9 +11,11 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // None needs the GIL: the server's threads (streaming, HTTP) run while a step computes.
   m.def("paged_decode_attention", &paged_decode_attention,
-        "paged decode attention over float32 caches (kernels/cpu_decode.cpp)", py::arg("q"),
+        "paged decode attention over float32, bf16, fp16 or int8 caches (kernels/cpu_decode.cpp)", py::arg("q"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("seq_lens"),
         py::arg("scale"), py::arg("window") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("kv_rows", &kv_rows, "rows as a cache of that dtype stores them (kernels/kv_quant.py)",
+        py::call_guard<py::gil_scoped_release>());
   m.def("int4_matmul", &int4_matmul, "int4 weight-only matmul, tiles layout (kernels/cpu_int4.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("int4_vectorized", &int4_vectorized);

@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from localpaged.kernels import reference
+from localpaged.kernels import kv_quant, reference
 from localpaged.kernels.cpu_int4_layout import pack
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def _compile():
 def self_check(module) -> str | None:
     """None when the compiled kernels match their references on small inputs, else what differs:
     decode attention (grouped heads, blocks out of order, lengths across a chunk boundary; full
-    and with a sliding window) against the torch reference; the int4 matmul against float32 math on the dequantized weights;
+    and with a sliding window; bfloat16 and int8 caches) against the torch reference; the int4 matmul against float32 math on the dequantized weights;
     RMSNorm against transformers' formula; the GGUF-block matmul (Q4_K, Q8_0) against float32
     math on gguf-py's dequantization, within the bound of its int8 rounding of x."""
     gen = torch.Generator().manual_seed(0)
@@ -163,6 +163,11 @@ def self_check(module) -> str | None:
         want = reference.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
         failures.append(_differs(f"decode attention (window {window})", got, want,
                                  CHECK_TOLERANCE))
+    for dtype in (torch.bfloat16, torch.int8):   # smaller KV caches (kernels/kv_quant.py)
+        k, v = kv_quant.store(k_cache, dtype), kv_quant.store(v_cache, dtype)
+        got = module.paged_decode_attention(q, k, v, tables, lens, 0.125, 0)
+        want = reference.paged_decode_attention(q, k, v, tables, lens, 0.125, 0)
+        failures.append(_differs(f"decode attention ({dtype} cache)", got, want, CHECK_TOLERANCE))
     ints = torch.randint(0, 16, (64, 96), generator=gen)
     scales, mins = torch.rand(3, 64, generator=gen).half() / 8, -torch.rand(3, 64, generator=gen).half()
     x = torch.randn(3, 96, generator=gen)

@@ -12,12 +12,18 @@ Sliding windows: the attention functions take ``window`` (0: full attention). Wi
 query at position p attends to positions p - W < k <= p, as transformers' sliding-window mask;
 table entries of blocks wholly before the window may hold any block id (a sliding-window layer's
 KV cache gives those blocks back) and are never read.
+
+KV cache dtypes (kernels/kv_quant.py): a float32, bfloat16 or float16 cache is read converted to
+q's dtype; an int8 cache ([..., D + 4], a float32 scale per token and head) is quantized on write
+and dequantized on read, only the rows a kernel reads. copy_blocks moves rows as they are.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from localpaged.kernels.kv_quant import load, store
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -28,8 +34,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if bool((slots < 0).any()):
         keep = slots >= 0
         key, value, slots = key[keep], value[keep], slots[keep]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, key.to(k_cache.dtype))
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value.to(v_cache.dtype))
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, store(key, k_cache.dtype))
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, store(value, v_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int,
@@ -101,8 +107,7 @@ def decode_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache:
     """A batch of one decoding sequence (one conversation): write its new key/value [1, Hkv, D]
     at slot_mapping[0] (a real slot, never negative), then q [1, H, D] attends to the runs
     (decode_runs, computed once per step by the model runner instead of once per layer)."""
-    if key.dtype != k_cache.dtype:
-        key, value = key.to(k_cache.dtype), value.to(v_cache.dtype)
+    key, value = store(key, k_cache.dtype), store(value, v_cache.dtype)
     num_blocks, block_size = k_cache.shape[:2]
     k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)
@@ -120,7 +125,7 @@ def _run_view(cache: torch.Tensor, first_slot: int, length: int, dtype: torch.dt
     token, head, dim = cache.stride(1), cache.stride(2), cache.stride(3)
     view = cache.as_strided((1, cache.shape[2], length, cache.shape[3]), (0, head, token, dim),
                             cache.storage_offset() + first_slot * token)
-    return view if view.dtype == dtype else view.to(dtype)
+    return load(view, dtype)
 
 
 def _decode_in_place(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -166,8 +171,8 @@ def _decode_padded(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
         table, length = block_tables[:, :-(-max_len // block_size)].long(), max_len
         pos = torch.arange(max_len, device=q.device)[None, :]
     # [B, blocks, B_size, Hkv, D] -> [B, Hkv, L, D]; padding entries are masked below.
-    keys = k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
-    values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
+    keys = load(k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), q.dtype)
+    values = load(v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), q.dtype)
     group = num_heads // num_kv_heads
     qg = q.view(batch, num_kv_heads, group, head_dim)
     lens = seq_lens[:, None].to(q.device)
@@ -212,8 +217,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             continue
         group = num_heads // num_kv_heads        # expanded K/V: much faster than enable_gqa on CPU
         start = window_start(seq_len - q_len + 1, window)     # the first query's window
-        keys = _gather(k_cache, block_tables[i], seq_len, start).to(q.dtype).repeat_interleave(group, 1)
-        values = _gather(v_cache, block_tables[i], seq_len, start).to(q.dtype).repeat_interleave(group, 1)
+        keys = load(_gather(k_cache, block_tables[i], seq_len, start), q.dtype).repeat_interleave(group, 1)
+        values = load(_gather(v_cache, block_tables[i], seq_len, start), q.dtype).repeat_interleave(group, 1)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(start, seq_len, device=q.device)[None, :]
         mask = (k_pos <= q_pos) & (k_pos > q_pos - window) if window else k_pos <= q_pos

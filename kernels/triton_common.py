@@ -8,6 +8,11 @@ Conventions for every kernel in this package:
 - softmax runs in the log2 domain: scores are multiplied by ``scale * log2(e)`` and exponentiated
   with ``exp2``; statistics and accumulators are fp32 whatever the input dtype;
 - a head dim is padded to a power of two (``D_PAD``) and masked, so 80 or 96 work as well as 128;
+- KV cache dtypes (kernels/kv_quant.py): a float cache computes in its own dtype (q is cast to
+  it, as before); an int8 cache (rows of D int8 values then a float32 scale) computes in q's
+  dtype, each K/V row loaded as float32(q) * scale (the reference's dequantized value) and cast
+  to it. ``INT8`` is a constexpr, so the float caches compile to the same work as before; the
+  scales are read through a float32 view of the same cache (``scale_view``);
 - sliding window W: the query at position p sees keys p - W < k <= p. A kernel takes W as a
   runtime argument and ``WINDOWED`` (W > 0) as a constexpr, so full attention compiles to the
   same work as before windows existed; its loop starts at the first window's block, so table
@@ -30,6 +35,17 @@ LOG2E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 256
 _logged: set[tuple[str, str]] = set()
+
+
+def scale_view(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as float32 words (an int8 cache: its row scales sit at word (row + D) / 4 of
+    each row); any other cache as itself (never read: INT8 is off)."""
+    return cache.view(torch.float32) if cache.dtype == torch.int8 else cache
+
+
+def compute_dtype(q: torch.Tensor, cache: torch.Tensor) -> torch.dtype:
+    """The dtype the attention kernels compute in: the cache's, or q's for an int8 cache."""
+    return q.dtype if cache.dtype == torch.int8 else cache.dtype
 
 
 def next_pow2(n: int) -> int:
@@ -80,11 +96,24 @@ def _dot(a, b, DOT_F32: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def load_rows(base, words, row, head, mask, kv_mask, offs_d, dtype, HEAD_DIM: tl.constexpr,
+              INT8: tl.constexpr):
+    """Cached rows at element offsets `row` ([N]) from base (the cache + `head`, its KV head's
+    offset) as [N, D_PAD] of dtype; INT8: q from base, each row's float32 scale from `words`
+    (the whole cache as float32 words) at word (head + row + D) / 4."""
+    x = tl.load(base + row[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    if INT8:
+        s = tl.load(words + (head + row + HEAD_DIM) // 4, mask=mask, other=0.0)
+        x = x.to(tl.float32) * s[:, None]
+    return x.to(dtype)
+
+
+@triton.jit
 def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos, window,
                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                  TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-                 WINDOWED: tl.constexpr):
+                 WINDOWED: tl.constexpr, k_words, v_words, head_k, head_v, INT8: tl.constexpr):
     """Fold keys/values at positions [start, end) into the running softmax state of the rows of q.
 
     q: [M, D_PAD] in the cache dtype; acc: [M, D_PAD] fp32, unnormalised output; m_i: [M] fp32
@@ -95,6 +124,8 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
     as decode's single row, need no WINDOWED: the loop starts there).
     Positions outside [start, end) are never loaded, so padding table entries, unwritten slots
     and blocks before the window are not read.
+    INT8: k_words/v_words are the caches as float32 (scale_view) at their start, head_k/head_v
+    the KV head's element offset (k_base = cache + head_k).
     """
     offs_n = tl.arange(0, TILE_N)
     offs_d = tl.arange(0, D_PAD)
@@ -105,9 +136,9 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
         block = tl.load(table_row + pos // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
         in_block = (pos % BLOCK_SIZE).to(tl.int64)
         kv_mask = in_range[:, None] & d_ok[None, :]
-        k = tl.load(k_base + (block * stride_kb + in_block * stride_ks)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        s = _dot(q, tl.trans(k.to(q.dtype)), DOT_F32, PREC) * qk_scale       # [M, TILE_N]
+        k = load_rows(k_base, k_words, block * stride_kb + in_block * stride_ks, head_k, in_range,
+                      kv_mask, offs_d, q.dtype, HEAD_DIM, INT8)
+        s = _dot(q, tl.trans(k), DOT_F32, PREC) * qk_scale       # [M, TILE_N]
         visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
         if WINDOWED:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
@@ -116,8 +147,8 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_base + (block * stride_vb + in_block * stride_vs)[:, None] + offs_d[None, :],
-                    mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v.to(q.dtype), DOT_F32, PREC)
+        v = load_rows(v_base, v_words, block * stride_vb + in_block * stride_vs, head_v, in_range,
+                      kv_mask, offs_d, q.dtype, HEAD_DIM, INT8)
+        acc = acc * alpha[:, None] + _dot(p.to(q.dtype), v, DOT_F32, PREC)
         m_i = m_new
     return acc, m_i, l_i

@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from . import reference
-from .triton_common import (LOG2E, NEG_BIG, attend_tiles, dot_options, fallback_reason,
-                            log_fallback, next_pow2)
+from .triton_common import (LOG2E, NEG_BIG, attend_tiles, compute_dtype, dot_options,
+                            fallback_reason, log_fallback, next_pow2, scale_view)
 
 PARTITION_SIZE = 256        # tokens per split-K partition; a multiple of every TILE_N used
 _PLAIN_PARTITION = 1 << 30  # "one partition holds the whole context"
@@ -35,7 +35,7 @@ REDUCE_CHUNK = 32           # partitions the reduce kernel combines per step
 
 
 @triton.jit
-def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
+def _decode_kernel(q_ptr, k_cache, v_cache, k_words, v_words, tables, seq_lens, out_ptr, lse_ptr,
                    qk_scale, partition_size, window,
                    stride_qb, stride_qh, stride_tb, stride_kb, stride_ks, stride_kh,
                    stride_vb, stride_vs, stride_vh, stride_ob, stride_oh, stride_op,
@@ -43,7 +43,7 @@ def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, TILE_N: tl.constexpr,
                    SPLIT: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-                   WINDOWED: tl.constexpr):
+                   WINDOWED: tl.constexpr, INT8: tl.constexpr):
     """Program (b, kv_head, part): the GROUP query heads of kv_head over one partition.
 
     SPLIT=False: a single partition; writes the normalised output [B, H, D] in out's dtype.
@@ -72,7 +72,8 @@ def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
     io_mask = row_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=io_mask, other=0.0)
-    q = q.to(k_cache.dtype.element_ty)
+    if not INT8:                # a float cache's dtype; int8 rows are dequantized to q's
+        q = q.to(k_cache.dtype.element_ty)
 
     acc = tl.zeros([GROUP_PAD, D_PAD], dtype=tl.float32)
     m_i = tl.full([GROUP_PAD], NEG_BIG, dtype=tl.float32)
@@ -81,7 +82,8 @@ def _decode_kernel(q_ptr, k_cache, v_cache, tables, seq_lens, out_ptr, lse_ptr,
     acc, m_i, l_i = attend_tiles(
         q, acc, m_i, l_i, k_cache + kv_head * stride_kh, v_cache + kv_head * stride_vh,
         tables + b * stride_tb, start, end, q_pos, window, stride_kb, stride_ks, stride_vb,
-        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, False)
+        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, False,
+        k_words, v_words, kv_head * stride_kh, kv_head * stride_vh, INT8)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)   # an empty range leaves acc = 0, output 0
     out = acc / l_safe[:, None]
@@ -165,18 +167,19 @@ def _launch(q, k_cache, v_cache, tables, lens, scale, out, lse, num_parts, parti
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
-    dot_f32, prec = dot_options(_decode_kernel, k_cache.dtype)
+    dot_f32, prec = dot_options(_decode_kernel, compute_dtype(q, k_cache))
     split = lse is not None
     lse_arg = lse if split else out
     stride_op = out.stride(2) if split else 0
     _decode_kernel[(batch, num_kv_heads, num_parts)](
-        q, k_cache, v_cache, tables, lens, out, lse_arg, scale * LOG2E, partition_size, window,
+        q, k_cache, v_cache, scale_view(k_cache), scale_view(v_cache), tables, lens, out, lse_arg,
+        scale * LOG2E, partition_size, window,
         q.stride(0), q.stride(1), tables.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         out.stride(0), out.stride(1), stride_op,
         lse_arg.stride(0), lse_arg.stride(1),
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), TILE_N=tile_n, SPLIT=split,
-        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0)
+        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0, INT8=k_cache.dtype == torch.int8)
 
 
 def decode_plain(q, k_cache, v_cache, block_tables, seq_lens, scale, tile_n=None, window=0):

@@ -22,21 +22,22 @@ import triton
 import triton.language as tl
 
 from . import reference
-from .triton_common import (LOG2E, NEG_BIG, attend_tiles, dot_options, fallback_reason,
-                            log_fallback, next_pow2)
+from .triton_common import (LOG2E, NEG_BIG, attend_tiles, compute_dtype, dot_options,
+                            fallback_reason, log_fallback, next_pow2, scale_view)
 
 BLOCK_M = 64   # rows (token x head pairs) per program for 16-bit caches, when the group allows
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, out_ptr,
+def _prefill_kernel(q_ptr, k_cache, v_cache, k_words, v_words, tables, query_start_loc, seq_lens,
+                    out_ptr,
                     qk_scale, window,
                     stride_qt, stride_qh, stride_tb, stride_kb, stride_ks, stride_kh,
                     stride_vb, stride_vs, stride_vh, stride_ot, stride_oh,
                     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr,
                     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                     TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
-                    WINDOWED: tl.constexpr):
+                    WINDOWED: tl.constexpr, INT8: tl.constexpr):
     """Program (b, kv_head, q_tile): new tokens [q_tile * BLOCK_Q, +BLOCK_Q) of sequence b."""
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -59,7 +60,8 @@ def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, 
     row_off = (q_start + tok).to(tl.int64)
     q = tl.load(q_ptr + row_off[:, None] * stride_qt + heads[:, None] * stride_qh
                 + offs_d[None, :], mask=io_mask, other=0.0)
-    q = q.to(k_cache.dtype.element_ty)
+    if not INT8:                # a float cache's dtype; int8 rows are dequantized to q's
+        q = q.to(k_cache.dtype.element_ty)
 
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, D_PAD], dtype=tl.float32)
     m_i = tl.full([BLOCK_Q * GROUP_PAD], NEG_BIG, dtype=tl.float32)
@@ -73,7 +75,8 @@ def _prefill_kernel(q_ptr, k_cache, v_cache, tables, query_start_loc, seq_lens, 
     acc, m_i, l_i = attend_tiles(
         q, acc, m_i, l_i, k_cache + kv_head * stride_kh, v_cache + kv_head * stride_vh,
         tables + b * stride_tb, start, end, q_pos, window, stride_kb, stride_ks, stride_vb,
-        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, WINDOWED)
+        stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, WINDOWED,
+        k_words, v_words, kv_head * stride_kh, kv_head * stride_vh, INT8)
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + row_off[:, None] * stride_ot + heads[:, None] * stride_oh
@@ -104,19 +107,21 @@ def prefill(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
     group_pad = next_pow2(group)
-    default_q, default_n = default_tiles(group_pad, block_size, head_dim, k_cache.element_size())
+    compute = compute_dtype(q, k_cache)
+    default_q, default_n = default_tiles(group_pad, block_size, head_dim, compute.itemsize)
     block_q = max(block_q or default_q, triton.cdiv(16, group_pad))   # tl.dot needs >= 16 rows
     tile_n = tile_n or default_n
     max_q_len = int((starts[1:] - starts[:-1]).max())
-    dot_f32, prec = dot_options(_prefill_kernel, k_cache.dtype)
+    dot_f32, prec = dot_options(_prefill_kernel, compute)
     grid = (batch, num_kv_heads, triton.cdiv(max_q_len, block_q))
     _prefill_kernel[grid](
-        q, k_cache, v_cache, tables, starts, lens, out, scale * LOG2E, window,
+        q, k_cache, v_cache, scale_view(k_cache), scale_view(v_cache), tables, starts, lens, out,
+        scale * LOG2E, window,
         q.stride(0), q.stride(1), tables.stride(0), *k_cache.stride()[:3], *v_cache.stride()[:3],
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), TILE_N=tile_n,
-        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0)
+        DOT_F32=dot_f32, PREC=prec, WINDOWED=window > 0, INT8=k_cache.dtype == torch.int8)
     return out
 
 

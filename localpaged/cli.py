@@ -45,6 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the model's own context length)")
     p.add_argument("--dtype", default=config.default("dtype"), choices=config.DTYPES,
                    help="weights and KV cache (default auto: float32 on CPU)")
+    p.add_argument("--kv-cache-dtype", default=config.default("kv_cache_dtype"),
+                   choices=config.KV_CACHE_DTYPES,
+                   help="KV cache (default auto: the model's dtype); bfloat16/float16 halve "
+                        "the memory a token of context costs, int8 (a scale per token and "
+                        "head) nearly quarters it")
     p.add_argument("--quantization", default=config.default("quantization"),
                    choices=config.QUANTIZATION,
                    help="weight-only quantization (default auto: a GGUF keeps its bit width, "
@@ -108,7 +113,8 @@ def build(args: argparse.Namespace):
         factory = local_factory(args.num_kv_blocks, args.dtype, max_model_len=args.max_model_len,
                                 quantization=args.quantization,
                                 attention_backend=args.attention_backend, enforce_eager=args.eager,
-                                speculation=args.speculation)
+                                speculation=args.speculation,
+                                kv_cache_dtype=args.kv_cache_dtype)
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")

@@ -17,9 +17,11 @@ PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # auto: triton on CUDA, cpu on CPU
 BACKGROUND_BATCH = ("auto", "share", "idle")        # auto: share on CUDA, idle on CPU
 SPECULATION = ("off", "ngram")                      # off: one token per step and sequence
+# auto: the model's dtype; int8: one float32 scale per token and KV head (kernels/kv_quant.py)
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 CHOICES = {"quantization": QUANTIZATION, "preemption_mode": PREEMPTION_MODES,
            "attention_backend": ATTENTION_BACKENDS, "background_batch": BACKGROUND_BATCH,
-           "speculation": SPECULATION}
+           "speculation": SPECULATION, "kv_cache_dtype": KV_CACHE_DTYPES}
 
 
 def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -65,6 +67,10 @@ class EngineConfig:
     # (core/speculation.py), up to num_speculative_tokens a step, verified in one forward.
     speculation: str = "off"             # SPECULATION
     num_speculative_tokens: int = 4
+    # The KV cache's dtype (KV_CACHE_DTYPES): "auto" the model's; a smaller one holds more
+    # tokens in the same memory (the block count from a budget grows), the kernels convert
+    # on load (int8: a float32 scale per token and KV head, kernels/kv_quant.py).
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):

@@ -15,7 +15,8 @@ the background: steps decode in Python until it is ready, so the first reply nev
 `EngineConfig.enforce_eager` (`--eager`) turns the loop off.
 
 Used when: CPU, the `cpu` attention backend (kernels/cpu_ops.py: the loop calls the same decode
-kernel), float32 activations and KV cache, every decoder linear int4 (quant/cpu.py:
+kernel), float32 activations, a KV cache the decode kernel reads (float32, bfloat16, float16 or
+int8: the loop writes K/V through kv_rows, the same ATen calls as kernels/kv_quant.py's store), every decoder linear int4 (quant/cpu.py:
 CpuInt4Weight, quant/cpu_tiles.py: CpuInt4Tiles), GGML blocks on the extension's kernel
 (quant/ggml.py: GgmlWeight, or a PartsWeight of them), with or without a bias, or float32
 (models/linear.py: Linear, threaded split included) without bias; no q/k norms; a Llama-family

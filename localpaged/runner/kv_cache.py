@@ -5,6 +5,10 @@ views of one allocation per KV-cache group made at start-up (a sliding-window gr
 smaller pool: core.hybrid_kv_cache_manager). Block ids come from `block_pool.BlockPool`; this module only moves
 bytes: copy-on-write copies on the device, and swap-out / swap-in between device and CPU, each
 batched (many blocks per call), staged through a contiguous buffer when devices differ.
+
+The cache's dtype is EngineConfig.kv_cache_dtype's (kernels/kv_quant.py): for int8 a row is
+head_dim + 4 int8 (the values, then their float32 scale), so every move of whole blocks carries
+the scales with the values and nothing here depends on the dtype.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import logging
 import torch
 
 from localpaged.core.block_pool import BlockOp, BlockOpKind
+from localpaged.kernels.kv_quant import row_bytes, row_width
 from localpaged.models.attention import AttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -21,7 +26,9 @@ logger = logging.getLogger(__name__)
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> int:
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
+    """Bytes of one block over num_layers layers, K and V, in a cache of this dtype (int8: the
+    scales included)."""
+    return 2 * num_layers * block_size * num_kv_heads * row_bytes(head_dim, dtype)
 
 
 def available_memory(device: torch.device) -> int:
@@ -51,14 +58,15 @@ class KVCache:
         assert len(blocks) == len(cpu) == num_groups, "one pool size per KV-cache group"
         self.device = device
         pin = device.type == "cuda"
+        width = row_width(head_dim, dtype)       # head_dim, or head_dim + 4 for int8
         self.group_blocks: list[torch.Tensor] = []
         self.group_cpu_blocks: list[torch.Tensor | None] = []
         for g in range(num_groups):
             n = layer_group.count(g)
-            self.group_blocks.append(torch.zeros((n, 2, blocks[g], block_size, num_kv_heads, head_dim),
+            self.group_blocks.append(torch.zeros((n, 2, blocks[g], block_size, num_kv_heads, width),
                                                  dtype=dtype, device=device))
             self.group_cpu_blocks.append(torch.zeros(
-                (n, 2, cpu[g], block_size, num_kv_heads, head_dim), dtype=dtype, pin_memory=pin)
+                (n, 2, cpu[g], block_size, num_kv_heads, width), dtype=dtype, pin_memory=pin)
                 if cpu[g] else None)
         self.device_blocks, self.cpu_blocks = self.group_blocks[0], self.group_cpu_blocks[0]
         # layer i -> its (k, v) views: its index among its group's layers
