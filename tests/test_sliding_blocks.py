@@ -10,6 +10,7 @@ import pytest
 import tiny_models
 import torch
 from engine_helpers import greedy, hf_beams, hf_expected, hf_greedy, hf_model, prompts
+from localpaged.ui import engine_panel as kvmap
 from transformers import AutoConfig
 
 from localpaged import LLM, SamplingParams
@@ -19,7 +20,6 @@ from localpaged.core.kv_cache_manager import KVCacheManager
 from localpaged.core.request import Sequence
 from localpaged.engine import kv_sizing
 from localpaged.models.layer_types import kv_groups
-from localpaged.ui import engine_panel as kvmap
 
 MIXED, SLIDING = "qwen2-sliding", "mistral-sliding"     # full + sliding; every layer sliding
 

@@ -25,8 +25,13 @@ the full group's, or the only group's; `group_usage` gives every group's.
 from __future__ import annotations
 
 from localpaged.core.block_pool import NULL_BLOCK, Block, BlockOp, BlockOpKind
-from localpaged.core.kv_cache_manager import (BlockUsage, InvariantError, KVCacheManager, admit_seqs,
-                                              extend_chain)
+from localpaged.core.kv_cache_manager import (
+    BlockUsage,
+    InvariantError,
+    KVCacheManager,
+    admit_seqs,
+    extend_chain,
+)
 from localpaged.core.request import Sequence
 from localpaged.core.sliding_window import SlidingWindowManager
 

@@ -26,7 +26,14 @@ import hashlib
 import struct
 from dataclasses import dataclass
 
-from localpaged.core.block_pool import NULL_BLOCK, Block, BlockOp, BlockOpKind, BlockPool
+from localpaged.core.block_invariants import InvariantError, check_pools
+from localpaged.core.block_pool import (
+    NULL_BLOCK,
+    Block,
+    BlockOp,
+    BlockOpKind,
+    BlockPool,
+)
 from localpaged.core.request import Sequence
 
 
@@ -41,10 +48,6 @@ class BlockUsage:
     table_entries: int       # what the tables would hold if nothing were shared
     num_cpu_blocks: int
     cpu_in_use: int
-
-
-class InvariantError(AssertionError):
-    """A block-accounting invariant does not hold (a bug in the engine, never bad input)."""
 
 
 def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
@@ -364,29 +367,9 @@ class KVCacheManager:
           table carries that sequence's chain hash of blocks 0..i (its stored tokens);
         - with expect_empty (every request has ended), no table and no held block remains;
         - given the live `seqs`, whatever a subclass checks per sequence (`_check_seqs`).
+        (core.block_invariants.check_pools checks all but the last.)
         """
-        _check_ref_counts(self.pool, self.tables, "device")
-        if self.cpu_pool is not None:
-            _check_ref_counts(self.cpu_pool, self.cpu_tables, "CPU")
-        elif self.cpu_tables:
-            raise InvariantError("CPU block tables exist without a CPU pool")
-        for block in self.pool.blocks:
-            if (block.block_id in self.pool.free_queue) != (block.ref_count == 0):
-                raise InvariantError(f"block {block.block_id}: ref_count {block.ref_count} but "
-                                     f"{'' if block.ref_count else 'not '}in the free queue")
-        for h, block in self.pool.cached.items():
-            if block.block_hash != h:
-                raise InvariantError(f"block {block.block_id} is cached under another hash")
-        for seq_id, table in self.tables.items():
-            hashes = self._hashes.get(seq_id, [])
-            for i, block in enumerate(table[:len(hashes)]):
-                if block.block_hash is not None and block.block_hash != hashes[i]:
-                    raise InvariantError(f"block {block.block_id} (block {i} of sequence {seq_id}) "
-                                         "is cached under a hash of other tokens")
-        if expect_empty and (self.tables or self.cpu_tables or self.pool.num_free != self.pool.num_blocks):
-            raise InvariantError(f"blocks still held after every request ended: device tables "
-                                 f"{sorted(self.tables)}, CPU tables {sorted(self.cpu_tables)}, "
-                                 f"{self.pool.num_blocks - self.pool.num_free} blocks in use")
+        check_pools(self, expect_empty)
         if seqs is not None:
             self._check_seqs(seqs)
 
@@ -421,16 +404,3 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
 def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:
     """Whether the copies `more` read or write a block that the copies `pairs` read or write."""
     return not {b for pair in pairs for b in pair}.isdisjoint(b for pair in more for b in pair)
-
-
-def _check_ref_counts(pool: BlockPool, tables: dict[int, list[Block]], where: str) -> None:
-    holders: dict[int, int] = {}
-    for table in tables.values():
-        for block in table:
-            if block is NULL_BLOCK:
-                continue
-            holders[block.block_id] = holders.get(block.block_id, 0) + 1
-    for block in pool.blocks:
-        if block.ref_count != holders.get(block.block_id, 0):
-            raise InvariantError(f"{where} block {block.block_id}: ref_count {block.ref_count}, "
-                                 f"held by {holders.get(block.block_id, 0)} block tables")

@@ -45,8 +45,9 @@ class KVPlan:
 def sliding_blocks_needed(window: int, block_size: int, max_num_seqs: int,
                           max_num_batched_tokens: int) -> int:
     """The most blocks a sliding group with this window can hold at once (see the module doc)."""
-    cdiv = lambda a: -(-a // block_size)   # noqa: E731
-    return max_num_seqs * (cdiv(window) + 2) + cdiv(max_num_batched_tokens)
+    def blocks(tokens: int) -> int:
+        return -(-tokens // block_size)
+    return max_num_seqs * (blocks(window) + 2) + blocks(max_num_batched_tokens)
 
 
 def plan(groups: KVGroups, layer_block_bytes: int, block_size: int, max_num_seqs: int,

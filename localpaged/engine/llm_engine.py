@@ -27,14 +27,26 @@ import torch
 from localpaged.core.config import SPECULATION, EngineConfig, check_choice
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
-from localpaged.core.request import BeamParams, BeamState, Sequence, SequenceGroup, make_generator
+from localpaged.core.request import (
+    BeamParams,
+    BeamState,
+    Sequence,
+    SequenceGroup,
+    make_generator,
+)
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.core.speculation import Drafter
 from localpaged.engine import kv_sizing, output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
-from localpaged.engine.outputs import (EngineInfo, EngineStats, KVGroupStats, RequestOutput, SeqStep,
-                                       StepRecord)
+from localpaged.engine.outputs import (
+    EngineInfo,
+    EngineStats,
+    KVGroupStats,
+    RequestOutput,
+    SeqStep,
+    StepRecord,
+)
 from localpaged.kernels import kv_quant
 from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
@@ -59,7 +71,8 @@ class LLMEngine:
         self.weights_bytes, self.weights_format = weights_summary(self.model)
         self.max_model_len = self._max_model_len()
         self.backend, graphs_ok = startup_check.select_backend(
-            config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim)
+            config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim,
+            kv_dtype=self.kv_cache_dtype)
         self.kv_plan = self._kv_plan()
         num_blocks, num_cpu_blocks = self.kv_plan.num_blocks, self.kv_plan.num_cpu_blocks
         mc, groups = self.model_config, self.model.kv_groups

@@ -20,8 +20,8 @@ import torch
 
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import KVCacheManager
-from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
 from localpaged.core.request import Sequence
+from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
 from localpaged.kernels.reference import decode_runs, window_start
 from localpaged.models import LlamaForCausalLM
 from localpaged.models.attention import AttentionMetadata, PagedAttention
