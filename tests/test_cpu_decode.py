@@ -71,7 +71,7 @@ def test_a_sequence_alone_in_a_batch_and_on_any_thread_count_is_bitwise_the_same
 @pytest.mark.parametrize("case, message", [("block id", "outside the cache"),
                                            ("too long", "block table capacity"),
                                            ("empty", "block table capacity"),
-                                           ("bf16", "float32")])
+                                           ("float64", "float32")])
 def test_bad_input_is_refused(kernel, case, message):
     q, k, v, tables, lens = paged([40, 20], 6, 2, 64, 16)
     if case == "block id":
@@ -80,17 +80,17 @@ def test_bad_input_is_refused(kernel, case, message):
         lens[0] = tables.shape[1] * 16 + 1
     elif case == "empty":
         lens[1] = 0
-    else:
-        k, v = k.bfloat16(), v.bfloat16()
+    else:               # bf16/fp16/int8 caches are served (kv_cache_dtype), float64 is not
+        k, v = k.double(), v.double()
     with pytest.raises(RuntimeError, match=message):
         kernel(q, k, v, tables, lens, 0.125)
 
 
-@pytest.mark.parametrize("case", ["head size 72", "bf16 cache", "not built"])
+@pytest.mark.parametrize("case", ["head size 72", "float64 cache", "not built"])
 def test_cpu_backend_uses_the_reference_where_the_kernel_does_not_serve(kernel, monkeypatch, case):
     q, k, v, tables, lens = paged([40, 20], 4, 2, 72 if case == "head size 72" else 64, 16)
-    if case == "bf16 cache":
-        k, v = k.bfloat16(), v.bfloat16()
+    if case == "float64 cache":
+        k, v = k.double(), v.double()
     if case == "not built":
         monkeypatch.setattr(cpu_extension.BUILD, "module", None)
     got = cpu_ops.paged_decode_attention(q, k, v, tables, lens, 0.125)

@@ -14,7 +14,7 @@ import logging
 
 import torch
 
-from localpaged.kernels import ggml_reference
+from localpaged.kernels import ggml_reference, kv_quant
 from localpaged.models.attention import (
     AttentionBackend,
     AttentionMetadata,
@@ -75,29 +75,34 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 
 def check_kernels(ops: AttentionBackend, reference: AttentionBackend, device: torch.device,
-                  dtype: torch.dtype, block_size: int = 16, head_dim: int = 64) -> str | None:
+                  dtype: torch.dtype, block_size: int = 16, head_dim: int = 64,
+                  kv_dtype: torch.dtype | None = None) -> str | None:
     """Run each kernel of `ops` once against `reference`; None, or what failed and how. The
     attention kernels run with full attention and with a sliding window of 5 (it starts inside
-    the first sequence's second block, so its table entry 0 is not attended to)."""
+    the first sequence's second block, so its table entry 0 is not attended to). The caches are
+    of kv_dtype (None: dtype; int8: kernels/kv_quant.py rows, compared dequantized)."""
     g = torch.Generator(device="cpu").manual_seed(0)
     num_blocks, kv_heads, heads = 8, 2, 4
 
     def rand(*shape):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    k_cache, v_cache = (rand(num_blocks, block_size, kv_heads, head_dim) for _ in range(2))
+    kv_dtype = kv_dtype or dtype
+    k_cache, v_cache = (kv_quant.store(rand(num_blocks, block_size, kv_heads, head_dim), kv_dtype)
+                        for _ in range(2))
     caches = [(k_cache, v_cache), (k_cache.clone(), v_cache.clone())]   # ops', reference's
+    values = lambda c: torch.cat([kv_quant.load(x, dtype) for x in c])   # noqa: E731
     tables = torch.tensor([[3, 1, 6], [5, 0, 2]], dtype=torch.int32, device=device)
     lens = torch.tensor([2 * block_size + 3, block_size + 1], dtype=torch.int32, device=device)
     scale = head_dim ** -0.5
-    tol = _tolerance(dtype)
+    tol = max(_tolerance(dtype), _tolerance(kv_dtype))     # a smaller cache rounds K/V
     cases = {
-        "write_kv": lambda m, c: (m.write_kv(k_new, v_new, c[0], c[1], slots), torch.cat(c))[1],
+        "write_kv": lambda m, c: (m.write_kv(k_new, v_new, c[0], c[1], slots), values(c))[1],
         "paged_decode_attention": lambda m, c: torch.cat([m.paged_decode_attention(
             q_dec, c[0], c[1], tables, lens, scale, window) for window in WINDOWS]),
         "paged_prefill_attention": lambda m, c: torch.cat([m.paged_prefill_attention(
             q_pre, c[0], c[1], tables, starts, lens, scale, window) for window in WINDOWS]),
-        "copy_blocks": lambda m, c: (m.copy_blocks(c[0], c[0], pairs), c[0])[1],
+        "copy_blocks": lambda m, c: (m.copy_blocks(c[0], c[0], pairs), values(c[:1]))[1],
     }
     k_new, v_new = rand(3, kv_heads, head_dim), rand(3, kv_heads, head_dim)
     slots = torch.tensor([3 * block_size, -1, 5 * block_size + 2], dtype=torch.long, device=device)
@@ -117,7 +122,8 @@ def check_kernels(ops: AttentionBackend, reference: AttentionBackend, device: to
 
 
 def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                   head_dim: int, force_check: bool = False) -> tuple[PagedAttention, bool]:
+                   head_dim: int, force_check: bool = False,
+                   kv_dtype: torch.dtype | None = None) -> tuple[PagedAttention, bool]:
     """The attention backend to use and whether decode graphs may be captured with it.
 
     The Triton backend is checked on CUDA (or when force_check); on failure: torch backend, no
@@ -127,7 +133,7 @@ def select_backend(name: str, device: torch.device, dtype: torch.dtype, block_si
     if backend.name != "triton" or not (device.type == "cuda" or force_check):
         return backend, False
     failure = check_kernels(backend, get_backend("torch", device), device, dtype, block_size,
-                            head_dim)
+                            head_dim, kv_dtype)
     if failure is not None:
         logger.warning("start-up self-check: Triton kernel %s; using the torch attention backend "
                        "and eager decode", failure)
