@@ -237,3 +237,36 @@ def test_gguf_q8_0_kept_in_its_blocks(gemma_gguf, tiny_root, cpu_ext):
     assert isinstance(linear, QuantLinear) and isinstance(linear.packed, GgmlWeight)
     base = perplexity(LLM(f32, block_size=16, num_kv_blocks=32), prompt)
     assert abs(perplexity(llm, prompt) / base - 1) < 0.02
+
+
+# ---- what is refused, what maps where (no engine) --------------------------------------------
+def test_refused_by_name():
+    from transformers import Gemma3TextConfig
+
+    from localpaged.models import build_model
+    from localpaged.runner.model_check import check_config
+    config = tiny_models.GEMMA_CONFIGS["gemma3"]()
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        with torch.device("meta"):
+            build_model(Gemma3TextConfig(**{**config.to_dict(), "attn_logit_softcapping": 50.0}))
+    with pytest.raises(ValueError, match="query_pre_attn_scalar must be a finite number > 0"):
+        check_config({**config.to_dict(), "query_pre_attn_scalar": 0}, "config.json")
+    bad_rope = {**config.rope_parameters, "sliding_attention": {"rope_type": "default", "rope_theta": -1.0}}
+    with pytest.raises(ValueError, match="rope_parameters.sliding_attention.rope_theta"):
+        check_config({**config.to_dict(), "rope_parameters": bad_rope}, "config.json")
+
+
+def test_gguf_names_by_family(gemma):
+    """llama.cpp's ffn_norm is Llama's post-attention norm but Gemma 3's pre-feedforward one;
+    every weight of a Gemma 3 but the tied lm_head has a GGUF name that maps back to it."""
+    from localpaged.quant.gguf import hf_name
+    assert hf_name("blk.3.ffn_norm.weight") == "model.layers.3.post_attention_layernorm.weight"
+    assert hf_name("blk.3.ffn_norm.weight", "gemma3_text") == \
+        "model.layers.3.pre_feedforward_layernorm.weight"
+    assert hf_name("blk.3.post_attention_norm.weight", "gemma3_text") == \
+        "model.layers.3.post_attention_layernorm.weight"
+    assert hf_name("blk.3.post_ffw_norm.weight", "gemma3_text") == \
+        "model.layers.3.post_feedforward_layernorm.weight"
+    assert all(hf_name(gguf_name(n), "gemma3_text") == n
+               for n in hf_model(gemma).state_dict()
+               if n != "lm_head.weight")
