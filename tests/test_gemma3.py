@@ -6,7 +6,7 @@ final logit softcapping).
 Prompts are 48-80 tokens, three to five windows, so each sliding layer's window moves over
 prefill and decode. Every engine path gives transformers' tokens: one prompt alone, batches,
 block sizes, chunked prefill, prefix hits (the same prompt again, a shared prefix), preemption
-by recompute and by swap, seeded samples with n > 1; prompt logprobs equal transformers' to
+by recompute and by swap, n-gram speculation, seeded samples with n > 1; prompt logprobs equal transformers' to
 float rounding. A GGUF written from a tiny model's weights (llama.cpp's gemma3 names, norms
 stored as w + 1) loads to the same tokens.
 """
@@ -118,6 +118,15 @@ def test_preemption(gemma, batch, alone, mode):
     if mode == "swap":
         assert stats.num_swapped_out > 0
     assert stats.blocks_in_use == 0 and stats.cpu_blocks_in_use == 0
+
+
+def test_speculation(gemma, batch, alone):
+    """n-gram drafts verified in one forward (decode rows over each group's window): the same
+    tokens as plain decoding; these repetitive random continuations accept drafts."""
+    llm = LLM(gemma, block_size=16, num_kv_blocks=128, speculation="ngram", debug_checks=True)
+    assert token_ids(llm.generate(batch, greedy(N_NEW))) == alone
+    stats = llm.stats()
+    assert 0 < stats.accepted_draft_tokens <= stats.draft_tokens
 
 
 def test_seeded_samples(gemma, batch):
