@@ -41,8 +41,10 @@ class GemmaRMSNorm(nn.Module):
     """x / rms(x) * (1 + weight), in float32, cast back to x's dtype (Gemma3RMSNorm).
 
     (1 + weight) is computed as transformers does (`1.0 + weight.float()`) and kept: the product
-    of the normalized row and it is one multiplication either way, so F.rms_norm (or the CPU
-    extension's kernel, models/llama.py RMSNorm) with it as the weight gives the same values."""
+    of the normalized row and it is one multiplication either way, so F.rms_norm with it as the
+    weight gives transformers' values (bitwise in float32, as for models/llama.py RMSNorm); the
+    CPU extension's kernel, once the loader chooses it, rounds the sum its own way, as for
+    Llama (tests/test_cpu_norm.py)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
