@@ -23,3 +23,16 @@ def _seconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def write_results(name: str, result: dict) -> str:
+    """bench/results/<name>-<time>.json with `result`; prints and returns the path."""
+    import json
+    import os
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                       f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    print("wrote", out)
+    return out

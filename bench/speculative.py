@@ -18,7 +18,6 @@ read bandwidth. Writes bench/results/speculative-<time>.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import read_bandwidth  # noqa: E402
+from machine import read_bandwidth, write_results  # noqa: E402
 
 THREADS = 2
 
@@ -158,11 +157,7 @@ def main(argv=None) -> dict:
             print(f"llama.cpp skipped: {exc}", flush=True)
     result["table"] = table(result)
     print(result["table"])
-    out = os.path.join(HERE, "results", f"speculative-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=2)
-    print("wrote", out)
+    write_results("speculative", result)
     return result
 
 

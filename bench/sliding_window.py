@@ -1,0 +1,159 @@
+"""Sliding-window KV at a long context, side by side in one run: localpaged and llama.cpp
+(llama-cpp-python) on the same Gemma 3 270M GGUF (the suite's second real model: 5 of every 6
+layers attend over a 512-token window), one conversation, greedy.
+
+    PYTHONPATH=<llama-cpp-python's site> python bench/sliding_window.py [--context 4000]
+
+Per engine: the KV bytes a token of context costs at the end of the run (ours: the blocks the
+sequence holds, from EngineStats; llama.cpp: its KV buffers as it logs them, with its SWA cache
+trimmed to the window (`swa_full=False`) and full-size (`swa_full=True`, llama-cpp-python's
+default)), prefill tokens/s, and decode tokens/s of the last new tokens at that context; and
+the machine's read bandwidth. Writes bench/results/sliding-window-<time>.json, prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from machine import read_bandwidth, write_results  # noqa: E402
+from workload import CONTEXT, TOPICS  # noqa: E402
+
+THREADS = 2
+
+
+def long_prompt(tokenizer, context: int) -> list[int]:
+    """About `context` tokens of English notes on every topic, then a request to summarize:
+    chat-templated where the file has a template (the Gemma 3 270M base model has none)."""
+    parts, ids = [], []
+    while len(ids) < context:
+        parts.append(f"Notes on {TOPICS[len(parts) % len(TOPICS)]}, part {len(parts) + 1}: {CONTEXT * 3}")
+        text = " ".join(parts) + "\n\nSummarize these notes."
+        if tokenizer.chat_template:
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                add_generation_prompt=True, tokenize=True,
+                                                return_dict=False)
+        else:
+            ids = tokenizer(text).input_ids
+    return list(ids)
+
+
+def ours(path: str, prompt: list[int], new_tokens: int) -> dict:
+    """Prefill, then decode; the KV held is read from EngineStats at the last step."""
+    from localpaged import LLM, SamplingParams
+    torch.set_num_threads(THREADS)
+    llm = LLM(path, device="cpu", max_model_len=len(prompt) + new_tokens + 16)
+    engine = llm.engine
+    engine.add_request("bench", prompt, SamplingParams(max_tokens=new_tokens, temperature=0.0,
+                                                       ignore_eos=True))
+    start = time.perf_counter()
+    first = held = None
+    count = 0
+    while engine.has_unfinished_requests():
+        stats = engine.stats()
+        outs = engine.step()
+        for out in outs:
+            count = len(out.outputs[0].token_ids)
+        if count and first is None:
+            first = time.perf_counter()
+        if engine.has_unfinished_requests():
+            held = stats
+    end = time.perf_counter()
+    context = len(prompt) + count
+    return {"context": context, "new_tokens": count,
+            "prefill_tok_s": round(len(prompt) / (first - start), 1),
+            "decode_tok_s": round((count - 1) / (end - first), 2),
+            "kv_bytes_per_token": round(kv_bytes_held(engine, held) / context),
+            "kv_bytes_per_token_no_window": kv_bytes_per_layer_token(engine) * num_layers(engine),
+            "weights": engine.stats().weights_format}
+
+
+def num_layers(engine) -> int:
+    return engine.model_config.num_hidden_layers
+
+
+def kv_bytes_per_layer_token(engine) -> int:
+    """K and V of one token in one layer, in the KV cache's dtype."""
+    config, model = engine.model_config, engine.model
+    return 2 * config.num_key_value_heads * model.head_dim * torch.finfo(engine.dtype).bits // 8
+
+
+def kv_bytes_held(engine, stats) -> int:
+    """Bytes of the KV blocks held in every layer, from EngineStats (per KV-cache group)."""
+    per_block = kv_bytes_per_layer_token(engine) * stats.block_size
+    if not stats.kv_groups:
+        return stats.blocks_in_use * num_layers(engine) * per_block
+    return sum(g.blocks_in_use * g.num_layers for g in stats.kv_groups) * per_block
+
+
+def llama_cpp(path: str, prompt: list[int], new_tokens: int, swa_full: bool) -> dict:
+    from llama_cpp import Llama
+    log = tempfile.TemporaryFile(mode="w+")
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)                   # its KV sizes are logged by llama.cpp itself
+    try:
+        llm = Llama(path, n_ctx=len(prompt) + new_tokens + 16, n_threads=THREADS,
+                    swa_full=swa_full, verbose=True)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    log.seek(0)
+    kv_bytes = sum(float(m) * (1 << 20) for m in
+                   re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB", log.read()))
+    first, count, start = None, 0, time.perf_counter()
+    for _ in llm.create_completion(prompt, max_tokens=new_tokens, temperature=0.0, stream=True):
+        count += 1
+        first = first or time.perf_counter()
+    end = time.perf_counter()
+    context = len(prompt) + count
+    return {"context": context, "new_tokens": count,
+            "prefill_tok_s": round(len(prompt) / (first - start), 1),
+            "decode_tok_s": round((count - 1) / (end - first), 2),
+            "kv_bytes_per_token": round(kv_bytes / context),
+            "kv_cache_mib": round(kv_bytes / (1 << 20), 1)}
+
+
+def table(result: dict) -> str:
+    rows = ["| engine | KV bytes / token | prefill tok/s | decode tok/s |", "|---|---:|---:|---:|"]
+    for name, r in result["engines"].items():
+        rows.append(f"| {name} | {r['kv_bytes_per_token']:,} | {r['prefill_tok_s']} | {r['decode_tok_s']} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> dict:
+    from localpaged.runner.loader import bundled_gemma3_path
+    from transformers import AutoTokenizer
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the Gemma 3 270M file)")
+    ap.add_argument("--context", type=int, default=4000, help="prompt tokens (about)")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    args = ap.parse_args(argv)
+    path = args.model or bundled_gemma3_path()
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    prompt = long_prompt(tok, args.context)
+    result = {"model": path, "prompt_tokens": len(prompt), "threads": THREADS,
+              "read_GBps": read_bandwidth(THREADS), "engines": {}}
+    print(f"prompt {len(prompt)} tokens, read bandwidth {result['read_GBps']} GB/s", flush=True)
+    result["engines"]["localpaged"] = ours(path, prompt, args.new_tokens)
+    print(result["engines"]["localpaged"], flush=True)
+    if not args.no_llama_cpp:
+        for swa_full in (False, True):
+            name = f"llama.cpp (swa_full={swa_full})"
+            result["engines"][name] = llama_cpp(path, prompt, args.new_tokens, swa_full)
+            print(name, result["engines"][name], flush=True)
+    print(table(result))
+    write_results("sliding-window", result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
