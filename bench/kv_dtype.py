@@ -7,7 +7,10 @@ Per dtype: the KV bytes a token of context costs over every layer (K and V, int8
 included: runner/kv_cache.bytes_per_block), the tokens a 1 GiB KV budget holds, prefill tok/s,
 and decode tok/s of the new tokens after the prompt (the C++ batch-1 loop where it is used);
 and the machine's read bandwidth (decode at this context reads the whole KV cache once per
-token, so a smaller cache reads less). Writes bench/results/kv-dtype-<time>.json, prints a table.
+token, so a smaller cache reads less). Then the decode attention alone: the `cpu` backend's
+kernel (kernels/cpu_decode.cpp) over every layer of the model at that context, the best of
+REPEATS calls (robust on a loaded machine, where one step's time is mostly waiting for a core).
+`--no-engine` runs only that. Writes bench/results/kv-dtype-<time>.json, prints the tables.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from workload import CONTEXT, TOPICS  # noqa: E402
 
 THREADS = 2
 DTYPES = ("float32", "bfloat16", "int8")
+REPEATS = 30
 
 
 def long_prompt(tokenizer, context: int) -> list[int]:
@@ -71,12 +75,49 @@ def run(path: str, kv_cache_dtype: str, context: int, new_tokens: int) -> dict:
             "weights": engine.stats().weights_format}
 
 
+def attention_alone(config: dict, kv_cache_dtype: str, context: int, threads: int) -> dict:
+    """Best-of-REPEATS time of one decode step's attention over every layer (one sequence of
+    `context` tokens, blocks in order), with the KV cache in this dtype."""
+    from localpaged.kernels import cpu_extension, kv_quant
+    torch.set_num_threads(threads)
+    dtype, module = kv_quant.NAMES[kv_cache_dtype], cpu_extension.BUILD.module
+    layers, heads, kv_heads, dim = (config[k] for k in ("layers", "heads", "kv_heads", "head_dim"))
+    blocks = -(-context // 16)
+    caches = [[kv_quant.store(torch.randn(blocks, 16, kv_heads, dim), dtype) for _ in range(2)]
+              for _ in range(layers)]
+    q = torch.randn(1, heads, dim)
+    table = torch.arange(blocks, dtype=torch.int32)[None]
+    lens = torch.tensor([context], dtype=torch.int32)
+    best = float("inf")
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for k, v in caches:
+            module.paged_decode_attention(q, k, v, table, lens, dim ** -0.5)
+        best = min(best, time.perf_counter() - start)
+    return {"kv_cache_dtype": kv_cache_dtype, "threads": threads,
+            "attention_ms_per_step": round(best * 1e3, 3),
+            "kv_bytes_read_per_step": sum(c.numel() * c.element_size() for kv in caches for c in kv)}
+
+
+def model_shape(path: str) -> dict:
+    from localpaged import LLM
+    engine = LLM(path, device="cpu", num_kv_blocks=1).engine
+    mc = engine.model_config
+    return {"layers": mc.num_hidden_layers, "heads": mc.num_attention_heads,
+            "kv_heads": mc.num_key_value_heads, "head_dim": engine.model.head_dim}
+
+
 def table(result: dict) -> str:
     rows = ["| KV dtype | KV bytes / token | tokens per GiB | prefill tok/s | decode tok/s |",
             "|---|---:|---:|---:|---:|"]
     for r in result["runs"]:
         rows.append(f"| {r['kv_cache_dtype']} | {r['kv_bytes_per_token']:,} | {r['tokens_per_gib']:,} "
                     f"| {r['prefill_tok_s']} | {r['decode_tok_s']} |")
+    rows += ["", "| KV dtype | threads | attention ms / step (all layers) | KV MB read / step |",
+             "|---|---:|---:|---:|"]
+    for r in result["attention"]:
+        rows.append(f"| {r['kv_cache_dtype']} | {r['threads']} | {r['attention_ms_per_step']} "
+                    f"| {r['kv_bytes_read_per_step'] / 1e6:.1f} |")
     return "\n".join(rows)
 
 
@@ -87,11 +128,19 @@ def main(argv=None) -> dict:
     ap.add_argument("--context", type=int, default=2000, help="prompt tokens")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--dtypes", default=",".join(DTYPES))
+    ap.add_argument("--no-engine", action="store_true", help="only the attention kernel")
     args = ap.parse_args(argv)
     path = args.model or bundled_gguf_path()
+    names = args.dtypes.split(",")
     before = read_bandwidth(THREADS)
-    runs = [run(path, name, args.context, args.new_tokens) for name in args.dtypes.split(",")]
-    result = {"model": os.path.basename(path), "threads": THREADS,
+    runs = [] if args.no_engine else [run(path, name, args.context, args.new_tokens) for name in names]
+    from localpaged.kernels import cpu_extension
+    cpu_extension.BUILD.wait(900)
+    shape = model_shape(path)
+    attention = [attention_alone(shape, name, args.context, threads)
+                 for threads in (1, THREADS) for name in names]
+    result = {"model": os.path.basename(path), "threads": THREADS, "shape": shape,
+              "context": args.context, "attention": attention,
               "read_bandwidth_gb_s": {"before": round(before, 1),
                                       "after": round(read_bandwidth(THREADS), 1)},
               "load_average": os.getloadavg(), "runs": runs}

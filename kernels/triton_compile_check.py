@@ -36,17 +36,24 @@ def _compile(kernel, pointers: dict[str, str], floats: tuple[str, ...], constexp
     return triton.compile(ASTSource(kernel, signature, constexprs=consts), target=target)
 
 
-def _decode(dt, group, block_size, head_dim, split, windowed=False):
+def _cache(dt, int8):
+    """Pointer types of k_cache, v_cache and their float32 word views (kernels/kv_quant.py)."""
+    cache = "i8" if int8 else dt
+    return dict(k_cache=cache, v_cache=cache, k_words="fp32" if int8 else cache,
+                v_words="fp32" if int8 else cache)
+
+
+def _decode(dt, group, block_size, head_dim, split, windowed=False, int8=False):
     from . import triton_decode as dec
     from .triton_common import next_pow2
     out = "fp32" if split else dt
     return dec._decode_kernel, dict(
-        q_ptr=dt, k_cache=dt, v_cache=dt, tables="i32", seq_lens="i32", out_ptr=out,
+        q_ptr=dt, **_cache(dt, int8), tables="i32", seq_lens="i32", out_ptr=out,
         lse_ptr="fp32" if split else out), ("qk_scale",), dict(
         GROUP=group, GROUP_PAD=max(16, next_pow2(group)), BLOCK_SIZE=block_size,
         HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
         TILE_N=dec.default_tile_n(block_size, head_dim), SPLIT=split, DOT_F32=False,
-        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed)
+        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed, INT8=int8)
 
 
 def _reduce(dt, head_dim):
@@ -56,26 +63,27 @@ def _reduce(dt, head_dim):
         PART_CHUNK=dec.REDUCE_CHUNK, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
 
 
-def _prefill(dt, group, block_size, head_dim, windowed=False):
+def _prefill(dt, group, block_size, head_dim, windowed=False, int8=False):
     from . import triton_prefill as pre
     from .triton_common import next_pow2
     group_pad = next_pow2(group)
     block_q, tile_n = pre.default_tiles(group_pad, block_size, head_dim, 4 if dt == "fp32" else 2)
     return pre._prefill_kernel, dict(
-        q_ptr=dt, k_cache=dt, v_cache=dt, tables="i32", query_start_loc="i32",
+        q_ptr=dt, **_cache(dt, int8), tables="i32", query_start_loc="i32",
         seq_lens="i32", out_ptr=dt), ("qk_scale",), dict(
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(block_q, -(-16 // group_pad)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
         TILE_N=tile_n, DOT_F32=False,
-        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed)
+        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed, INT8=int8)
 
 
 def _write_kv(src, cache, block_size, head_dim):
     from . import triton_cache_ops as ops
     from .triton_common import next_pow2
-    return ops._write_kv_kernel, dict(key=src, value=src, k_cache=cache, v_cache=cache,
+    int8 = cache == "i8"
+    return ops._write_kv_kernel, dict(key=src, value=src, **_cache(cache, int8),
                                       slot_mapping="i64"), (), dict(
-        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim), INT8=int8)
 
 
 def _copy_blocks(dt):
@@ -108,6 +116,11 @@ CONFIGS = {
     "prefill bf16 gqa8 bs32 d256": lambda: _prefill("bf16", 8, 32, 256),
     "prefill fp32 gqa1 bs8 d64": lambda: _prefill("fp32", 1, 8, 64),
     "write_kv fp32->fp16 bs16 d80": lambda: _write_kv("fp32", "fp16", 16, 80),
+    "write_kv bf16->int8 bs16 d128": lambda: _write_kv("bf16", "i8", 16, 128),
+    "decode split int8 kv fp16 gqa4 bs16 d128": lambda: _decode("fp16", 4, 16, 128, True, int8=True),
+    "decode plain int8 kv bf16 gqa2 bs16 d64 window": lambda: _decode("bf16", 2, 16, 64, False, True,
+                                                                      int8=True),
+    "prefill int8 kv bf16 gqa4 bs16 d128": lambda: _prefill("bf16", 4, 16, 128, int8=True),
     "copy_blocks bf16": lambda: _copy_blocks("bf16"),
     "qmm decode int4 fp16 g128 m1": lambda: _quant("decode", "fp16", 4, 128, 1, 16, 128, 2),
     "qmm decode int8 bf16 m16 dot": lambda: _quant("decode", "bf16", 8, 1, 16, 64, 256, 1),
