@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="KV cache (default auto: the model's dtype); bfloat16/float16 halve "
                         "the memory a token of context costs, int8 (a scale per token and "
                         "head) nearly quarters it")
+    p.add_argument("--kv-disk-gb", type=float, default=config.default("kv_disk_gb"), metavar="GB",
+                   help="keep full KV blocks of finished turns on disk under the data dir, at "
+                        "most GB (least recently used dropped first), so a conversation reopened "
+                        "after a restart is not prefilled again; 0: off")
     p.add_argument("--quantization", default=config.default("quantization"),
                    choices=config.QUANTIZATION,
                    help="weight-only quantization (default auto: a GGUF keeps its bit width, "
@@ -114,7 +118,7 @@ def build(args: argparse.Namespace):
                                 quantization=args.quantization,
                                 attention_backend=args.attention_backend, enforce_eager=args.eager,
                                 speculation=args.speculation,
-                                kv_cache_dtype=args.kv_cache_dtype)
+                                kv_cache_dtype=args.kv_cache_dtype, **_kv_disk(args, data_dir))
         name = args.model or DEFAULT_MODEL
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")
@@ -196,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         store.close()
         app.state.instance_lock.release()
     return 0
+
+
+def _kv_disk(args, data_dir: Path) -> dict:
+    """The disk tier's engine options: under the data dir, unless --kv-disk-gb 0."""
+    if args.kv_disk_gb <= 0:
+        return {}
+    return {"kv_disk_dir": str(data_dir / "kv"), "kv_disk_gb": args.kv_disk_gb}
 
 
 def _display_host(host: str) -> str:

@@ -39,15 +39,18 @@ class BlockOpKind(enum.Enum):
     SWAP_OUT = "swap_out"    # device block -> CPU block (preemption by swap)
     COPY = "copy"            # device block -> device block (copy-on-write)
     SWAP_IN = "swap_in"      # CPU block -> device block (a swapped group resumes)
+    LOAD = "load"            # bytes read back from the disk tier -> device block (runner/kv_disk.py)
 
 
 @dataclass
 class BlockOp:
     """Copy the contents of block src to block dst, for every (src, dst) pair, in the cache
-    tensors of KV-cache group `group` (models.layer_types.KVGroups; 0 for a one-group model)."""
+    tensors of KV-cache group `group` (models.layer_types.KVGroups; 0 for a one-group model).
+    LOAD: `data[i]` (the disk tier's bytes of a block, opaque here) goes to block pairs[i][1]."""
     kind: BlockOpKind
     pairs: list[tuple[int, int]] = field(default_factory=list)
     group: int = 0
+    data: list = field(default_factory=list)
 
 
 class NoFreeBlocksError(RuntimeError):

@@ -71,10 +71,16 @@ class EngineConfig:
     # tokens in the same memory (the block count from a budget grows), the kernels convert
     # on load (int8: a float32 scale per token and KV head, kernels/kv_quant.py).
     kv_cache_dtype: str = "auto"
+    # The prefix cache's disk tier (runner/kv_disk.py): full blocks kept under this folder across
+    # restarts, at most kv_disk_gb, least recently used first dropped. None: off.
+    kv_disk_dir: str | None = None
+    kv_disk_gb: float = 4.0
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be a power of two up to 128, got {self.block_size}")
+        if not self.kv_disk_gb > 0:
+            raise ValueError(f"kv_disk_gb must be > 0, got {self.kv_disk_gb}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass
+from typing import Protocol
 
 from localpaged.core.block_invariants import InvariantError, check_pools
 from localpaged.core.block_pool import (
@@ -65,6 +66,15 @@ def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, blo
         hashes.append(hash_block(hashes[-1] if hashes else None, block))
 
 
+class DiskTier(Protocol):
+    """Where full blocks outlive the process (runner/kv_disk.py: DiskTier), keyed by chain hash
+    and KV-cache group; `load` returns a block's bytes (opaque here) or None."""
+
+    def load(self, block_hash: bytes, group: int) -> object | None: ...
+
+    def save(self, block_hash: bytes, group: int, block_id: int) -> None: ...
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False,
@@ -82,7 +92,42 @@ class KVCacheManager:
         self._hashes: dict[int, list[bytes]] = {}       # chain hashes of each seq's full blocks
         self.block_ops: list[BlockOp] = []               # decided, not yet carried out; in order
         self.prefix_cache_queries = 0                    # tokens looked up
-        self.prefix_cache_hits = 0                       # tokens found
+        self.prefix_cache_hits = 0                       # tokens found (memory or disk)
+        self.disk: DiskTier | None = None                # set by attach_disk
+        self.prefix_cache_disk_hits = 0                  # of the hits, tokens read back from disk
+
+    # ---- disk tier ----------------------------------------------------------------------------
+    def attach_disk(self, disk: DiskTier) -> None:
+        """From now on a prefix lookup that misses in memory reads full blocks back from `disk`
+        (a LOAD op, carried out before the next forward like every block move), and the last
+        holder's free of a hashed block hands it to `disk` to keep."""
+        self.disk = disk
+
+    def _read_back(self, hits: list[Block], hashes: list[bytes]) -> list[Block]:
+        """Blocks for the longest run of `hashes` the disk tier holds, each a fresh block
+        registered under its hash and left cached (ref count 0), their bytes queued as one LOAD
+        op. The memory `hits` before them and the blocks read so far are held while blocks are
+        taken, so no allocation evicts them. Stops where the disk misses or only the watermark
+        is left free."""
+        blocks, data = [], []
+        for block in hits:
+            self.pool.incref(block)
+        for h in hashes:
+            if self.pool.num_free <= self.watermark_blocks:
+                break
+            payload = self.disk.load(h, self.group)
+            if payload is None:
+                break
+            block = self.pool.allocate()
+            self.pool.register(block, h)
+            blocks.append(block)
+            data.append(payload)
+        for block in reversed(hits + blocks):      # as `free`: tail first
+            self.pool.decref(block)
+        if blocks:
+            self.block_ops.append(BlockOp(BlockOpKind.LOAD, [(b.block_id, b.block_id) for b in blocks],
+                                          self.group, data))
+        return blocks
 
     # ---- prefix cache -------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
@@ -110,7 +155,12 @@ class KVCacheManager:
         if not self.pool.enable_caching:
             return []
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hits = self._lookup_chain(self.block_hashes(seq, max_blocks))
+        hashes = self.block_hashes(seq, max_blocks)
+        hits = self._lookup_chain(hashes)
+        if self.disk is not None and len(hits) < len(hashes):
+            from_disk = self._read_back(hits, hashes[len(hits):])
+            self.prefix_cache_disk_hits += len(from_disk) * self.block_size
+            hits += from_disk
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
@@ -263,9 +313,13 @@ class KVCacheManager:
         self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, []))
 
     def free(self, seq: Sequence) -> None:
-        """Drop seq's blocks, tail first, so its last block is the first to be evicted."""
+        """Drop seq's blocks, tail first, so its last block is the first to be evicted. With a
+        disk tier, a hashed block whose last holder this is goes to it first (its K/V are
+        computed: a block is hashed only then)."""
         for block in reversed(self.tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:
+                if self.disk is not None and block.block_hash is not None and block.ref_count == 1:
+                    self.disk.save(block.block_hash, self.group, block.block_id)
                 self.pool.decref(block)
         for block in reversed(self.cpu_tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:

@@ -52,6 +52,8 @@ from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
 from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
+from localpaged.runner.kv_disk import DiskTier, KVDiskStore, weights_identity
+from localpaged.runner.kv_disk import fingerprint as kv_fingerprint
 from localpaged.runner.model_runner import ModelRunner, StepTimings, phase_of
 
 logger = logging.getLogger(__name__)
@@ -88,6 +90,7 @@ class LLMEngine:
             self.block_manager = HybridKVCacheManager(groups.windows, num_blocks, config.block_size,
                                                       config.enable_prefix_caching, num_cpu_blocks,
                                                       keep_runs=keep_runs)
+        self.kv_disk = self._attach_disk()
         shares = config.background_batch == "share" or (config.background_batch == "auto"
                                                           and self.device.type == "cuda")
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
@@ -116,6 +119,25 @@ class LLMEngine:
             logger.info("KV-cache groups: %s", self.kv_plan.describe(config.block_size))
 
     # ---- set-up -------------------------------------------------------------------------------
+    def _attach_disk(self) -> KVDiskStore | None:
+        """The prefix cache's disk tier (EngineConfig.kv_disk_dir), keyed by everything that
+        decides a block's bytes; not yet for models with sliding windows."""
+        c, mc = self.config, self.model_config
+        if c.kv_disk_dir is None:
+            return None
+        if not isinstance(self.block_manager, KVCacheManager):
+            logger.warning("KV disk tier: not yet for models with sliding windows; off")
+            return None
+        src = self.model_source
+        store = KVDiskStore(c.kv_disk_dir, kv_fingerprint(
+            weights=weights_identity(src.path, src.gguf_file), format=self.weights_format,
+            dtype=str(self.dtype), kv_dtype=str(self.kv_cache_dtype), block_size=c.block_size,
+            layers=mc.num_hidden_layers, kv_heads=mc.num_key_value_heads,
+            head_dim=self.model.head_dim), int(c.kv_disk_gb * 2**30))
+        if store.usable:
+            self.block_manager.attach_disk(DiskTier(store, self.kv_cache))
+        return store
+
     def _max_model_len(self) -> int:
         """The model's context: max_position_embeddings, capped at EngineConfig.max_model_len.
         (Sliding-window layers attend over their window: models.layer_types.)"""
@@ -341,7 +363,9 @@ class LLMEngine:
             weights_bytes=self.weights_bytes, weights_format=self.weights_format,
             draft_tokens=self.drafter.drafted if self.drafter else 0,
             accepted_draft_tokens=self.drafter.accepted if self.drafter else 0,
-            kv_groups=self._group_stats(running))
+            kv_groups=self._group_stats(running),
+            prefix_cache_disk_hits=getattr(kv, "prefix_cache_disk_hits", 0),
+            kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None)
 
     def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
         """Per KV-cache group, for a model with windows (empty without: the fields above)."""

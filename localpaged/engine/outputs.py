@@ -225,6 +225,8 @@ class EngineStats:
     draft_tokens: int = 0              # speculative decoding: tokens drafted so far
     accepted_draft_tokens: int = 0     # of those, tokens the model confirmed
     kv_groups: tuple[KVGroupStats, ...] = ()   # per KV-cache group; empty without windows
+    prefix_cache_disk_hits: int = 0    # of prefix_cache_hits, tokens read back from the disk tier
+    kv_disk: object | None = None      # runner.kv_disk.DiskStats of the disk tier, None when off
 
     @property
     def window_bytes_saved(self) -> int:

@@ -79,10 +79,22 @@ class KVCache:
         device, cpu = self.group_blocks[op.group], self.group_cpu_blocks[op.group]
         if op.kind is BlockOpKind.COPY:
             self._copy(device, op.pairs, backend)
+        elif op.kind is BlockOpKind.LOAD:
+            self.load(op.group, [dst for _, dst in op.pairs], op.data)
         elif op.kind is BlockOpKind.SWAP_OUT:
             self._move(device, cpu, op.pairs)
         else:
             self._move(cpu, device, op.pairs)
+
+    def block(self, group: int, block_id: int) -> torch.Tensor:
+        """One device block of a group, every layer, K and V: [layers, 2, B, Hkv, D] (a view)."""
+        return self.group_blocks[group][:, :, block_id]
+
+    def load(self, group: int, block_ids: list[int], data: list[torch.Tensor]) -> None:
+        """Blocks read back from the disk tier (runner/kv_disk.py), each shaped as `block`."""
+        ids = torch.tensor(block_ids, device=self.device)
+        staged = torch.stack(data, dim=2).to(self.device, non_blocking=True)
+        self.group_blocks[group].index_copy_(2, ids, staged)
 
     def copy(self, mapping: list[tuple[int, int]], backend: AttentionBackend) -> None:
         """Copy-on-write in group 0: device block src -> device block dst, every layer, K and V."""

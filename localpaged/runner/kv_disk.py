@@ -44,6 +44,17 @@ def fingerprint(**identity) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
 
 
+def weights_identity(folder: str, gguf_file: str | None) -> list[tuple[str, int, int]]:
+    """(path, size, modification time) of the model's weight files: the GGUF file, or every
+    safetensors file of the folder. Other weights under the same name never hit."""
+    names = [gguf_file] if gguf_file else sorted(n for n in os.listdir(folder) if n.endswith(".safetensors"))
+    out = []
+    for name in names:
+        st = os.stat(os.path.join(folder, name))
+        out.append((os.path.abspath(os.path.join(folder, name)), st.st_size, st.st_mtime_ns))
+    return out
+
+
 @dataclass(frozen=True)
 class DiskStats:
     num_blocks: int
@@ -215,3 +226,22 @@ def _remove(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+class DiskTier:
+    """The block manager's disk tier (core.kv_cache_manager.DiskTier) over a KVDiskStore and
+    the engine's KVCache: `save` copies a block out of the cache now (its last holder is
+    freeing it, so nothing writes it before the copy) and queues the copy for writing; `load`
+    reads a block's bytes back, shaped as KVCache.block, or None (a miss)."""
+
+    def __init__(self, store: KVDiskStore, kv_cache) -> None:
+        self.store = store
+        self.kv_cache = kv_cache
+        self._like = [kv_cache.block(g, 0) for g in range(len(kv_cache.group_blocks))]
+
+    def load(self, block_hash: bytes, group: int) -> torch.Tensor | None:
+        return self.store.get(block_hash, self._like[group], group)
+
+    def save(self, block_hash: bytes, group: int, block_id: int) -> None:
+        if not self.store.contains(block_hash, group):
+            self.store.put(block_hash, self.kv_cache.block(group, block_id).to("cpu", copy=True), group)
