@@ -16,9 +16,10 @@
 //
 // Cache dtypes (kernels/kv_quant.py): float32, bfloat16 and float16 rows are converted to float
 // 16 lanes at a time as they are loaded; an int8 row (D int8 values, then its float32 scale s)
-// is loaded as float(q) * s, which is exactly the reference's dequantized value, so the result
-// differs from the reference over dequantized rows only by the order of summation. The same
-// loop serves every dtype (a template over the element type); the float32 code is unchanged.
+// is loaded as float(q) and its scale s applied once per row (the score q . k times s; p times s
+// before the V accumulation), so the result differs from the reference over dequantized rows
+// only by rounding (~1e-7). The same loop serves every dtype (a template over the element type);
+// the float32 code is unchanged.
 //
 // Against the torch reference (kernels/reference.py, SDPA): the same softmax in float32, summed
 // in another order, so equal to ~1e-7 (tests/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
@@ -42,6 +43,9 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -64,14 +68,39 @@ constexpr int64_t kMaxVecs = 16;    // head_dim <= 256
 constexpr int64_t kScaleBytes = 4;  // an int8 row's float32 scale, after its head_dim values
 
 // 16 lanes of a cached row as floats: float32 as is; bfloat16 its bits shifted into a float's
-// upper half (exact); float16 through the compiler's _Float16 conversion (F16C where present,
-// exact); int8 converted (exact), the caller multiplying by the row's scale.
+// upper half (exact); float16 converted (exact); int8 converted (exact), the caller multiplying
+// by the row's scale. AVX2/F16C where the build machine has them (two 8-lane halves: GCC lowers
+// a 16-lane __builtin_convertvector poorly there), else the vector extension's conversions.
 typedef uint16_t U16x16 __attribute__((vector_size(kLanes * 2)));
 typedef uint32_t U32x16 __attribute__((vector_size(kLanes * 4)));
-typedef _Float16 H16x16 __attribute__((vector_size(kLanes * 2)));
 typedef int8_t I8x16 __attribute__((vector_size(kLanes)));
 
 inline Vec lanes(const float* p) { return load(p); }
+#if defined(__AVX2__) && defined(__F16C__)
+inline Vec join(__m256 lo, __m256 hi) {
+  Vec v;
+  std::memcpy(&v, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+  return v;
+}
+inline Vec lanes(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(bits)), 16);
+  const __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(bits, 1)), 16);
+  return join(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi));
+}
+inline Vec lanes(const c10::Half* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return join(_mm256_cvtph_ps(_mm256_castsi256_si128(bits)),
+              _mm256_cvtph_ps(_mm256_extracti128_si256(bits, 1)));
+}
+inline Vec lanes(const int8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return join(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+              _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8))));
+}
+#else
+typedef _Float16 H16x16 __attribute__((vector_size(kLanes * 2)));
 inline Vec lanes(const c10::BFloat16* p) {
   U16x16 bits;
   std::memcpy(&bits, p, sizeof bits);
@@ -90,19 +119,18 @@ inline Vec lanes(const int8_t* p) {
   std::memcpy(&q, p, sizeof q);
   return __builtin_convertvector(q, Vec);
 }
+#endif
 
-// Lanes j of a KV head's row, as the reference reads them (int8: float(q) * the row's scale).
+// Lanes j of a KV head's row as floats (int8: its values q, unscaled; `scale` is the row's s).
 template <typename T>
 struct RowReader {
+  static constexpr bool kScaled = std::is_same_v<T, int8_t>;
   const T* row;
   float scale = 1.0f;
   RowReader(const T* r, int64_t dim) : row(r) {
-    if constexpr (std::is_same_v<T, int8_t>) std::memcpy(&scale, r + dim, sizeof scale);
+    if constexpr (kScaled) std::memcpy(&scale, r + dim, sizeof scale);
   }
-  Vec operator()(int64_t j) const {
-    if constexpr (std::is_same_v<T, int8_t>) return lanes(row + j * kLanes) * scale;
-    else return lanes(row + j * kLanes);
-  }
+  Vec operator()(int64_t j) const { return lanes(row + j * kLanes); }
 };
 
 // x[i] = exp(x[i]) for x <= 0 (scores minus their max): Cephes' expf (range reduction by ln 2,
@@ -162,7 +190,9 @@ void attend_chunk(const float* q, int64_t heads, int64_t kv_heads, int64_t vecs,
       for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {   // the query heads of KV head kh
         Vec acc = load(q + h * dim) * key[0];
         for (int64_t j = 1; j < V; ++j) acc += load(q + h * dim + j * kLanes) * key[j];
-        scores[h * kChunk + i] = lane_sum(acc) * scale;
+        // int8: q . (s * k) as s * (q . k), one multiply per row rather than per element
+        if constexpr (RowReader<T>::kScaled) scores[h * kChunk + i] = lane_sum(acc) * read.scale * scale;
+        else scores[h * kChunk + i] = lane_sum(acc) * scale;
       }
     }
   });
@@ -183,7 +213,10 @@ void attend_chunk(const float* q, int64_t heads, int64_t kv_heads, int64_t vecs,
         const Vec value = read(j);
         for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
           float* acc = part + h * (dim + 2) + j * kLanes;
-          store(acc, load(acc) + scores[h * kChunk + i] * value);
+          if constexpr (RowReader<T>::kScaled)      // p * (s * v) as (p * s) * v
+            store(acc, load(acc) + (scores[h * kChunk + i] * read.scale) * value);
+          else
+            store(acc, load(acc) + scores[h * kChunk + i] * value);
         }
       }
     }
