@@ -140,3 +140,21 @@ def test_a_version_3_store_is_migrated_and_keeps_its_conversations(tmp_path):
     conn.close()
     with Store(old) as s:                                         # reopened: as saved
         assert s.presets() == [("p", "q")] and s.app_setting("defaults") == {"system_prompt": "d"}
+
+
+def test_the_presets_row_handlers(ctl):
+    """settings/events.py: "Use these settings for new chats" takes the fields as shown (a
+    field's own save may not have landed); "Save preset" keeps the shown system prompt."""
+    from localpaged.ui.settings.events import PresetEvents
+    ev = PresetEvents(ctl)
+    cid = ctl.new_conversation().id
+    slots = [cid, None, None, None]
+    shown = {**GREEDY, "top_p": 0.5, "repetition_penalty": 1.1, "presence_penalty": 0.0,
+             "frequency_penalty": 0.3}
+    ev.make_default(slots, 0, "Shown prompt", *[shown[k] for k in SAMPLING_KEYS + PENALTY_KEYS])
+    prompt, sampling = ctl.settings(ctl.new_conversation().id)
+    assert prompt == "Shown prompt" and {k: sampling[k] for k in shown} == shown
+    saved = ev.save_preset(slots, 0, "mine", "Be brief, pirate.")
+    assert saved.preset_name == "" and ctl.presets.prompt("mine") == "Be brief, pirate."
+    assert ev.choose_preset(slots, 0, "mine").system == "Be brief, pirate."
+    assert ctl.settings(cid)[0] == "Be brief, pirate."

@@ -1,16 +1,17 @@
 """The handlers of a chat tab and their wiring: send, regenerate, edit (toolbar and inline),
 retry, select a message, switch siblings, fork, close, stop; the tab's other features (settings,
-export, edit preview, prepared options) are wired here by their own `events.py`. Thin adapters
+presets, export, edit preview, prepared options) are wired here by their own `events.py`. Thin adapters
 from component values to ChatController calls; each returns `TabValues` (or PageValues for what
 changes the tab set), rendering is `render.py`'s job.
 
 A turn starts from the tab's settings fields: they are saved first, and the send uses the
-sampling settings that save checked (`_settings`), so one send checks them once. Under "Stop and ask me" a
-send that no longer fits opens the tab's dialog (drop the oldest and send, edit, cancel). A
-click on ‹ or › inside a message switches that message's siblings (SIBLING_JS, wired by
-`wire_sibling_clicks`). A streaming
-handler starts a Turn and then follows it; `follow` re-attaches a tab to a turn that is already
-running (after a reload, say). The turn outlives the event (see turns.py).
+sampling settings that save checked (`_settings`), so one send checks them once. A message sent
+while the conversation's reply streams waits for it and is sent then (queued, see keyboard.py).
+Under "Stop and ask me" a send that no longer fits opens the tab's dialog (drop the oldest and
+send, edit, cancel). A click on ‹ or › inside a message switches that message's siblings
+(SIBLING_JS, wired by `wire_sibling_clicks`). A streaming handler starts a Turn and then
+follows it; `follow` re-attaches a tab to a turn that is already running (after a reload,
+say). The turn outlives the event (see turns.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..edit_preview.events import wire_edit_cost
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
 from ..queues import GEN, QUICK
-from ..settings.events import wire_settings
+from ..settings.events import wire_presets, wire_settings
 from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
@@ -157,38 +158,6 @@ class ChatEvents:
             return TabValues()
         return self.switch(slots, i, index, step)
 
-    # ---- presets and the defaults of new chats (settings/presets.py) -----------------------
-    def choose_preset(self, slots: list, i: int, name: str | None) -> TabValues:
-        if slots[i] is None or not name:
-            return TabValues()
-        try:
-            return TabValues(system=self.ctl.apply_preset(slots[i], name))
-        except USER_ERRORS as exc:
-            warn(why(exc))
-            return TabValues()
-
-    def save_preset(self, slots: list, i: int, name: str, system: str) -> TabValues:
-        try:
-            if slots[i] is not None:
-                self.ctl.update_setting(slots[i], "system_prompt", system or "")
-            saved = self.ctl.save_preset(name or "", system or "")
-        except USER_ERRORS as exc:
-            warn(why(exc))
-            return TabValues()
-        info(f"Saved the preset “{saved}”.")
-        return TabValues(preset=gr.Dropdown(choices=self.ctl.preset_names(), value=saved),
-                         preset_name="")
-
-    def make_default(self, slots: list, i: int) -> None:
-        if slots[i] is None:
-            return
-        try:
-            self.ctl.save_defaults(slots[i])
-        except USER_ERRORS as exc:
-            warn(why(exc))
-            return
-        info("New chats will start with this conversation's system prompt and settings.")
-
     def edit_open(self, slots: list, i: int, sel: int | None) -> TabValues:
         """Show the edit box with the selected user message."""
         try:
@@ -301,11 +270,6 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
                              " t.value.length); } }")
     ui.sibgo.click(lambda c, nav: ui.flatten(events.switch_at(c, i, nav)), [slots, ui.sibnav],
                    out, js=SIBLING_INPUTS_JS, **QUICK)
-    ui.preset.input(lambda c, name: ui.flatten(events.choose_preset(c, i, name)),
-                    [slots, ui.preset], out, **QUICK)
-    ui.presets.save.click(lambda c, name, system: ui.flatten(events.save_preset(c, i, name, system)),
-                          [slots, ui.preset_name, ui.system], out, **QUICK)
-    ui.presets.make_default.click(lambda c: events.make_default(c, i), slots, None, **QUICK)
     page.refresh_after(ui.regen.click(regenerate, [slots, ui.sel, *settings], out, **GEN))
     ui.chatbot.retry(retry, [slots, *settings], out, **GEN)
     ui.chatbot.select(select, slots, out, **QUICK)
@@ -333,4 +297,5 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
     wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)
+    wire_presets(ui, events.ctl, slots, i)
     page.followers.append((follow, out))
