@@ -46,11 +46,12 @@ def long_prompt(tokenizer, context: int) -> list[int]:
     return list(ids)
 
 
-def ours(path: str, prompt: list[int], new_tokens: int) -> dict:
+def ours(path: str, prompt: list[int], new_tokens: int, kv_cache_dtype: str) -> dict:
     """Prefill, then decode; the KV held is read from EngineStats at the last step."""
     from localpaged import LLM, SamplingParams
     torch.set_num_threads(THREADS)
-    llm = LLM(path, device="cpu", max_model_len=len(prompt) + new_tokens + 16)
+    llm = LLM(path, device="cpu", max_model_len=len(prompt) + new_tokens + 16,
+              kv_cache_dtype=kv_cache_dtype)
     engine = llm.engine
     engine.add_request("bench", prompt, SamplingParams(max_tokens=new_tokens, temperature=0.0,
                                                        ignore_eos=True))
@@ -72,26 +73,18 @@ def ours(path: str, prompt: list[int], new_tokens: int) -> dict:
             "prefill_tok_s": round(len(prompt) / (first - start), 1),
             "decode_tok_s": round((count - 1) / (end - first), 2),
             "kv_bytes_per_token": round(kv_bytes_held(engine, held) / context),
-            "kv_bytes_per_token_no_window": kv_bytes_per_layer_token(engine) * num_layers(engine),
-            "weights": engine.stats().weights_format}
-
-
-def num_layers(engine) -> int:
-    return engine.model_config.num_hidden_layers
-
-
-def kv_bytes_per_layer_token(engine) -> int:
-    """K and V of one token in one layer, in the KV cache's dtype."""
-    config, model = engine.model_config, engine.model
-    return 2 * config.num_key_value_heads * model.head_dim * torch.finfo(engine.dtype).bits // 8
+            "kv_bytes_per_token_no_window": sum(engine.kv_plan.bytes_per_block) // engine.config.block_size,
+            "kv_dtype": str(engine.kv_cache_dtype), "weights": engine.stats().weights_format}
 
 
 def kv_bytes_held(engine, stats) -> int:
-    """Bytes of the KV blocks held in every layer, from EngineStats (per KV-cache group)."""
-    per_block = kv_bytes_per_layer_token(engine) * stats.block_size
+    """Bytes of the KV blocks held in every layer at the stats' step: each KV-cache group's
+    blocks in use times its bytes per block (engine.kv_plan: every layer of the group, in the
+    KV cache's dtype)."""
+    per_block = engine.kv_plan.bytes_per_block
     if not stats.kv_groups:
-        return stats.blocks_in_use * num_layers(engine) * per_block
-    return sum(g.blocks_in_use * g.num_layers for g in stats.kv_groups) * per_block
+        return stats.blocks_in_use * per_block[0]
+    return sum(g.blocks_in_use * b for g, b in zip(stats.kv_groups, per_block))
 
 
 def llama_cpp(path: str, prompt: list[int], new_tokens: int, swa_full: bool) -> dict:
@@ -129,22 +122,27 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
+    from localpaged.runner import gguf_meta
     from localpaged.runner.loader import bundled_gemma3_path
-    from transformers import AutoTokenizer
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF file (default: the Gemma 3 270M file)")
     ap.add_argument("--context", type=int, default=4000, help="prompt tokens (about)")
     ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--kv-cache-dtype", default="auto,int8",
+                    help="ours with each of these KV cache dtypes (comma-separated)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     args = ap.parse_args(argv)
     path = args.model or bundled_gemma3_path()
-    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    # the file's tokenizer as transformers converts it, from our cache (runner/gguf_meta.py)
+    _config, tok = gguf_meta.config_and_tokenizer(os.path.dirname(path), os.path.basename(path))
     prompt = long_prompt(tok, args.context)
     result = {"model": path, "prompt_tokens": len(prompt), "threads": THREADS,
               "read_GBps": read_bandwidth(THREADS), "engines": {}}
     print(f"prompt {len(prompt)} tokens, read bandwidth {result['read_GBps']} GB/s", flush=True)
-    result["engines"]["localpaged"] = ours(path, prompt, args.new_tokens)
-    print(result["engines"]["localpaged"], flush=True)
+    for kv_dtype in args.kv_cache_dtype.split(","):
+        name = f"localpaged (KV {kv_dtype})"
+        result["engines"][name] = ours(path, prompt, args.new_tokens, kv_dtype)
+        print(name, result["engines"][name], flush=True)
     if not args.no_llama_cpp:
         for swa_full in (False, True):
             name = f"llama.cpp (swa_full={swa_full})"
