@@ -77,6 +77,9 @@ class ChatEvents:
         first.msg, first.ask = "", gr.Column(visible=False)
         yield first
         yield from self._follow(cid, turn)
+        # the dialog closed again at the end: a page that fell behind the stream may have
+        # been handed only the latest of the updates above
+        yield TabValues(ask=gr.Column(visible=False))
 
     def send_dropping(self, slots: list, i: int, text: str, system: str,
                       *sampling) -> Iterator[TabValues]:
