@@ -76,10 +76,13 @@ class ChatEvents:
         first = self.chat(cid)
         first.msg, first.ask = "", gr.Column(visible=False)
         yield first
-        yield from self._follow(cid, turn)
-        # the dialog closed again at the end: a page that fell behind the stream may have
-        # been handed only the latest of the updates above
-        yield TabValues(ask=gr.Column(visible=False))
+        last = first
+        for last in self._follow(cid, turn):
+            yield last
+        # the last update again with the dialog closed: a page that fell behind the stream
+        # may have been handed only the latest of the updates above
+        last.ask = gr.Column(visible=False)
+        yield last
 
     def send_dropping(self, slots: list, i: int, text: str, system: str,
                       *sampling) -> Iterator[TabValues]:
