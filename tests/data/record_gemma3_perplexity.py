@@ -26,13 +26,13 @@ with an F32 KV cache (ours is float32), is for information.
 
 from __future__ import annotations
 
-import json
-import math
 import os
-
-import torch
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import record_ggml_perplexity as ggml_record  # noqa: E402  (its llama.cpp perplexity, JSON)
+
 TEXT = os.path.join(HERE, "gemma3_text.txt")
 RECORD = os.path.join(HERE, "gemma3_llamacpp.json")
 PROMPTS = ("The capital of France is", "Water boils at a temperature of",
@@ -69,15 +69,9 @@ def llamacpp_greedy(path: str, prompt_ids: list[int], n: int) -> list[int]:
 
 
 def llamacpp_perplexity(path: str, ids: list[int], **options) -> float:
-    """llama.cpp's perplexity of ids; options go to Llama (type_k=0, type_v=0: an F32 KV cache
-    instead of its default F16)."""
-    from llama_cpp import Llama
-    llm = Llama(path, logits_all=True, n_ctx=2048, n_threads=2, verbose=False, **options)
-    llm.eval(ids)
-    logits = torch.tensor(llm.scores[:len(ids)], dtype=torch.float32)
-    llm.close()
-    nll = torch.nn.functional.cross_entropy(logits[:-1], torch.tensor(ids[1:]))
-    return math.exp(float(nll))
+    """llama.cpp's perplexity of ids, with the settings the record was made with (a 2,048-token
+    context, llama.cpp's default batch of 512)."""
+    return ggml_record.llamacpp_perplexity(path, ids, n_ctx=2048, n_batch=512, **options)
 
 
 def main() -> None:
@@ -106,10 +100,7 @@ def main() -> None:
         "perplexity with an F32 KV cache (type_k=type_v=0; for information)": ppl32,
         "greedy": greedy,
     }
-    text = json.dumps(record, indent=1)
-    text = text.replace(json.dumps(ids, indent=1).replace("\n", "\n  "), json.dumps(ids))
-    with open(RECORD, "w") as f:
-        f.write(text + "\n")
+    ggml_record.write_record(RECORD, record, ids)
     print(f"recorded in {os.path.relpath(RECORD)}")
 
 

@@ -57,10 +57,10 @@ def token_ids(seed: int = SEED, n: int = N_TOKENS) -> list[int]:
 
 def llamacpp_perplexity(path: str, ids: list[int], **options) -> float:
     """llama.cpp's perplexity of ids; options go to Llama (e.g. type_k=0, type_v=0: an F32 KV
-    cache instead of its default F16)."""
+    cache instead of its default F16; n_ctx, n_batch: else the whole text in one batch)."""
     from llama_cpp import Llama
-    llm = Llama(path, logits_all=True, n_ctx=max(256, len(ids)), n_batch=max(512, len(ids)),
-                n_threads=2, verbose=False, **options)
+    settings = {"n_ctx": max(256, len(ids)), "n_batch": max(512, len(ids)), **options}
+    llm = Llama(path, logits_all=True, n_threads=2, verbose=False, **settings)
     llm.eval(ids)
     logits = torch.tensor(llm.scores[:len(ids)], dtype=torch.float32)
     llm.close()
@@ -90,11 +90,16 @@ def main() -> None:
         "perplexity": perplexities,
         "perplexity with an F32 KV cache (type_k=type_v=0; for information)": f32_kv,
     }
+    write_record(RECORD, record, ids)
+    print(f"recorded {len(files)} files in {os.path.relpath(RECORD)}")
+
+
+def write_record(path: str, record: dict, ids: list[int]) -> None:
+    """The record as indented JSON, its token ids on one line."""
     text = json.dumps(record, indent=1)
     text = text.replace(json.dumps(ids, indent=1).replace("\n", "\n  "), json.dumps(ids))
-    with open(RECORD, "w") as f:
+    with open(path, "w") as f:
         f.write(text + "\n")
-    print(f"recorded {len(files)} files in {os.path.relpath(RECORD)}")
 
 
 if __name__ == "__main__":
