@@ -170,6 +170,7 @@ class Turn:
         stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
                  "ttft_s": ttft, "tokens_per_s": tps,
                  "prefix_tokens_reused": m.num_cached_tokens if m else None,
+                 "prefix_tokens_from_disk": m.num_disk_tokens if m else None,
                  "finish_reason": comp.finish_reason,
                  "finish_detail": getattr(comp, "finish_detail", None)}
         if getattr(comp, "draft_tokens", 0):

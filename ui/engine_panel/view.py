@@ -50,6 +50,7 @@ def render_panel(snap: KvSnapshot) -> str:
             if s.blocks_in_use else "")
     parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
     parts += _sliding_lines(s)
+    parts += _disk_lines(s)
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
@@ -69,6 +70,18 @@ def _sliding_lines(s) -> list[str]:
         lines.append(f'<p class="lp-muted">The windows save {s.window_bytes_saved / 2**20:.1f} MiB '
                      f'of KV now</p>')
     return lines
+
+
+def _disk_lines(s) -> list[str]:
+    """The KV disk tier's line (runner.kv_disk.DiskStats), when it is on."""
+    d = getattr(s, "kv_disk", None)
+    if d is None:
+        return []
+    share = 100 * s.prefix_cache_disk_hits / max(1, s.prefix_cache_queries)
+    dropped = f" · {d.dropped} writes dropped" if d.dropped else ""
+    return [f'<p class="lp-muted lp-disk">Disk tier: {d.num_blocks} blocks, '
+            f'{d.num_bytes / 2**20:.1f} MiB of {d.max_bytes / 2**30:.1f} GiB · {d.hits} read '
+            f'back, {share:.0f}% of prompt tokens from disk{dropped}</p>']
 
 
 def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:
