@@ -49,7 +49,8 @@ PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped",
-              "draft_tokens", "accepted_draft_tokens", "prefix_tokens_from_disk")
+              "draft_tokens", "accepted_draft_tokens", "prefix_tokens_from_disk",
+              "model")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 
 
