@@ -19,6 +19,7 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   export/        a tab's Markdown + JSON export
   compare/       the side-by-side compare tab (CompareValues)
   engine_panel/  the KV-cache panel and its timer
+  kv_disk/       the KV disk tier: the shown conversation read back ahead of a send, Clear
   models/        the header's model badge, the model panel, loading and swapping the model
   store/         the conversation store (SQLite) and the one-app-per-data-directory lock
 
@@ -50,6 +51,9 @@ from .context.events import ContextEvents, wire_context, wire_first_screen
 from .controller import ChatController
 from .engine_panel.events import wire_engine_panel
 from .keyboard import build_help, wire_keyboard
+from .kv_disk.events import wire_kv_disk
+from .kv_disk.logic import KVDiskActions
+from .kv_disk.view import build_kv_disk
 from .engine_panel.view import build_engine_panel
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
@@ -81,6 +85,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                         cmp = build_compare()
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
                 panel = build_engine_panel()
+                kv_disk = build_kv_disk()
                 picker = build_model_panel(models, header)
 
         page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.search), tabset)
@@ -99,4 +104,5 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(panel, page, ctl)
         wire_model_picker(picker, page, models)
+        wire_kv_disk(kv_disk, page, KVDiskActions(ctl.store, ctl.backend))
     return demo
