@@ -10,7 +10,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
 (a feature without one of them has no such file). The features:
 
   chat/          a chat tab: send, regenerate, edit, select, switch, fork, close, stop (TabValues)
-  tabs/          which conversation each tab shows; open, close, restore (PageValues)
+  tabs/          which conversation each tab shows; open, close, restore (the tab and
+                 the scroll the user was on) (PageValues)
   sidebar/       new chat, search, the conversation list, rename, delete
   settings/      a conversation's system prompt and sampling fields, checked when saved
   context/       the context gauge, the context policy, Continue, the first screen's focus
@@ -62,7 +63,7 @@ from .queues import QUICK
 from .sidebar.events import SidebarEvents, wire_sidebar
 from .sidebar.view import build_sidebar
 from .style import CSS, THEME
-from .tabs.events import Page, TabSet
+from .tabs.events import Page, TabSet, wire_scroll
 from .tabs.view import N_SLOTS, PageUI
 
 __all__ = ["build_demo", "CSS", "THEME"]
@@ -100,6 +101,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_first_screen(loaded)
         wire_sibling_clicks(loaded)
         wire_keyboard(loaded)
+        wire_scroll(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(panel, page, ctl)

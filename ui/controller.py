@@ -250,5 +250,10 @@ class ChatController:
         alive = {c.id for c in self.store.list_conversations()}
         return [c for c in self._open_tabs.read() if c in alive]
 
-    def save_open_tabs(self, cids: list[int]) -> None:
-        self._open_tabs.write(cids)
+    def current_tab(self) -> int | None:
+        """The conversation whose tab was selected last, if it is still open."""
+        cid = self._open_tabs.read_current()
+        return cid if cid in self.open_tabs() else None
+
+    def save_open_tabs(self, cids: list[int], current: int | None = None) -> None:
+        self._open_tabs.write(cids, current)

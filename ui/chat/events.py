@@ -36,6 +36,8 @@ from .view import ChatTabUI, TabValues, ask_text, tab_values
 log = logging.getLogger(__name__)
 
 QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
+NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
+                         "Regenerate then writes a new reply beside the last one.")
 
 
 class ChatEvents:
@@ -91,7 +93,14 @@ class ChatEvents:
 
     def regenerate(self, slots: list, i: int, sel: int | None, system: str,
                    *sampling) -> Iterator[TabValues]:
-        return self.start_turn(slots[i], self.ctl.regenerate, sel, system, sampling)
+        """A new reply beside the selected one; on a chat with no message yet, a toast says
+        why there is nothing to regenerate (the settings are still saved)."""
+        cid = slots[i]
+        if cid is not None and not self.ctl.view(cid).path:
+            self._settings(cid, system, sampling)
+            warn(NOTHING_TO_REGENERATE)
+            return iter([self.chat(cid)])
+        return self.start_turn(cid, self.ctl.regenerate, sel, system, sampling)
 
     def edit(self, slots: list, i: int, sel: int | None, text: str, system: str,
              *sampling) -> Iterator[TabValues]:
@@ -181,6 +190,10 @@ class ChatEvents:
             conv = self.ctl.fork(self.ctl.message_at(slots[i], sel).id)
         except USER_ERRORS as exc:
             warn(why(exc))
+            return self.tabset.open(slots, current, None)
+        if not self.tabset.has_room(slots):
+            info("Forked into a new conversation, listed on the left: every tab is in use, so "
+                 "close one to open it.")
             return self.tabset.open(slots, current, None)
         info("Forked into a new conversation: it is open in a new tab.")
         return self.tabset.open(slots, current, conv.id)
