@@ -131,6 +131,8 @@ def build(args: argparse.Namespace, data=None, progress=None):
     report("importing the engine", "torch, transformers")
     from localpaged.runner.loader import DEFAULT_MODEL
     from localpaged.ui.models import ModelManager, local_factory
+    from localpaged.ui.models.memory import ModelMemory
+    memory = ModelMemory(store)           # the last model and per-model defaults (app_settings)
     if args.backend:
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
@@ -140,12 +142,16 @@ def build(args: argparse.Namespace, data=None, progress=None):
                                 attention_backend=args.attention_backend, enforce_eager=args.eager,
                                 speculation=args.speculation,
                                 kv_cache_dtype=args.kv_cache_dtype, **_kv_disk(args, data_dir))
-        name = args.model or DEFAULT_MODEL
+        name, options = memory.start_model(args.model, DEFAULT_MODEL, args.max_model_len)
     if progress is not None:
         progress.model = name or args.backend
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")
-    backend = factory(name, report)
+    if args.backend:
+        backend = factory(name, report)
+    else:                                 # a remembered model that is gone: the default
+        name, backend = memory.load_at_start(factory, name, options, report, DEFAULT_MODEL,
+                                             remembered=not args.model)
     log.info("model %s ready in %.1f s", backend.model_name, time.monotonic() - started)
     report("building the chat page", "Gradio")
     import gradio as gr
@@ -157,6 +163,8 @@ def build(args: argparse.Namespace, data=None, progress=None):
     models = ModelManager(factory, backend=backend, served=getattr(app.state, "served", None))
     ctl = ChatController(store, lambda: models.backend, state_file=data_dir / "ui_state.json")
     models.on_swap = ctl.stop_all
+    memory.presets = ctl.presets          # a model's saved sampling: the new chats' defaults
+    models.memory = memory
     demo = build_demo(ctl, models)
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)

@@ -185,3 +185,24 @@ def test_each_reply_stores_and_shows_its_model(tiny_root, tmp_path):
     ctl.stop_all(wait=10)
     store.close()
     gen.close()
+
+
+def test_the_next_start_loads_the_last_model_unless_given(gguf, tiny_root, tmp_path):
+    """localpaged.cli.build as `python app.py` runs it: a start with --model remembers it (and
+    its --max-model-len); the next start without --model loads it with that context; a start
+    with --model loads what it says."""
+    from localpaged import cli
+    other = build("llama-gqa", tiny_root)
+    base = ["--data-dir", str(tmp_path / "data"), "--num-kv-blocks", "64", "--kv-disk-gb", "0"]
+
+    def start(*extra):
+        app, ctl, models, store = cli.build(cli.parse_args([*base, *extra]))
+        name, ctx = models.model_name, models.context_length
+        models.backend.engine.shutdown()
+        store.close()
+        app.state.instance_lock.release()
+        return name, ctx
+    assert start("--model", gguf, "--max-model-len", "200") == (gguf, 200)
+    assert start() == (gguf, 200)                            # the last model, its context
+    assert start("--model", other)[0] == other
+    assert start()[0] == other

@@ -44,7 +44,11 @@ class ModelEvents:
             yield models.status(), header(models)
         if job.error:
             warn(f"Could not load {job.name}; the current model stays loaded.")
-        yield models.status(), header(models)
+        yield models.status(), header(models, finished=True)     # the bar at 100%, then:
+
+    def header(self) -> str:
+        """The header without the finished load's bar."""
+        return header(self.models)
 
     def choose(self, evt: gr.SelectData) -> tuple:
         """A local row chosen: (name, weights, context) from that model's remembered defaults."""
@@ -106,7 +110,7 @@ def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> No
     loaded = ui.load.click(ev.load, [ui.name, ui.quantization, ui.context],
                            [ui.status, ui.header], **GEN)
     loaded.then(page.handler(page.tabs.titles), page.ui.slots, page.ui.outputs(), **QUICK)
-    loaded.then(ev.rows, ui.context, ui.models, **QUICK)
+    loaded.then(ev.rows, ui.context, ui.models, **QUICK).then(ev.header, None, ui.header, **QUICK)
     ui.models.select(ev.choose, None, [ui.name, ui.quantization, ui.context], **QUICK)
     ui.refresh.click(ev.rows, ui.context, ui.models, **QUICK)
     ui.context.submit(ev.rows, ui.context, ui.models, **QUICK)

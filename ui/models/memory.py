@@ -85,8 +85,9 @@ class ModelMemory:
             log.warning("the last model, %s, did not load (%s): loading %s", name, exc, fallback)
             name, options = fallback, {}
             backend = factory(name, progress)
+        given = getattr(factory, "engine_options", {})          # the command line's
         self.loaded(name, options.get("quantization") or getattr(factory, "quantization", None),
-                    options.get("max_model_len"))
+                    options.get("max_model_len") or given.get("max_model_len"))
         return name, backend
 
     # ---- per-model defaults ----------------------------------------------------------------

@@ -18,6 +18,7 @@ import gradio as gr
 from localpaged.core.config import QUANTIZATION, default
 
 from ..markdown import literal
+from ..render import model_label
 from ..style import BRAND
 from .catalog import HUB_HEADERS, LOCAL_HEADERS, Catalog
 from .logic import ModelManager
@@ -104,24 +105,27 @@ def folders_note(catalog: Catalog) -> str:
     return "Watching: " + ", ".join(literal(f) for f in folders)
 
 
-def header(models: ModelManager) -> str:
+def header(models: ModelManager, finished: bool = False) -> str:
     """The brand and the model badge: "<name> · int4 g32 · 95 MB" (no format for a remote);
-    while a model loads, its progress bar and percentage beside it."""
+    while a model loads, its progress bar and percentage beside it (`finished`: the bar of a
+    load that has just succeeded, at 100%, for the update that ends the load)."""
     name = html.escape(models.model_name or "no model")
     fmt = html.escape(models.weights_format)
     weights = f" · <span class='lp-weights'>{fmt}</span>" if fmt else ""
-    return (f"<div class='lp-head'>{BRAND}{load_bar(models)}<div class='lp-model'>"
+    return (f"<div class='lp-head'>{BRAND}{load_bar(models, finished)}<div class='lp-model'>"
             f"<span class='lp-badge'>model</span> <code>{name}</code>{weights}</div></div>")
 
 
-def load_bar(models: ModelManager) -> str:
-    """The running load as a <progress> bar with its percentage and step ("" when none runs)."""
+def load_bar(models: ModelManager, finished: bool = False) -> str:
+    """The running load as a <progress> bar with its percentage and step ("" when none runs;
+    with `finished`, the last load's if it succeeded)."""
     job = models.job
-    if job is None or job.done.is_set():
+    if job is None or (job.done.is_set() and not (finished and job.error is None)):
         return ""
     pct = job.percent()
     what = html.escape(f"{job.phase}: {job.detail}" if job.detail else job.phase)
     return (f"<div id='lp-load' style='{BAR_STYLE}' role='status'>"
-            f"<span>Loading <code>{html.escape(job.name)}</code></span>"
+            f"<span>{'Loaded' if job.done.is_set() else 'Loading'} "
+            f"<code>{html.escape(model_label(job.name))}</code></span>"
             f"<progress id='lp-load-bar' max='100' value='{pct}'></progress>"
             f"<b id='lp-load-pct'>{pct}%</b><span class='lp-load-what'>{what}</span></div>")
