@@ -237,11 +237,28 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_load, args=(args, data, progress, gate, server, built),
                      name="start-up", daemon=True).start()
     log.info("chat UI at http://%s:%d (loading the model)", _display_host(args.host), args.port)
+    restore = _exit_cleanly_on_signals()
     try:
         server.run()
     finally:
         _shut_down(data, built)
+        restore()
     return 1 if progress.error else 0
+
+
+def _exit_cleanly_on_signals():
+    """uvicorn shuts down on SIGINT/SIGTERM and then raises the signal again for the handler it
+    found; the default one would end the process before `main` saves and closes. This one makes
+    it a SystemExit(0), so the shut-down runs. Returns what puts the old handlers back."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
 
 
 def _load(args, data, progress, gate, server, built: list) -> None:

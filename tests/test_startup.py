@@ -162,7 +162,9 @@ def test_python_app_py_serves_the_loading_page_then_the_chat(tiny_llama, tmp_pat
     finally:
         proc.terminate()
         proc.wait(30)
-    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert proc.returncode == 0, log.read_text()[-3000:]      # SIGTERM: a clean shut-down
+    # the store was closed (its last connection takes the write-ahead log with it)
+    assert not (tmp_path / "data" / "conversations.db-wal").exists()
 
 
 def test_a_model_that_cannot_load_stops_the_app(tmp_path):
