@@ -184,3 +184,49 @@ def test_pinned_first_archived_hidden_unless_asked_and_tags(ctl):
     ctl.save_open_tabs([b])
     ctl.organise.toggle_archived(b)
     assert ctl.open_tabs() == [b]                              # an open tab stays open
+
+
+class _Page:
+    """What SidebarEvents reads of the page: its tab set."""
+
+    def __init__(self, ctl) -> None:
+        from localpaged.ui.tabs.events import TabSet
+        self.tabs = TabSet(ctl)
+
+
+def test_the_sidebar_and_delete_handlers(ctl, tmp_path):
+    """sidebar/events.py and delete_branch/events.py as Gradio calls them (no browser)."""
+    from localpaged.ui.delete_branch.events import DeleteBranchEvents
+    from localpaged.ui.sidebar.events import SidebarEvents
+    from localpaged.ui.sidebar.view import ALL_TAGS, hit_label
+
+    ev, slots = SidebarEvents(ctl, _Page(ctl)), [None] * 4
+    path = tmp_path / "in.json"
+    src = ctl.new_conversation("source").id
+    ctl.store.add_message(src, None, "user", 'ask <b onmouseover="x()">bold</b> quokka')
+    path.write_text(ctl.export(src, "json"))
+    opened = ev.import_file(slots, 0, str(path))
+    cid = opened.slots[opened.current]
+    assert cid != src and ctl.conversation(cid).title == "source"
+    (tmp_path / "bad.json").write_text("{")
+    refused = ev.import_file(opened.slots, opened.current, str(tmp_path / "bad.json"))
+    assert refused.slots == opened.slots and len(ctl.search()) == 2
+
+    query, hits = ev.query("quokka", False, ALL_TAGS)
+    assert query == {"text": "quokka", "archived": False, "tag": None}
+    found = ctl.organise.hits(query)
+    assert len(found) == 2 and '<b onmouseover="x()">bold</b> «quokka»' in hit_label(found[0])
+    assert [value for _, value in hits.choices] == [h.message_id for h in found]
+    assert "2 messages" in hits.label
+    mid = next(h.message_id for h in found if h.conversation_id == cid)
+    shown = ev.open_hit(opened.slots, opened.current, mid)
+    assert shown.slots[shown.current] == cid
+    assert ev.open_hit(opened.slots, 0, 10**9).slots == opened.slots     # gone: a toast
+
+    d = DeleteBranchEvents(ctl)
+    i = shown.slots.index(cid)
+    group, question, pending = d.ask(shown.slots, i, None)
+    assert pending == mid and "Delete this message?" in question
+    assert ctl.message(mid).id == mid                               # asking deletes nothing
+    d.delete(shown.slots, i, pending)
+    assert ctl.store.messages(cid) == [] and len(ctl.store.messages(src)) == 1

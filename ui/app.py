@@ -89,7 +89,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                 kv_disk = build_kv_disk()
                 picker = build_model_panel(models, header)
 
-        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.search), tabset)
+        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query), tabset)
         chat_events = ChatEvents(ctl, tabset)
         context_events = ContextEvents(ctl, chat_events)
         for ui in chats:                       # first: they add their followers to the page

@@ -158,9 +158,9 @@ def selection_label(view: View, index: int | None) -> str:
 
 
 def conversation_choices(convs: list[Conversation]) -> list[tuple[str, int]]:
-    """Sidebar entries (Gradio shows labels as text, never HTML): 📌 pinned, 🗄 archived."""
-    mark = lambda c: ("📌 " if c.pinned else "") + ("🗄 " if c.archived else "")  # noqa: E731
-    return [(f"{mark(c)}{c.title}  ·  {_age(c.updated)}", c.id) for c in convs]
+    """Sidebar entries (Gradio shows labels as text, never HTML): ★ pinned, then archived."""
+    return [(f"{'★ ' if c.pinned else ''}{c.title}  ·  {'archived · ' if c.archived else ''}"
+             f"{_age(c.updated)}", c.id) for c in convs]
 
 
 def tab_label(conv: Conversation | None, busy: bool = False) -> str:

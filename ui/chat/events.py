@@ -23,6 +23,7 @@ import gradio as gr
 
 from ..controller import ChatController, ContextAsk
 from ..edit_preview.events import wire_edit_cost
+from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
 from ..queues import GEN, QUICK
@@ -313,6 +314,7 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
                   page.ui.outputs(), **QUICK)
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
+    wire_delete_branch(ui, page, DeleteBranchEvents(events.ctl))
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
     wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)

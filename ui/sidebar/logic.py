@@ -39,6 +39,8 @@ class ListQuery:
     @classmethod
     def of(cls, value: Any) -> "ListQuery":
         """From the page's dict, a bare search string, or None (anything else: no filter)."""
+        if isinstance(value, ListQuery):
+            return value
         if isinstance(value, str):
             return cls(value.strip())
         if not isinstance(value, dict):
