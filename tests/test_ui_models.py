@@ -74,7 +74,7 @@ def test_load_progress_reaches_100_and_the_store_remembers(app, gguf, tmp_path):
         if pct < 100:                           # while loading: the bar at the job's percentage
             assert f"<progress id='lp-load-bar' max='100' value='{pct}'>" in head
             assert f"<b id='lp-load-pct'>{pct}%</b>" in head
-            assert "Loading **" in status and re.search(r"\d+\\%", status)   # literal() escapes the %
+            assert "Loading **" in status and re.search(r"\d+\\%", status)   # literal() escapes %
     assert job.fraction == 1.0 and "(100%)" in mm.status()
     assert "<progress" not in header(mm)        # done: the badge alone
     assert mm.context_length == 256             # the chosen context reached the engine

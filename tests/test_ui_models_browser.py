@@ -22,7 +22,8 @@ RECORD_PERCENTS = """() => {
   const head = document.querySelector('#lp-header');
   new MutationObserver(() => {
     const e = document.querySelector('#lp-load-pct');
-    if (e && window.__pcts[window.__pcts.length - 1] !== e.innerText) window.__pcts.push(e.innerText);
+    const last = window.__pcts[window.__pcts.length - 1];
+    if (e && last !== e.innerText) window.__pcts.push(e.innerText);
   }).observe(head, {subtree: true, childList: true, characterData: true});
 }"""
 
@@ -43,42 +44,41 @@ def test_watched_gguf_listed_then_loaded_with_progress_to_100(app, page, tmp_pat
     folder.mkdir()
     gguf = ggml_models.write_tiny_gguf(str(folder), tensor_type="Q8_0")
     file_name = os.path.basename(gguf)
-    page.set_default_timeout(90_000)
+    page.set_default_timeout(180_000)
     page.goto(app.url)
     page.wait_for_selector("#model-folder", state="visible", timeout=180_000)
 
     page.fill("#model-folder textarea, #model-folder input", str(folder))
     page.click("#model-add-folder")
-    wait_text(page, "#model-list", file_name)
-    row = page.locator("#model-list tr", has_text=file_name).first
-    size = human_bytes(os.path.getsize(gguf))
-    assert size in row.inner_text() and "GGUF Q8_0" in row.inner_text()
-    assert "1 GGUF file" in text(page, "#model-folder-note")
+    wait_text(page, "#model-folder-note", "1 GGUF file", timeout=120_000)
+    wait_text(page, "#model-list", gguf)                     # its row: the path in "Load as"
+    listed = text(page, "#model-list")          # the cells' text in order: name, format, size
+    after = listed[listed.rindex(file_name, 0, listed.index(gguf)):].split("\n")
+    assert after[1:3] == ["GGUF Q8_0", human_bytes(os.path.getsize(gguf))], listed
     page.locator("#model-list").scroll_into_view_if_needed()
     shot(page, "models-1-list")
 
-    row.locator("td").first.click()                          # choose it: its path to load
-    page.wait_for_function(
-        "p => (document.querySelector('#model-name textarea, #model-name input') || {}).value === p",
-        arg=gguf)
+    page.locator("#model-list").get_by_text(gguf, exact=True).first.click()   # choose it
+    page.wait_for_function("p => (document.querySelector('#model-name textarea, "
+                           "#model-name input') || {}).value === p", arg=gguf, timeout=120_000)
     page.evaluate("window.scrollTo(0, 0)")
     page.evaluate(RECORD_PERCENTS)
     page.click("#model-load")
     bar = page.locator("#lp-load-bar")
-    bar.wait_for(state="visible", timeout=30_000)
+    bar.wait_for(state="visible", timeout=60_000)
     box = bar.bounding_box()
     assert box and 0 <= box["y"] and box["y"] + box["height"] <= 900     # in view at 900 px
     shot(page, "models-2-loading")
     wait_text(page, "#model-status", "(100%)", timeout=120_000)
-    wait_text(page, "#lp-header", file_name)                 # the badge names the new model
+    wait_text(page, "#lp-header", file_name, timeout=60_000)    # the badge names the new model
     page.wait_for_function("() => window.__pcts.includes('100%')", timeout=30_000)
     percents = [int(p.rstrip("%")) for p in page.evaluate("window.__pcts")]
     assert percents == sorted(percents) and percents[-1] == 100, percents
-    wait_text(page, "#lp-header", "100%", present=False)     # then the badge alone
+    wait_text(page, "#lp-header", "100%", present=False, timeout=60_000)   # then the badge alone
     shot(page, "models-3-loaded")
 
     send(page, 0, "Hello there")
     wait_idle(page, 0)
-    wait_text(page, "#chat0", file_name)                     # the reply's footer names it
+    wait_text(page, "#chat0", file_name, timeout=120_000)     # the footer names the model
     shot(page, "models-4-reply")
     assert page.errors == []

@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str, str], None]          # (phase, detail)
-Factory = Callable[..., ChatBackend]     # (name, progress[, quantization=, max_model_len=, fraction=])
+Factory = Callable[..., ChatBackend]     # (name, progress[, quantization=, max_model_len=,
+#                                          fraction=])
 
 # For models whose tokenizer has no chat template (base models, test models): ChatML.
 FALLBACK_CHAT_TEMPLATE = (
