@@ -51,14 +51,15 @@ class ModelEvents:
         return header(self.models)
 
     def choose(self, evt: gr.SelectData) -> tuple:
-        """A local row chosen: (name, weights, context) from that model's remembered defaults."""
+        """A local row chosen: (name, weights, context) from that model's remembered defaults;
+        the context box empty (the model's own context) when none is remembered."""
         row = evt.row_value or []
         if not row:
             return gr.skip(), gr.skip(), gr.skip()
         name = str(row[-1])
         remembered = self.models.catalog.memory.defaults(name)
         return (name, remembered.get("quantization", gr.skip()),
-                remembered.get("max_model_len", gr.skip()))
+                remembered.get("max_model_len"))
 
     def rows(self, context: float | None) -> list[list[str]]:
         return self.models.catalog.rows(context)
