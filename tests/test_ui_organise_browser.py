@@ -69,10 +69,11 @@ def test_import_search_delete_pin_archive(app, page, tmp_path):
 
 
 def walk_through(app, page, tmp_path) -> None:
+    page.set_default_timeout(120_000)          # a shared 2-core machine: events take seconds
     page.goto(app.url)
     # A 2-core machine shared with other test runs may take a minute or more to lay it out.
     page.wait_for_selector("#msg0 textarea", state="visible", timeout=240_000)
-    saved(app, "SELECT id FROM conversations", lambda r: len(r) == 1)   # the first screen's chat
+    saved(app, "SELECT id FROM conversations", lambda r: len(r) == 1, 120)  # the first screen's
     everything = "SELECT id, title, updated FROM conversations ORDER BY id"
     before = rows(app, everything)
 
@@ -90,25 +91,25 @@ def walk_through(app, page, tmp_path) -> None:
     good = tmp_path / "trip.json"
     good.write_text(json.dumps(export("Trip ideas")))
     upload(page, good)
-    wait_text(page, "#conv-list", "Trip ideas")
+    wait_text(page, "#conv-list", "Trip ideas", timeout=120_000)
     after = rows(app, everything)
     assert after[:len(before)] == before and len(after) == len(before) + 1
     tab = page.locator("[id^=tab][id$=-button]").filter(has_text="Trip ideas")
     tab.wait_for(state="visible")
     i = int(tab.get_attribute("id")[3:-7])
-    wait_text(page, f"#chat{i}", "Lisbon, surely.")
+    wait_text(page, f"#chat{i}", "Lisbon, surely.", timeout=120_000)
     assert "zebracorn" not in text(page, f"#chat{i}")
     shot(page, "02-imported")
 
     # Search finds the word only the sibling branch holds; the snippet is text.
     page.fill("#search textarea, #search input", "zebrac")
     hits = page.locator("#search-hits")
-    wait_text(page, "#search-hits", "zebracorn")
+    wait_text(page, "#search-hits", "zebracorn", timeout=120_000)
     assert "<img" in hits.inner_text()                       # shown, not parsed
     assert hits.locator("img").count() == 0 and page.evaluate("window.__pwned") is None
     shot(page, "03-search-hit")
     hits.locator("label").first.click()
-    wait_text(page, f"#chat{i}", "zebracorn festival")
+    wait_text(page, f"#chat{i}", "zebracorn festival", timeout=120_000)
     assert "Lisbon" not in text(page, f"#chat{i}") and "2/2" in text(page, f"#chat{i}")
     assert page.evaluate("window.__pwned") is None
     sibling = rows(app, "SELECT id FROM messages WHERE content LIKE 'Kyoto%'")[0][0]
@@ -120,17 +121,17 @@ def walk_through(app, page, tmp_path) -> None:
     messages = "SELECT id, content FROM messages ORDER BY id"
     held = rows(app, messages)
     page.click(f"#delbranch{i}")
-    wait_text(page, f"#delask{i}", "Delete this reply?")
+    wait_text(page, f"#delask{i}", "Delete this reply?", timeout=120_000)
     assert rows(app, messages) == held
     shot(page, "05-delete-asks")
     page.click(f"#delno{i}")
     page.locator(f"#delgroup{i}").wait_for(state="hidden")
     assert rows(app, messages) == held
     page.click(f"#delbranch{i}")
-    wait_text(page, f"#delask{i}", "Delete this reply?")
+    wait_text(page, f"#delask{i}", "Delete this reply?", timeout=120_000)
     page.click(f"#delyes{i}")
-    saved(app, messages, lambda r: r == [m for m in held if m[0] != sibling])
-    wait_text(page, f"#chat{i}", "Lisbon, surely.")
+    saved(app, messages, lambda r: r == [m for m in held if m[0] != sibling], 120)
+    wait_text(page, f"#chat{i}", "Lisbon, surely.", timeout=120_000)
     assert "zebracorn" not in text(page, f"#chat{i}")
     shot(page, "06-branch-deleted")
 
@@ -138,12 +139,12 @@ def walk_through(app, page, tmp_path) -> None:
     page.fill("#search textarea, #search input", "")
     page.locator("#conv-list label").filter(has_text="Trip ideas").click()
     page.click("#pin")
-    wait_text(page, "#conv-list", "★ Trip ideas")
+    wait_text(page, "#conv-list", "★ Trip ideas", timeout=120_000)
     assert page.locator("#conv-list label").first.inner_text().startswith("★")
     page.click("#archive")
-    wait_text(page, "#conv-list", "Trip ideas", present=False)
+    wait_text(page, "#conv-list", "Trip ideas", present=False, timeout=120_000)
     page.locator("#show-archived input").check()
-    wait_text(page, "#conv-list", "archived")
+    wait_text(page, "#conv-list", "archived", timeout=120_000)
     assert "★ Trip ideas" in text(page, "#conv-list")
     assert rows(app, "SELECT pinned, archived FROM conversations WHERE title = 'Trip ideas'") \
         == [(1, 1)]

@@ -59,7 +59,9 @@ def build_sidebar() -> SidebarUI:
                                container=False, scale=1, min_width=120)
         tag = gr.Dropdown(choices=[ALL_TAGS], value=ALL_TAGS, show_label=False, container=False,
                           elem_id="tag-filter", scale=1, min_width=100)
-    hits = gr.Radio(choices=[], label="Found in messages", visible=False, elem_id="search-hits")
+    # interactive: Gradio would draw an output-only Radio disabled (it is not an event's input)
+    hits = gr.Radio(choices=[], label="Found in messages", visible=False, elem_id="search-hits",
+                    interactive=True)
     conversations = gr.Radio(choices=[], show_label=False, elem_id="conv-list", container=False)
     with gr.Row(elem_classes="lp-tight"):
         rename = gr.Button("Rename", size="sm", elem_id="rename", min_width=60)
@@ -109,7 +111,7 @@ def hits_update(hits: list[Hit], text: str) -> gr.Radio:
                         label="No message matches" if text.strip() else "Found in messages")
     n = len(hits)
     return gr.Radio(choices=[(hit_label(h), h.message_id) for h in hits], value=None,
-                    visible=True, label=f"Found in {n} message{'s' if n != 1 else ''} "
+                    visible=True, interactive=True, label=f"Found in {n} message{'s' if n != 1 else ''} "
                                         "(click to open that branch)")
 
 
