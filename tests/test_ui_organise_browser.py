@@ -125,7 +125,7 @@ def walk_through(app, page, tmp_path) -> None:
     assert rows(app, messages) == held
     shot(page, "05-delete-asks")
     page.click(f"#delno{i}")
-    page.locator(f"#delgroup{i}").wait_for(state="hidden")
+    page.locator(f"#delgroup{i}").first.wait_for(state="hidden")   # Gradio puts the id twice
     assert rows(app, messages) == held
     page.click(f"#delbranch{i}")
     wait_text(page, f"#delask{i}", "Delete this reply?", timeout=120_000)
