@@ -157,7 +157,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
     import gradio as gr
 
     from localpaged.api.guard import guard_app
-    from localpaged.ui.app import CSS, THEME, build_demo
+    from localpaged.ui.app import CSS, THEME, build_demo, ui_routes
     from localpaged.ui.controller import ChatController
     app = _api_app(args, backend)
     models = ModelManager(factory, backend=backend, served=getattr(app.state, "served", None))
@@ -166,6 +166,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
     memory.presets = ctl.presets          # a model's saved sampling: the new chats' defaults
     models.memory = memory
     demo = build_demo(ctl, models)
+    app.include_router(ui_routes(ctl))                 # before Gradio takes "/"
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)
     guard_app(app, _guard_policy(args))

@@ -174,4 +174,5 @@ def test_a_model_that_cannot_load_stops_the_app(tmp_path):
                         capture_output=True, text=True, timeout=240)
     assert rc.returncode == 1, rc.stderr[-2000:]
     assert "cannot start" in rc.stderr
-    assert not (tmp_path / "data" / "localpaged.lock").exists()        # the lock was released
+    from localpaged.ui.store.instance_lock import InstanceLock
+    InstanceLock.acquire(tmp_path / "data", "http://127.0.0.1:1/").release()  # it was released

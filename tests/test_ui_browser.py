@@ -136,7 +136,9 @@ def browser_page(old_shots: str):
 
 # ---- helpers -------------------------------------------------------------------------------
 def shot(page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+    # A screenshot waits for the page's fonts, which a page busy with streams on a 2-core
+    # machine may take past the default 30 s to report (CI, stop 21): a minute.
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), timeout=60_000)
 
 
 def text(page, selector: str) -> str:

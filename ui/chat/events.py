@@ -32,6 +32,7 @@ from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
+from ..turns import redraw_interval
 from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class ChatEvents:
         yield from self._follow(cid, turn)
 
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
-        for t in turn.updates():
+        for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
             yield self.chat(cid)
