@@ -1,1 +1,0 @@
-"""Deleting a message and the branch below it, after the user confirms (see logic.py)."""
