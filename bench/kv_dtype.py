@@ -10,7 +10,8 @@ and the machine's read bandwidth (decode at this context reads the whole KV cach
 token, so a smaller cache reads less). Then the decode attention alone: the `cpu` backend's
 kernel (kernels/cpu_decode.cpp) over every layer of the model at that context, the best of
 REPEATS calls (robust on a loaded machine, where one step's time is mostly waiting for a core).
-`--no-engine` runs only that. Writes bench/results/kv-dtype-<time>.json, prints the tables.
+Then the K/V write alone through the torch path (the Python layer loop's; int8 quantizes
+there). `--no-engine` runs only those two. Writes bench/results/kv-dtype-<time>.json, prints the tables.
 """
 
 from __future__ import annotations
@@ -99,6 +100,38 @@ def attention_alone(config: dict, kv_cache_dtype: str, context: int, threads: in
             "kv_bytes_read_per_step": sum(c.numel() * c.element_size() for kv in caches for c in kv)}
 
 
+def write_alone(config: dict, kv_cache_dtype: str) -> dict:
+    """Best-of-REPEATS time of one decode step's K/V write over every layer through the torch
+    path (kernels/reference.write_kv: what the Python layer loop runs, e.g. for Gemma 3), where
+    an int8 cache quantizes each row; and the same with K and V quantized one at a time
+    (kv_quant.store twice, as before store_pair) for comparison."""
+    from localpaged.kernels import kv_quant, reference
+    torch.set_num_threads(1)
+    dtype = kv_quant.NAMES[kv_cache_dtype]
+    layers, kv_heads, dim = (config[k] for k in ("layers", "kv_heads", "head_dim"))
+    width = kv_quant.row_width(dim, dtype)
+    caches = [[torch.zeros(64, 16, kv_heads, width, dtype=dtype) for _ in range(2)]
+              for _ in range(layers)]
+    key, value, slots = torch.randn(1, kv_heads, dim), torch.randn(1, kv_heads, dim), torch.tensor([37])
+
+    def best(write) -> float:
+        times = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            for k, v in caches:
+                write(k, v)
+            times.append(time.perf_counter() - start)
+        return round(min(times) * 1e3, 3)
+
+    def one_at_a_time(k, v):
+        k.view(-1, *k.shape[2:]).index_copy_(0, slots, kv_quant.store(key, dtype))
+        v.view(-1, *v.shape[2:]).index_copy_(0, slots, kv_quant.store(value, dtype))
+
+    return {"kv_cache_dtype": kv_cache_dtype,
+            "write_ms_per_step": best(lambda k, v: reference.write_kv(key, value, k, v, slots)),
+            "write_ms_per_step_k_then_v": best(one_at_a_time)}
+
+
 def model_shape(path: str) -> dict:
     from localpaged import LLM
     engine = LLM(path, device="cpu", num_kv_blocks=1).engine
@@ -118,6 +151,11 @@ def table(result: dict) -> str:
     for r in result["attention"]:
         rows.append(f"| {r['kv_cache_dtype']} | {r['threads']} | {r['attention_ms_per_step']} "
                     f"| {r['kv_bytes_read_per_step'] / 1e6:.1f} |")
+    rows += ["", "| KV dtype | K/V write ms / step, torch path (all layers) | K then V |",
+             "|---|---:|---:|"]
+    for r in result.get("writes", []):
+        rows.append(f"| {r['kv_cache_dtype']} | {r['write_ms_per_step']} | "
+                    f"{r['write_ms_per_step_k_then_v']} |")
     return "\n".join(rows)
 
 
@@ -139,8 +177,9 @@ def main(argv=None) -> dict:
     shape = model_shape(path)
     attention = [attention_alone(shape, name, args.context, threads)
                  for threads in (1, THREADS) for name in names]
+    writes = [write_alone(shape, name) for name in names]
     result = {"model": os.path.basename(path), "threads": THREADS, "shape": shape,
-              "context": args.context, "attention": attention,
+              "context": args.context, "attention": attention, "writes": writes,
               "read_bandwidth_gb_s": {"before": round(before, 1),
                                       "after": round(read_bandwidth(THREADS), 1)},
               "load_average": os.getloadavg(), "runs": runs}

@@ -8,7 +8,9 @@ On the bundled SmolLM2 GGUF (or --gguf), greedy, one request at a time:
   * regenerate of the long conversation: TTFT cold (empty prefix cache) vs hot (cached prefix);
   * a per-step breakdown of one decode (scheduler, prepare, forward, logits, sample+finish),
     and, from torch.profiler, the time per step inside matmuls vs outside them;
-  * UI-visible TTFT: first content chunk of the OpenAI API's stream, through a real server.
+  * UI-visible TTFT: first content chunk of the OpenAI API's stream, through a real server;
+  * --disk-restart: the next message of a ~2,000-token conversation after a restart, with the
+    KV disk tier (read back at admission, or prefetched) and without it.
 Prints a table and writes bench/results/latency-<time>.json. The runs are side by side in one
 process: compare ratios, not absolute times, on a shared machine.
 """
@@ -186,6 +188,57 @@ def localpaged_rows(gguf: str, args, prompts: dict[str, list[int]], messages) ->
     return rows
 
 
+# ---- the KV disk tier across a restart -----------------------------------------------------------
+def disk_restart(gguf: str, args, tok, chat) -> dict:
+    """A ~--disk-prompt-token conversation answered by an engine with the disk tier, that engine
+    gone ("the app restarted"), then one more message: TTFT of a new engine with the tier
+    (reading the prefix back at admission, and after `prefetch` as an opened tab does) vs a
+    new engine without it; the replies must be token-identical (greedy)."""
+    import tempfile
+    first = long_chat(args.disk_prompt, tok)
+    kw = dict(num_kv_blocks=args.kv_blocks, dtype="float32", quantization="none")
+    with tempfile.TemporaryDirectory(prefix="kv-disk-") as folder:
+        before = LLM(gguf, kv_disk_dir=folder, **kw)
+        reply = before.generate(chat(first), SamplingParams(max_tokens=32, temperature=0.0))[0]
+        before.engine.kv_disk.flush()
+        stored = before.stats().kv_disk
+        del before
+        second = chat(first + [{"role": "assistant", "content": reply.outputs[0].text},
+                               {"role": "user", "content": "One more thing: a title for it?"}])
+        runs = {}
+        for name, disk, prefetch in (("tier off", None, False), ("tier on", folder, False),
+                                     ("tier on, prefetched", folder, True)):
+            llm = LLM(gguf, kv_disk_dir=disk, **kw)
+            lp_run(llm, chat(short_chat()), 2)               # warm-up (a prefix of nothing here)
+            read_s = None
+            if prefetch:
+                t = time.monotonic()
+                while llm.engine.prefetch(second):
+                    pass
+                read_s = round(time.monotonic() - t, 3)
+            params = SamplingParams(max_tokens=args.long_tokens, temperature=0.0, ignore_eos=True)
+            start = time.monotonic()
+            out = llm.generate(second, params)[0]
+            runs[name] = {"ttft_ms": round(1000 * (out.metrics.first_token_time - start), 1),
+                          "cached_tokens": out.metrics.num_cached_tokens,
+                          "disk_tokens": out.metrics.num_disk_tokens,
+                          "prefetch_s": read_s, "token_ids": out.outputs[0].token_ids}
+            del llm
+    off = runs["tier off"]
+    off_ids = off["token_ids"]
+    result = {"prompt_tokens": len(second), "stored_blocks": stored.num_blocks,
+              "stored_mib": round(stored.num_bytes / 2**20, 1)}
+    for name, r in runs.items():
+        r["identical"] = r.pop("token_ids") == off_ids
+        r["ttft_vs_off"] = round(r["ttft_ms"] / off["ttft_ms"], 3)
+        result[name] = r
+        print(f"{name:22s} TTFT {r['ttft_ms']:8.1f} ms ({100 * r['ttft_vs_off']:5.1f}% of off) · "
+              f"{r['cached_tokens']} cached, {r['disk_tokens']} from disk · same tokens: "
+              f"{r['identical']}" + (f" · prefetch {r['prefetch_s']} s" if r["prefetch_s"] else ""),
+              flush=True)
+    return result
+
+
 # ---- peers --------------------------------------------------------------------------------------
 @torch.inference_mode()
 def hf_row(gguf: str, prompts: dict[str, list[int]], args) -> dict:
@@ -298,6 +351,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-peers", action="store_true", help="skip transformers and llama.cpp")
     p.add_argument("--no-api", action="store_true", help="skip the API stream measurement")
     p.add_argument("--out", default=None, help="JSON path (default bench/results/latency-*.json)")
+    p.add_argument("--disk-restart", action="store_true",
+                   help="only: the next message of a conversation after a restart, KV disk tier "
+                        "on vs off (TTFT, same tokens)")
+    p.add_argument("--disk-prompt", type=int, default=2000, help="tokens of that conversation")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="only: batch-1 decode on CUDA with and without graphs (gpu_check.sh)")
     p.add_argument("--gpu-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
@@ -315,6 +372,12 @@ def main(argv: list[str] | None = None) -> dict:
     messages = short_chat()
     chat = lambda m: list(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True,  # noqa: E731
                                                   return_dict=False))
+    if args.disk_restart:
+        result = {"disk_restart": disk_restart(gguf, args, tok, chat),
+                  "gguf": os.path.basename(gguf), "torch_threads": torch.get_num_threads(),
+                  "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+        _write(result, args.out, "kv-disk-restart")
+        return result
     prompts = {"short": chat(messages), "long": chat(long_chat(args.long_prompt, tok))}
     print(f"prompts: short {len(prompts['short'])} tokens, long {len(prompts['long'])} tokens; "
           f"torch threads {torch.get_num_threads()}", flush=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from localpaged.kernels.kv_quant import load, store
+from localpaged.kernels.kv_quant import load, store, store_pair
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -34,8 +34,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
     if bool((slots < 0).any()):
         keep = slots >= 0
         key, value, slots = key[keep], value[keep], slots[keep]
-    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, store(key, k_cache.dtype))
-    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, store(value, v_cache.dtype))
+    key, value = store_pair(key, value, k_cache.dtype)
+    k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slots, key)
+    v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slots, value)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor, length: int,
@@ -107,7 +108,7 @@ def decode_one(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache:
     """A batch of one decoding sequence (one conversation): write its new key/value [1, Hkv, D]
     at slot_mapping[0] (a real slot, never negative), then q [1, H, D] attends to the runs
     (decode_runs, computed once per step by the model runner instead of once per layer)."""
-    key, value = store(key, k_cache.dtype), store(value, v_cache.dtype)
+    key, value = store_pair(key, value, k_cache.dtype)
     num_blocks, block_size = k_cache.shape[:2]
     k_cache.view(num_blocks * block_size, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key)
     v_cache.view(num_blocks * block_size, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value)

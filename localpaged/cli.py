@@ -10,6 +10,12 @@ Security (localpaged.api.guard): every route refuses foreign Host headers and fo
 a non-loopback --host needs a login (--password, or --api-key) unless
 --no-login-i-know-this-is-public is given. One app per data dir
 (localpaged.ui.store.instance_lock): a second start exits with the running one's URL.
+
+Start-up: the port answers at once. `main` takes the data dir's lock and opens the store, then
+serves localpaged.api.loading's gate (behind the same guard) while a thread loads the model and
+builds the chat page; until then a browser gets the loading page (progress, then a reload into
+the chat) and the API a 503 JSON error. Torch, transformers and Gradio are imported by that
+thread, not before the port answers. A failed load stops the server (exit status 1).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,13 +32,13 @@ log = logging.getLogger("localpaged")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from localpaged.core import config
-    from localpaged.runner.loader import DEFAULT_MODEL
     p = argparse.ArgumentParser(prog="localpaged", description="The localpaged chat app: a "
                                 "local LLM chat UI on a PagedAttention engine, with an "
                                 "OpenAI-compatible API at /v1.")
     p.add_argument("--model", default=None,
-                   help=f"Hub id, local directory or .gguf file (default {DEFAULT_MODEL}; with "
-                        "--backend: the remote server's first model)")
+                   help="Hub id, local directory or .gguf file (default "
+                        "HuggingFaceTB/SmolLM2-135M-Instruct, bundled; with --backend: the "
+                        "remote server's first model)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; 0.0.0.0 makes it public)")
     p.add_argument("--port", type=int, default=7860, help="default 7860")
@@ -91,15 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(args: argparse.Namespace):
-    """Everything but the server: (FastAPI app, controller, model manager, store)."""
-    import gradio as gr
-
-    from localpaged.api.guard import guard_app
-    from localpaged.runner.loader import DEFAULT_MODEL
-    from localpaged.ui.app import CSS, THEME, build_demo
-    from localpaged.ui.controller import ChatController
-    from localpaged.ui.models import ModelManager, local_factory
+def open_data(args: argparse.Namespace):
+    """The data dir (private), its one-app lock and the store: (data dir, lock, store)."""
     from localpaged.ui.store import DB_FILENAME, Store, default_data_dir
     from localpaged.ui.store.instance_lock import InstanceLock
     from localpaged.ui.store.private import private_dir
@@ -110,6 +110,29 @@ def build(args: argparse.Namespace):
     lock = InstanceLock.acquire(data_dir, f"http://{_display_host(args.host)}:{args.port}/")
     store = Store(data_dir / DB_FILENAME)
     store.mark_interrupted()
+    return data_dir, lock, store
+
+
+def build(args: argparse.Namespace, data=None, progress=None):
+    """Everything but the server: (FastAPI app, controller, model manager, store). `data` is
+    open_data's result (None: opened here); `progress` (a loading.StartupProgress) hears each
+    phase."""
+    last = [None]
+
+    def report(phase: str, detail: str = "") -> None:
+        if progress is not None:
+            progress.report(phase, detail)
+        # a new phase is a line of the log; its progress (e.g. tensor by tensor) only in debug
+        log.log(logging.INFO if phase != last[0] else logging.DEBUG, "start-up: %s %s", phase,
+                detail)
+        last[0] = phase
+
+    data_dir, lock, store = data or open_data(args)
+    report("importing the engine", "torch, transformers")
+    from localpaged.runner.loader import DEFAULT_MODEL
+    from localpaged.ui.models import ModelManager, local_factory
+    from localpaged.ui.models.memory import ModelMemory
+    memory = ModelMemory(store)           # the last model and per-model defaults (app_settings)
     if args.backend:
         factory = _remote_factory(args.backend, args.api_key)
         name = args.model
@@ -119,16 +142,31 @@ def build(args: argparse.Namespace):
                                 attention_backend=args.attention_backend, enforce_eager=args.eager,
                                 speculation=args.speculation,
                                 kv_cache_dtype=args.kv_cache_dtype, **_kv_disk(args, data_dir))
-        name = args.model or DEFAULT_MODEL
+        name, options = memory.start_model(args.model, DEFAULT_MODEL, args.max_model_len)
+    if progress is not None:
+        progress.model = name or args.backend
     started = time.monotonic()
     log.info("loading %s …", name or f"the model served at {args.backend}")
-    backend = factory(name, lambda phase, detail: log.info("model: %s %s", phase, detail))
+    if args.backend:
+        backend = factory(name, report)
+    else:                                 # a remembered model that is gone: the default
+        name, backend = memory.load_at_start(factory, name, options, report, DEFAULT_MODEL,
+                                             remembered=not args.model)
     log.info("model %s ready in %.1f s", backend.model_name, time.monotonic() - started)
+    report("building the chat page", "Gradio")
+    import gradio as gr
+
+    from localpaged.api.guard import guard_app
+    from localpaged.ui.app import CSS, THEME, build_demo, ui_routes
+    from localpaged.ui.controller import ChatController
     app = _api_app(args, backend)
     models = ModelManager(factory, backend=backend, served=getattr(app.state, "served", None))
     ctl = ChatController(store, lambda: models.backend, state_file=data_dir / "ui_state.json")
     models.on_swap = ctl.stop_all
+    memory.presets = ctl.presets          # a model's saved sampling: the new chats' defaults
+    models.memory = memory
     demo = build_demo(ctl, models)
+    app.include_router(ui_routes(ctl))                 # before Gradio takes "/"
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)
     guard_app(app, _guard_policy(args))
@@ -173,14 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from localpaged.ui.store.instance_lock import InstanceRunning
     try:
         policy = _guard_policy(args)
         from localpaged.api.security import require_login_for_bind
         require_login_for_bind(args.host, list(policy.secrets), args.open_public)
-        app, ctl, models, store = build(args)
+        data = open_data(args)
     except InstanceRunning as exc:
         log.error("%s", exc)
         return 2
@@ -188,18 +224,76 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot start: %s", exc)
         log.debug("start-up failure", exc_info=True)
         return 1
-    log.info("chat UI at http://%s:%d", _display_host(args.host), args.port)
+    import uvicorn
+
+    from localpaged.api.guard import GuardMiddleware
+    from localpaged.api.loading import LoadingGate, StartupProgress
+    from localpaged.ui.startup.view import LOADING_PAGE
+    progress = StartupProgress(args.model or args.backend or "the default model")
+    gate = LoadingGate(progress, LOADING_PAGE)
+    server = uvicorn.Server(uvicorn.Config(GuardMiddleware(gate, policy), host=args.host,
+                                           port=args.port, log_level="warning",
+                                           timeout_graceful_shutdown=3))
+    built: list = []                       # (app, ctl, models, store) once the thread built it
+    threading.Thread(target=_load, args=(args, data, progress, gate, server, built),
+                     name="start-up", daemon=True).start()
+    log.info("chat UI at http://%s:%d (loading the model)", _display_host(args.host), args.port)
+    restore = _exit_cleanly_on_signals()
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=3)
+        server.run()
     finally:
+        _shut_down(data, built)
+        restore()
+    return 1 if progress.error else 0
+
+
+def _exit_cleanly_on_signals():
+    """uvicorn shuts down on SIGINT/SIGTERM and then raises the signal again for the handler it
+    found; the default one would end the process before `main` saves and closes. This one makes
+    it a SystemExit(0), so the shut-down runs. Returns what puts the old handlers back."""
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise SystemExit(0)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    return lambda: [signal.signal(sig, handler) for sig, handler in old.items()]
+
+
+def _load(args, data, progress, gate, server, built: list) -> None:
+    """The start-up thread: once the server listens, load and build, then open the gate; a
+    failure stops the server."""
+    from localpaged.api.loading import LogTap
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    try:
+        with LogTap(progress):
+            built.append(build(args, data, progress))
+            progress.report("starting the chat page")
+            gate.open(built[0][0])
+    except Exception as exc:  # noqa: BLE001 - one clear line instead of a traceback
+        log.error("cannot start: %s", exc)
+        log.debug("start-up failure", exc_info=True)
+        progress.finish(f"{type(exc).__name__}: {exc}")
+        server.should_exit = True
+        return
+    progress.finish()
+    log.info("ready in %.1f s: http://%s:%d", progress.elapsed(), _display_host(args.host),
+             args.port)
+
+
+def _shut_down(data, built: list) -> None:
+    _, lock, store = data
+    if built:
+        _, ctl, models, _ = built[0]
         ctl.stop_all(wait=5.0)            # stopped replies are saved before the store closes
         engine = getattr(models.backend, "engine", None)
         if engine is not None and hasattr(engine, "shutdown"):
             engine.shutdown()
-        store.close()
-        app.state.instance_lock.release()
-    return 0
+    store.close()
+    lock.release()
 
 
 def _kv_disk(args, data_dir: Path) -> dict:

@@ -10,12 +10,13 @@ import sqlite3
 
 import pytest
 from tiny_models import build
+from store_versions import old_store
 from ui_helpers import controller, recording_backend, run
 
 from localpaged.ui.settings.logic import PENALTY_KEYS, SAMPLING_KEYS
 from localpaged.ui.settings.presets import BUILT_IN
 from localpaged.ui.store import Store
-from localpaged.ui.store.schema import CREATE_CURRENT, SCHEMA_VERSION, _APP_TABLES
+from localpaged.ui.store.schema import SCHEMA_VERSION
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 6}
@@ -115,16 +116,12 @@ def test_the_penalties_reach_the_engine(ctl, backend):
 
 def test_a_version_3_store_is_migrated_and_keeps_its_conversations(tmp_path):
     old = tmp_path / "v3.db"
-    conn = sqlite3.connect(old)
-    for sql in CREATE_CURRENT:
-        if sql not in _APP_TABLES:
-            conn.execute(sql)
+    conn = old_store(old, 3)
     conn.execute("INSERT INTO conversations (id, title, created, updated, system_prompt, "
                  "sampling) VALUES (1, 'kept', 1.0, 2.0, 'sys', '{\"temperature\": 0.2}')")
     conn.execute("INSERT INTO messages (id, conversation_id, parent_id, role, content, created)"
                  " VALUES (1, 1, NULL, 'user', 'hello', 1.0)")
     conn.execute("UPDATE conversations SET active_root_id = 1")
-    conn.execute("PRAGMA user_version = 3")
     conn.commit()
     conn.close()
     with Store(old) as s:
@@ -136,7 +133,7 @@ def test_a_version_3_store_is_migrated_and_keeps_its_conversations(tmp_path):
         s.save_preset("p", "q")
         s.set_app_setting("defaults", {"system_prompt": "d"})
     conn = sqlite3.connect(old)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     conn.close()
     with Store(old) as s:                                         # reopened: as saved
         assert s.presets() == [("p", "q")] and s.app_setting("defaults") == {"system_prompt": "d"}

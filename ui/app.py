@@ -10,7 +10,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
 (a feature without one of them has no such file). The features:
 
   chat/          a chat tab: send, regenerate, edit, select, switch, fork, close, stop (TabValues)
-  tabs/          which conversation each tab shows; open, close, restore (PageValues)
+  tabs/          which conversation each tab shows; open, close, restore (the tab and
+                 the scroll the user was on) (PageValues)
   sidebar/       new chat, search, the conversation list, rename, delete
   settings/      a conversation's system prompt and sampling fields, checked when saved
   context/       the context gauge, the context policy, Continue, the first screen's focus
@@ -18,7 +19,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   edit_preview/  the cost preview under the Edit box (reused vs prefilled tokens)
   export/        a tab's Markdown + JSON export
   compare/       the side-by-side compare tab (CompareValues)
-  engine_panel/  the KV-cache panel and its timer
+  engine_panel/  the KV-cache panel, pushed by the server (its own long-poll route)
+  kv_disk/       the KV disk tier: the shown conversation read back ahead of a send, Clear
   models/        the header's model badge, the model panel, loading and swapping the model
   store/         the conversation store (SQLite) and the one-app-per-data-directory lock
 
@@ -35,7 +37,7 @@ field of the same name in `ChatTabUI` and in `TabValues`, its value in `tab_valu
 sets it by returning `TabValues(name=...)`, and `values.py` maps it (no output lists to edit).
 
 `build_demo(controller, models)` returns the Blocks; `localpaged.cli` mounts it on the FastAPI
-app. `THEME` and `CSS` go to `mount_gradio_app`/`launch`.
+app, after `ui_routes(controller)`. `THEME` and `CSS` go to `mount_gradio_app`/`launch`.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ from .compare.events import CompareEvents, wire_compare
 from .compare.view import build_compare
 from .context.events import ContextEvents, wire_context, wire_first_screen
 from .controller import ChatController
-from .engine_panel.events import wire_engine_panel
+from .engine_panel.events import panel_router, wire_engine_panel
 from .keyboard import build_help, wire_keyboard
+from .kv_disk.events import wire_kv_disk
+from .kv_disk.logic import KVDiskActions
+from .kv_disk.view import build_kv_disk
 from .engine_panel.view import build_engine_panel
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
@@ -58,10 +63,16 @@ from .queues import QUICK
 from .sidebar.events import SidebarEvents, wire_sidebar
 from .sidebar.view import build_sidebar
 from .style import CSS, THEME
-from .tabs.events import Page, TabSet
+from .tabs.events import Page, TabSet, wire_scroll
 from .tabs.view import N_SLOTS, PageUI
 
-__all__ = ["build_demo", "CSS", "THEME"]
+__all__ = ["build_demo", "ui_routes", "CSS", "THEME"]
+
+
+def ui_routes(ctl: ChatController):
+    """The page's own HTTP routes beside Gradio's (the engine panel's push); the app includes
+    them before mounting Gradio at "/"."""
+    return panel_router(ctl)
 
 
 def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
@@ -81,9 +92,10 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                         cmp = build_compare()
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
                 panel = build_engine_panel()
+                kv_disk = build_kv_disk()
                 picker = build_model_panel(models, header)
 
-        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.search), tabset)
+        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query), tabset)
         chat_events = ChatEvents(ctl, tabset)
         context_events = ContextEvents(ctl, chat_events)
         for ui in chats:                       # first: they add their followers to the page
@@ -95,8 +107,10 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_first_screen(loaded)
         wire_sibling_clicks(loaded)
         wire_keyboard(loaded)
+        wire_scroll(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
-        wire_engine_panel(panel, page, ctl)
+        wire_engine_panel(loaded)
         wire_model_picker(picker, page, models)
+        wire_kv_disk(kv_disk, page, KVDiskActions(ctl.store, ctl.backend))
     return demo

@@ -12,6 +12,8 @@ store, the backend provider, the settings reader) and holding none of their stat
   compare.logic.CompareTurns        compare: samples, settings per column, beams
   edit_preview.logic.edit_cost      reused / prefilled tokens of an edit
   tabs.logic.OpenTabsFile           the open tabs, remembered across restarts
+  sidebar.logic.Organiser           the list's query, search hits, pin, archive, tags, import
+  delete_branch.logic.BranchDeletion  delete a message and its branch (stopping what writes there)
 
 and holds the operations every feature shares: conversations (new, rename, delete, search,
 export) and the message tree (the view a tab shows, branches, switch, pick, fork). It returns
@@ -31,10 +33,12 @@ from localpaged.chat.backend import ChatBackend
 from .chat.logic import NEW_TITLE, ChatTurns
 from .compare.logic import CompareTurns
 from .context.logic import ContextAsk, ContextFeatures, ContextUsage, prompt_messages
+from .delete_branch.logic import BranchDeletion
 from .edit_preview.logic import edit_cost
 from .prepared.logic import PreparedReplies
 from .settings.logic import ConversationSettings, Sampling
 from .settings.presets import Defaults, Presets
+from .sidebar.logic import Organiser
 from .store import Conversation, Message, Store
 from .tabs.logic import OpenTabsFile
 from .turns import ChatError, LiveReply, Turn, TurnRegistry
@@ -74,6 +78,8 @@ class ChatController:
         self.chat = ChatTurns(*parts, self.prepared)
         self.compares = CompareTurns(self.turns, backend, self.conversation_settings, self.chat)
         self._open_tabs = OpenTabsFile(state_file)
+        self.organise = Organiser(store)
+        self.branch_deletion = BranchDeletion(self.turns, store, self.prepared)
 
     def backend(self) -> ChatBackend | None:
         return self._backend()
@@ -98,8 +104,9 @@ class ChatController:
         self.prepared.cancel(cid, moving_on=False)
         return self.store.delete_conversation(cid)
 
-    def search(self, query: str = "") -> list[Conversation]:
-        return self.store.list_conversations(query.strip() or None)
+    def search(self, query: str | dict = "") -> list[Conversation]:
+        """The sidebar's list: a search string, or the page's query (sidebar/logic.py)."""
+        return self.organise.listing(query)
 
     def conversation(self, cid: int) -> Conversation:
         return self.store.get_conversation(cid)
@@ -250,5 +257,10 @@ class ChatController:
         alive = {c.id for c in self.store.list_conversations()}
         return [c for c in self._open_tabs.read() if c in alive]
 
-    def save_open_tabs(self, cids: list[int]) -> None:
-        self._open_tabs.write(cids)
+    def current_tab(self) -> int | None:
+        """The conversation whose tab was selected last, if it is still open."""
+        cid = self._open_tabs.read_current()
+        return cid if cid in self.open_tabs() else None
+
+    def save_open_tabs(self, cids: list[int], current: int | None = None) -> None:
+        self._open_tabs.write(cids, current)

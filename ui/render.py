@@ -33,8 +33,8 @@ CURSOR = " ▌"
 
 
 def fmt_stats(stats: dict[str, Any]) -> str:
-    """`42 tokens · TTFT 0.12 s · 31.5 tok/s · prefill skipped: 32 tokens · drafted 12,
-    accepted 9` (only what is known)."""
+    """`42 tokens · TTFT 0.12 s · 31.5 tok/s · prefill skipped: 32 tokens (16 from disk) ·
+    drafted 12, accepted 9` (only what is known)."""
     bits = []
     if stats.get("generated_tokens") is not None:
         bits.append(f"{int(stats['generated_tokens'])} tokens")
@@ -43,7 +43,9 @@ def fmt_stats(stats: dict[str, Any]) -> str:
     if stats.get("tokens_per_s") is not None:
         bits.append(f"{float(stats['tokens_per_s']):.1f} tok/s")
     if stats.get("prefix_tokens_reused"):
-        bits.append(f"prefill skipped: {int(stats['prefix_tokens_reused'])} tokens")
+        disk = int(stats.get("prefix_tokens_from_disk") or 0)
+        bits.append(f"prefill skipped: {int(stats['prefix_tokens_reused'])} tokens"
+                    + (f" ({disk} from disk)" if disk else ""))
     if stats.get("draft_tokens"):
         bits.append(f"drafted {int(stats['draft_tokens'])}, accepted "
                     f"{int(stats.get('accepted_draft_tokens') or 0)}")
@@ -84,7 +86,18 @@ def _note(msg: Message, live: LiveReply | None) -> str:
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
             bits.append(fmt_stats(stats))
+        model = stats.get("model") or msg.stats.get("model")   # live stats: the engine's only
+        if model:
+            bits.append(model_label(str(model)))
     return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
+
+
+def model_label(name: str) -> str:
+    """The model that wrote a reply, as its footer names it: a Hub id whole, a path by its last
+    part ("/models/tiny.gguf" -> "tiny.gguf"), at most 80 characters."""
+    if name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name:
+        name = name.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return name if len(name) <= 80 else name[:79] + "…"
 
 
 def chat_messages(view: View) -> list[dict[str, str]]:
@@ -145,8 +158,9 @@ def selection_label(view: View, index: int | None) -> str:
 
 
 def conversation_choices(convs: list[Conversation]) -> list[tuple[str, int]]:
-    """Sidebar entries (Gradio shows labels as text, never HTML)."""
-    return [(f"{c.title}  ·  {_age(c.updated)}", c.id) for c in convs]
+    """Sidebar entries (Gradio shows labels as text, never HTML): ★ pinned, then archived."""
+    return [(f"{'★ ' if c.pinned else ''}{c.title}  ·  {'archived · ' if c.archived else ''}"
+             f"{_age(c.updated)}", c.id) for c in convs]
 
 
 def tab_label(conv: Conversation | None, busy: bool = False) -> str:

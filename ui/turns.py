@@ -33,6 +33,11 @@ from .store.retry import until_saved
 log = logging.getLogger(__name__)
 
 STORE_WRITE_INTERVAL_S = 1.0
+# How often a streaming reply is redrawn on the page: the selected tab's ten times a second, a
+# tab in the background once a second (its ● mark and the text when the user comes back).
+# Every redraw costs the page a Gradio update of the whole chat; four tabs at 10/s kept a core
+# busy.
+FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
 BUSY = "this conversation is still generating: stop it or wait"
 
 
@@ -99,20 +104,22 @@ class Turn:
         with self._cond:
             return self._cond.wait_for(lambda: self.done, timeout)
 
-    def updates(self, interval: float = 0.1, timeout: float = 0.5) -> Iterator["Turn"]:
-        """Yield self whenever it changed (at most every `interval` s, and at least every
-        `timeout` s), and a last time once done. Until the first text arrives there is no
-        throttle: the first token shows as soon as the engine step that sampled it ends."""
+    def updates(self, interval: float | Callable[[], float] = FOREGROUND_S) -> Iterator["Turn"]:
+        """Yield self whenever it changed, at most every `interval` s (a callable is asked
+        before each pause, so a reply whose tab went to the background slows down), and a
+        last time once done. Nothing is yielded while nothing changed: an unchanged reply
+        costs the page nothing. Until the first text arrives there is no throttle: the first
+        token shows as soon as the engine step that sampled it ends."""
         seen = -1
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self.version != seen or self.done, timeout)
+                self._cond.wait_for(lambda: self.version != seen or self.done)
                 seen, done = self.version, self.done
             yield self
             if done:
                 return
             if self._first_token:
-                time.sleep(interval)
+                time.sleep(interval() if callable(interval) else interval)
 
     # ---- the turn's thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -170,6 +177,7 @@ class Turn:
         stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
                  "ttft_s": ttft, "tokens_per_s": tps,
                  "prefix_tokens_reused": m.num_cached_tokens if m else None,
+                 "prefix_tokens_from_disk": m.num_disk_tokens if m else None,
                  "finish_reason": comp.finish_reason,
                  "finish_detail": getattr(comp, "finish_detail", None)}
         if getattr(comp, "draft_tokens", 0):
@@ -294,6 +302,7 @@ class TurnRegistry:
             self._turns[cid] = turn
 
     def stop(self, cid: int) -> bool:
+        log.info("stop of conversation %d received", cid)     # its time: Stop's latency
         turn = self.turn(cid)
         if turn is None or turn.done:
             return False
@@ -310,3 +319,12 @@ class TurnRegistry:
             turn.wait(wait)
         for hook in self._after_stop_all:
             hook(wait)
+
+
+def redraw_interval(selected: Callable[[], int | None], conversation_id: int) -> Callable[[], float]:
+    """`Turn.updates`' interval for a reply of `conversation_id`: FOREGROUND_S while its tab is
+    the selected one (`selected()`: the selected tab's conversation, None when unknown), else
+    BACKGROUND_S."""
+    def interval() -> float:
+        return FOREGROUND_S if selected() in (None, conversation_id) else BACKGROUND_S
+    return interval

@@ -10,13 +10,24 @@
 place of the engine and name, `served.swap(engine2, "other")` switches the model while serving.
 `app.state.metrics.record_request(out.metrics)` adds a request run outside the API (the UI's)
 to the /metrics histograms of that app.
+
+The names below are imported on first use (PEP 562): `localpaged.api.guard` and `.loading`,
+which serve the start-up page, come without the engine behind `routes`.
 """
 
-from localpaged.api.errors import APIError, install_error_handlers
-from localpaged.api.metrics import MetricsRecorder
-from localpaged.api.routes import create_api
-from localpaged.api.security import check_bind_safety, resolve_api_key
-from localpaged.api.served import ServedModel
+from __future__ import annotations
 
-__all__ = ["create_api", "install_error_handlers", "MetricsRecorder",
-           "APIError", "ServedModel", "check_bind_safety", "resolve_api_key"]
+from localpaged.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "APIError": "localpaged.api.errors",
+    "install_error_handlers": "localpaged.api.errors",
+    "MetricsRecorder": "localpaged.api.metrics",
+    "create_api": "localpaged.api.routes",
+    "check_bind_safety": "localpaged.api.security",
+    "resolve_api_key": "localpaged.api.security",
+    "ServedModel": "localpaged.api.served",
+}
+
+__all__ = list(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -6,7 +6,8 @@ default registry: several servers may run in one process, e.g. in tests). It hol
   recorded when a request finishes, by the API layer and by anything else that runs requests on
   the same engine (pass the app's recorder, `app.state.metrics`, and call `record_request`);
 - engine gauges and counters read from `AsyncEngine.stats()` at scrape time (KV blocks, prefix
-  cache, preemptions, queue lengths), given to `render` and exposed for that one scrape only.
+  cache, preemptions, queue lengths, the KV disk tier when on), given to `render` and exposed
+  for that one scrape only.
 """
 
 from __future__ import annotations
@@ -134,4 +135,26 @@ def engine_families(s: EngineStats) -> list[Metric]:
             ("num_requests_swapped", "Requests swapped out to CPU memory.", GaugeMetricFamily,
              s.num_swapped)):
         families.append(kind(f"{PREFIX}_{metric}", help_, value=value))
-    return families
+    return families + disk_families(s)
+
+
+def disk_families(s: EngineStats) -> list[Metric]:
+    """The KV disk tier (runner.kv_disk.DiskStats), when it is on."""
+    d = s.kv_disk
+    if d is None:
+        return []
+    return [kind(f"{PREFIX}_{metric}", help_, value=value) for metric, help_, kind, value in (
+        ("prefix_cache_disk_hits_total", "Prompt tokens of prefix hits read back from the KV "
+         "disk tier.", CounterMetricFamily, s.prefix_cache_disk_hits),
+        ("kv_disk_blocks", "KV blocks stored in the disk tier.", GaugeMetricFamily, d.num_blocks),
+        ("kv_disk_bytes", "Bytes of the disk tier's block files.", GaugeMetricFamily, d.num_bytes),
+        ("kv_disk_max_bytes", "The disk tier's size limit (--kv-disk-gb).", GaugeMetricFamily,
+         d.max_bytes),
+        ("kv_disk_reads_total", "Blocks read back from the disk tier.", CounterMetricFamily,
+         d.hits),
+        ("kv_disk_misses_total", "Disk tier reads that found no valid file.",
+         CounterMetricFamily, d.misses),
+        ("kv_disk_writes_total", "Blocks written to the disk tier.", CounterMetricFamily,
+         d.writes),
+        ("kv_disk_dropped_total", "Block writes dropped (queue full, disk full, unwritable).",
+         CounterMetricFamily, d.dropped))]

@@ -91,6 +91,16 @@ class LocalChatBackend:
         ids = self.prompt_ids(messages)
         return self.engine.cached_prefix_tokens(ids), len(ids)
 
+    def prefetch(self, messages: list[dict]) -> None:
+        """Start reading this conversation's KV blocks back from the disk tier in the
+        background (AsyncEngine.prefetch), so its next send finds them in memory."""
+        if messages:
+            self.engine.prefetch(self.prompt_ids(messages))
+
+    def clear_kv_disk(self) -> None:
+        """Empty the KV disk tier (AsyncEngine.clear_kv_disk)."""
+        self.engine.clear_kv_disk()
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 

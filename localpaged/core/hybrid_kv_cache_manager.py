@@ -16,6 +16,9 @@ Invariants:
   group holds the blocks overlapping its window for the query at L*B; the hit is the largest
   L valid in every group, leaving >= 1 token to compute. The chain hash of a block is the same
   in every group (same tokens); each group has its own hash -> block map.
+- With a disk tier (core.disk_prefix), each group saves and reads back its own blocks (same
+  chain hash, its own bytes); a hit read back is the longest valid in every group over memory
+  and disk together.
 - Block ops carry their group (BlockOp.group); `take_block_ops` hands them over group after
   group, each group's in the order decided (groups' tensors are disjoint).
 Figures for the whole engine (usage, stored tokens, table entries, block_ids) are group 0's:
@@ -24,6 +27,7 @@ the full group's, or the only group's; `group_usage` gives every group's.
 
 from __future__ import annotations
 
+from localpaged.core import disk_prefix
 from localpaged.core.block_pool import NULL_BLOCK, Block, BlockOp, BlockOpKind
 from localpaged.core.kv_cache_manager import (
     BlockUsage,
@@ -54,7 +58,23 @@ class HybridKVCacheManager:
             self.groups.append(SlidingWindowManager(w, n, block_size, **kw) if w
                                else KVCacheManager(n, block_size, **kw))
         self.prefix_cache_queries = 0                    # tokens looked up
-        self.prefix_cache_hits = 0                       # tokens found
+        self.prefix_cache_hits = 0                       # tokens found (memory or disk)
+        self.disk = None                                 # set by attach_disk
+        self.prefix_cache_disk_hits = 0                  # of the hits, tokens from disk
+        self.last_disk_tokens = 0                        # as KVCacheManager's
+        self.admitted_disk_tokens: list[int] = []
+
+    # ---- disk tier ----------------------------------------------------------------------------
+    def attach_disk(self, disk) -> None:
+        """Every group keeps its blocks on `disk` (keyed by chain hash and group) and reads a
+        hit back from it; a hit is still valid only where it is valid in every group."""
+        self.disk = disk
+        for group in self.groups:
+            group.attach_disk(disk)
+
+    def prefetch(self, token_ids: list[int], max_reads: int | None = None) -> int:
+        """KVCacheManager.prefetch over every group (a hit valid in all of them)."""
+        return self.main.prefetch_groups(self.groups, token_ids, max_reads)
 
     @property
     def main(self) -> KVCacheManager:
@@ -76,15 +96,8 @@ class HybridKVCacheManager:
     # ---- prefix cache -------------------------------------------------------------------------
     def _hit_length(self, hashes: list[bytes]) -> int:
         """The largest L <= len(hashes) that every group can serve (see the invariants)."""
-        valid = [True] * (len(hashes) + 1)
-        for group in self.groups:
-            if isinstance(group, SlidingWindowManager):
-                ok = group.hit_lengths(hashes)
-            else:
-                run = len(group._lookup_chain(hashes))
-                ok = [L <= run for L in range(len(hashes) + 1)]
-            valid = [a and b for a, b in zip(valid, ok)]
-        return max(L for L, v in enumerate(valid) if v)
+        return disk_prefix.longest_hit(self.groups, [disk_prefix.memory_present(g, hashes)
+                                                     for g in self.groups])
 
     def _hits(self, hashes: list[bytes]) -> list[list[Block]]:
         L = self._hit_length(hashes)
@@ -97,7 +110,14 @@ class HybridKVCacheManager:
         if not self.pool.enable_caching:
             return self.no_hits()
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hits = self._hits(self.main.block_hashes(seq, max_blocks))
+        hashes = self.main.block_hashes(seq, max_blocks)
+        if self.disk is not None:
+            disk_prefix.read_back(self.groups, hashes)
+        hits = self._hits(hashes)
+        if self.disk is not None:
+            self.last_disk_tokens = disk_prefix.disk_tokens(self.groups, hashes, len(hits[0]),
+                                                            self.block_size)
+            self.prefix_cache_disk_hits += self.last_disk_tokens
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += len(hits[0]) * self.block_size
         return hits

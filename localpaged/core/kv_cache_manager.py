@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol
 
+from localpaged.core import disk_prefix
 from localpaged.core.block_invariants import InvariantError, check_pools
 from localpaged.core.block_pool import (
     NULL_BLOCK,
@@ -70,6 +71,8 @@ class DiskTier(Protocol):
     """Where full blocks outlive the process (runner/kv_disk.py: DiskTier), keyed by chain hash
     and KV-cache group; `load` returns a block's bytes (opaque here) or None."""
 
+    def contains(self, block_hash: bytes, group: int) -> bool: ...
+
     def load(self, block_hash: bytes, group: int) -> object | None: ...
 
     def save(self, block_hash: bytes, group: int, block_id: int) -> None: ...
@@ -95,39 +98,48 @@ class KVCacheManager:
         self.prefix_cache_hits = 0                       # tokens found (memory or disk)
         self.disk: DiskTier | None = None                # set by attach_disk
         self.prefix_cache_disk_hits = 0                  # of the hits, tokens read back from disk
+        self.last_disk_tokens = 0                        # of the latest lookup's hit, from disk
+        self.admitted_disk_tokens: list[int] = []        # per seq of the latest admit (see admit)
+        self.from_disk: dict[bytes, Block] = {}          # read back, not yet used by a hit
 
     # ---- disk tier ----------------------------------------------------------------------------
     def attach_disk(self, disk: DiskTier) -> None:
         """From now on a prefix lookup that misses in memory reads full blocks back from `disk`
-        (a LOAD op, carried out before the next forward like every block move), and the last
-        holder's free of a hashed block hands it to `disk` to keep."""
+        (core.disk_prefix.read_back: a LOAD op, carried out before the next forward like every
+        block move), and the last holder's free of a hashed block hands it to `disk` to keep."""
         self.disk = disk
 
-    def _read_back(self, hits: list[Block], hashes: list[bytes]) -> list[Block]:
-        """Blocks for the longest run of `hashes` the disk tier holds, each a fresh block
-        registered under its hash and left cached (ref count 0), their bytes queued as one LOAD
-        op. The memory `hits` before them and the blocks read so far are held while blocks are
-        taken, so no allocation evicts them. Stops where the disk misses or only the watermark
-        is left free."""
-        blocks, data = [], []
-        for block in hits:
-            self.pool.incref(block)
-        for h in hashes:
-            if self.pool.num_free <= self.watermark_blocks:
-                break
-            payload = self.disk.load(h, self.group)
-            if payload is None:
-                break
-            block = self.pool.allocate()
-            self.pool.register(block, h)
-            blocks.append(block)
-            data.append(payload)
-        for block in reversed(hits + blocks):      # as `free`: tail first
-            self.pool.decref(block)
-        if blocks:
-            self.block_ops.append(BlockOp(BlockOpKind.LOAD, [(b.block_id, b.block_id) for b in blocks],
-                                          self.group, data))
-        return blocks
+    def _release(self, block: Block) -> None:
+        """Drop one holder of a real block; the last holder of a hashed block (its K/V are
+        computed: a block is hashed only then) first hands it to the disk tier."""
+        if self.disk is not None and block.block_hash is not None and block.ref_count == 1:
+            self.disk.save(block.block_hash, self.group, block.block_id)
+        self.pool.decref(block)
+
+    def valid_lengths(self, present: list[bool]) -> list[bool]:
+        """valid[L] for L = 0 .. len(present): whether this group can serve a prefix hit of L
+        blocks when it holds the blocks marked present: blocks 0 .. L-1."""
+        valid = [True]
+        for p in present:
+            valid.append(valid[-1] and p)
+        return valid
+
+    def needed(self, num_blocks: int) -> range:
+        """The blocks a prefix hit of num_blocks blocks needs in this group."""
+        return range(num_blocks)
+
+    def prefetch(self, token_ids: list[int], max_reads: int | None = None) -> int:
+        """Read ahead of a request: the blocks of token_ids' longest prefix the disk tier holds,
+        into free blocks that cache nothing (memory's cached blocks stay); returns how many
+        were read (at most max_reads; 0 when nothing is left to read)."""
+        return self.prefetch_groups([self], token_ids, max_reads)
+
+    def prefetch_groups(self, groups, token_ids: list[int], max_reads: int | None) -> int:
+        if self.disk is None or not self.pool.enable_caching:
+            return 0
+        hashes: list[bytes] = []
+        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
+        return disk_prefix.read_back(groups, hashes, plain_only=True, max_reads=max_reads)
 
     # ---- prefix cache -------------------------------------------------------------------------
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
@@ -156,11 +168,12 @@ class KVCacheManager:
             return []
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
         hashes = self.block_hashes(seq, max_blocks)
+        if self.disk is not None:
+            disk_prefix.read_back([self], hashes)
         hits = self._lookup_chain(hashes)
-        if self.disk is not None and len(hits) < len(hashes):
-            from_disk = self._read_back(hits, hashes[len(hits):])
-            self.prefix_cache_disk_hits += len(from_disk) * self.block_size
-            hits += from_disk
+        if self.disk is not None:
+            self.last_disk_tokens = disk_prefix.disk_tokens([self], hashes, len(hits), self.block_size)
+            self.prefix_cache_disk_hits += self.last_disk_tokens
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += len(hits) * self.block_size
         return hits
@@ -196,7 +209,9 @@ class KVCacheManager:
         is off), then up to `budget` new tokens in all, keeping the watermark free; all or nothing.
 
         Returns the number of tokens each sequence got from the prefix cache (now computed), or
-        None, with nothing held, when the blocks do not fit.
+        None, with nothing held, when the blocks do not fit. After a success,
+        `admitted_disk_tokens[i]` says how many of sequence i's came from the disk tier (blocks
+        read back for it or ahead of it, core.disk_prefix.disk_tokens).
         """
         return admit_seqs(self, seqs, budget, use_prefix_cache)
 
@@ -318,9 +333,7 @@ class KVCacheManager:
         computed: a block is hashed only then)."""
         for block in reversed(self.tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:
-                if self.disk is not None and block.block_hash is not None and block.ref_count == 1:
-                    self.disk.save(block.block_hash, self.group, block.block_id)
-                self.pool.decref(block)
+                self._release(block)
         for block in reversed(self.cpu_tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:
                 self.cpu_pool.decref(block)
@@ -441,9 +454,12 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
     group, every list as long as the hit): prefix hits, then allocation; all or nothing."""
     admitted: list[Sequence] = []
     cached_tokens: list[int] = []
+    disk_tokens: list[int] = []
     for seq in seqs:
+        manager.last_disk_tokens = 0
         hits = manager.find_cached_prefix(seq) if use_prefix_cache else manager.no_hits()
         num_cached = manager.hit_tokens(hits)
+        disk_tokens.append(manager.last_disk_tokens)
         n = min(seq.num_uncomputed_tokens - num_cached, budget)
         if not manager.fits_admission(seq, n, hits) or not manager.allocate_slots(seq, n, hits):
             for s in admitted:
@@ -452,6 +468,7 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
         admitted.append(seq)
         cached_tokens.append(num_cached)
         budget -= n
+    manager.admitted_disk_tokens = disk_tokens
     return cached_tokens
 
 

@@ -136,6 +136,7 @@ class SequenceGroup:
     finished_time: float | None = None
     # Prompt tokens served from the prefix cache; None until first admitted (set once, there).
     num_cached_tokens: int | None = None
+    num_disk_tokens: int = 0             # of those, read back from the disk tier (set with them)
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
     # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)

@@ -280,6 +280,7 @@ class Scheduler:
             return False
         if group.num_cached_tokens is None:          # first admission only
             group.num_cached_tokens = cached[0]
+            group.num_disk_tokens = self.block_manager.admitted_disk_tokens[0]
         return True
 
     def _start(self, group: SequenceGroup, budget: int, out: SchedulerOutput,

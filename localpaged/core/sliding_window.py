@@ -16,6 +16,9 @@ Invariants (on top of KVCacheManager's):
   count: a hashed block stays in the prefix cache as evictable, an unhashed one goes free.
 - A prefix hit of L blocks (`hit_lengths`) needs only the blocks overlapping the window of the
   query at L*B: blocks num_dead(L*B) .. L-1; the entries before them start as NULL.
+- With a disk tier, the last holder's release of a hashed block saves it, whether its sequence
+  ends or the window moves past it (`free_out_of_window`), so a later hit finds the window's
+  blocks on disk.
 - Fork shares NULL entries as NULL; swap moves the real blocks and keeps NULL entries NULL;
   trim never reaches a NULL entry (it keeps the first ceil(p / B) >= num_dead(p) entries).
 `check(seqs=...)` verifies the placement of NULL entries for every live sequence.
@@ -58,7 +61,7 @@ class SlidingWindowManager(KVCacheManager):
             return
         i = min(self.num_dead(seq.num_computed_tokens), len(table)) - 1
         while i >= 0 and table[i] is not NULL_BLOCK:
-            self.pool.decref(table[i])
+            self._release(table[i])            # with a disk tier, its last holder saves it
             table[i] = NULL_BLOCK
             i -= 1
 
@@ -66,11 +69,19 @@ class SlidingWindowManager(KVCacheManager):
     def hit_lengths(self, hashes: list[bytes]) -> list[bool]:
         """valid[L] for L = 0 .. len(hashes): whether this group can serve a prefix hit of L
         blocks, i.e. holds cached blocks num_dead(L*B) .. L-1 (blocks before them are not needed)."""
+        return self.valid_lengths([self.pool.lookup(h) is not None for h in hashes])
+
+    def valid_lengths(self, present: list[bool]) -> list[bool]:
+        """valid[L]: whether the blocks marked present include blocks num_dead(L*B) .. L-1."""
         B, valid, run = self.block_size, [True], 0
-        for L, h in enumerate(hashes, start=1):
-            run = run + 1 if self.pool.lookup(h) is not None else 0    # found blocks ending at L-1
+        for L, p in enumerate(present, start=1):
+            run = run + 1 if p else 0                  # present blocks ending at L-1
             valid.append(run >= L - self.num_dead(L * B))
         return valid
+
+    def needed(self, num_blocks: int) -> range:
+        """A hit of num_blocks blocks needs those overlapping the window of its next query."""
+        return range(self.num_dead(num_blocks * self.block_size), num_blocks)
 
     def prefix_hits(self, hashes: list[bytes], num_blocks: int) -> list[Block]:
         """The table entries of a hit of num_blocks blocks (valid per hit_lengths): NULL for the

@@ -32,6 +32,8 @@ from localpaged.engine.outputs import (
 
 logger = logging.getLogger(__name__)
 
+PREFETCH_BLOCKS = 8        # blocks a prefetch reads between two engine steps
+
 
 class RequestStream:
     """The outputs of one request, in order; ends after the finished output.
@@ -147,6 +149,7 @@ class AsyncEngine:
         self._lock = threading.Lock()          # guards _streams and the stats snapshot
         self._stats = engine.stats()
         self._stopped = threading.Event()
+        self._prefetch: list[int] | None = None      # engine thread: prompt being read ahead
         self._thread = threading.Thread(target=self._loop, name="localpaged-engine", daemon=True)
         self._thread.start()
 
@@ -201,6 +204,17 @@ class AsyncEngine:
         preview, like cached_prefix_tokens)."""
         return self._engine.cached_prefix_blocks(token_ids)
 
+    def prefetch(self, token_ids: list[int]) -> None:
+        """Start reading this prompt's blocks back from the disk tier into free KV blocks, at
+        background priority: a few blocks between engine steps, while requests run (a
+        conversation opened: its next send finds them in memory). A newer prefetch replaces
+        an unfinished older one; a no-op without a disk tier."""
+        self._commands.put(("prefetch", [int(t) for t in token_ids]))
+
+    def clear_kv_disk(self) -> None:
+        """Delete every block file of the disk tier (memory's prefix cache stays)."""
+        self._commands.put(("clear_kv_disk", None))
+
     def step_records(self) -> list[StepRecord]:
         """The engine's steps so far, oldest first: which requests ran together and how many
         tokens each computed (EngineConfig.record_steps; a RuntimeError when it is off). A
@@ -224,7 +238,8 @@ class AsyncEngine:
     # ---- the engine thread --------------------------------------------------------------------
     def _loop(self) -> None:
         while not self._stopped.is_set():
-            self._drain(block=not self._engine.has_unfinished_requests())
+            self._drain(block=not self._engine.has_unfinished_requests() and self._prefetch is None)
+            self._prefetch_some()
             if not self._engine.has_unfinished_requests():
                 continue
             try:
@@ -260,6 +275,23 @@ class AsyncEngine:
             out = self._engine.abort(arg)
             if out is not None:
                 self._deliver(out)
+        elif kind == "prefetch":
+            self._prefetch = arg
+        elif kind == "clear_kv_disk":
+            self._engine.clear_kv_disk()
+
+    def _prefetch_some(self) -> None:
+        """One slice of the pending prefetch (PREFETCH_BLOCKS blocks), between steps."""
+        if self._prefetch is None:
+            return
+        try:
+            read = self._engine.prefetch(self._prefetch, PREFETCH_BLOCKS)
+        except Exception:  # noqa: BLE001 - a read ahead is only a hint; keep serving
+            logger.exception("KV disk prefetch failed")
+            read = 0
+        if read == 0:
+            self._prefetch = None
+        self._snapshot()
 
     def _deliver(self, out: RequestOutput) -> None:
         with self._lock:

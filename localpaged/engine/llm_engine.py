@@ -121,19 +121,17 @@ class LLMEngine:
     # ---- set-up -------------------------------------------------------------------------------
     def _attach_disk(self) -> KVDiskStore | None:
         """The prefix cache's disk tier (EngineConfig.kv_disk_dir), keyed by everything that
-        decides a block's bytes; not yet for models with sliding windows."""
+        decides a block's bytes; every KV-cache group keeps its own blocks there."""
         c, mc = self.config, self.model_config
         if c.kv_disk_dir is None:
             return None
-        if not isinstance(self.block_manager, KVCacheManager):
-            logger.warning("KV disk tier: not yet for models with sliding windows; off")
-            return None
-        src = self.model_source
+        src, groups = self.model_source, self.model.kv_groups
         store = KVDiskStore(c.kv_disk_dir, kv_fingerprint(
             weights=weights_identity(src.path, src.gguf_file), format=self.weights_format,
             dtype=str(self.dtype), kv_dtype=str(self.kv_cache_dtype), block_size=c.block_size,
             layers=mc.num_hidden_layers, kv_heads=mc.num_key_value_heads,
-            head_dim=self.model.head_dim), int(c.kv_disk_gb * 2**30))
+            head_dim=self.model.head_dim, windows=groups.windows,
+            layer_group=list(groups.layer_group)), int(c.kv_disk_gb * 2**30))
         if store.usable:
             self.block_manager.attach_disk(DiskTier(store, self.kv_cache))
         return store
@@ -378,6 +376,24 @@ class LLMEngine:
             tokens_held=g.num_stored_tokens(running),
             bytes_saved=g.num_null_entries() * self.kv_plan.bytes_per_block[g.group])
             for g, w, u in zip(kv.groups, kv.windows, kv.group_usage()))
+
+    def prefetch(self, token_ids: list[int], max_blocks: int | None = None) -> int:
+        """Read the blocks of token_ids' longest prefix that the disk tier holds into free KV
+        blocks now, ahead of a request for them (a conversation opened), never evicting a
+        block memory caches; at most max_blocks a call. Returns the blocks read (0: nothing
+        left to read). Between steps only: the reads' LOAD ops, and any op decided before them,
+        are carried out here, in order, as the next step would."""
+        if self.kv_disk is None:
+            return 0
+        read = self.block_manager.prefetch(token_ids, max_blocks)
+        for op in self.block_manager.take_block_ops():
+            self.kv_cache.apply(op, self.backend)
+        return read
+
+    def clear_kv_disk(self) -> None:
+        """Delete every block file of this model's disk tier (memory's cache stays)."""
+        if self.kv_disk is not None:
+            self.kv_disk.clear()
 
     def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""

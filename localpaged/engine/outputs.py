@@ -57,6 +57,7 @@ class RequestMetrics:
     finished_time: float | None
     num_cached_tokens: int             # prompt tokens served from the prefix cache
     num_generated_tokens: int
+    num_disk_tokens: int = 0           # of num_cached_tokens, read back from the disk tier
 
     @property
     def time_to_first_token(self) -> float | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -89,10 +90,13 @@ def target_bits(quantization: str, type_name: str, is_embedding: bool) -> int | 
     return 8 if type_name in TO_INT8 else 4
 
 
-def read_gguf(path: str, config, quantization: str, native: NativeKernel | None = None
+def read_gguf(path: str, config, quantization: str, native: NativeKernel | None = None,
+              on_tensor: Callable[[int, int], None] | None = None
               ) -> tuple[dict[str, torch.Tensor], dict[str, PackedWeight | GgmlWeight]]:
     """(float tensors, packed weights) by our (unfused) parameter names. `native`: the kernel
-    and block formats that stay as the file has them under "auto" (quant/ggml.py: cpu_native)."""
+    and block formats that stay as the file has them under "auto" (quant/ggml.py: cpu_native).
+    `on_tensor(done, total)` before each tensor, with the tensors done so far (the
+    loader's progress)."""
     file = GgufFile(path)
     _check_types(file, path)
     permute = config.model_type in ("llama", "mistral")
@@ -100,7 +104,9 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
     keep = native.kinds if native is not None and quantization == "auto" else frozenset()
     floats: dict[str, torch.Tensor] = {}
     packed: dict[str, PackedWeight | GgmlWeight] = {}
-    for t in tqdm(file.tensors, desc="loading GGUF", unit="tensor", leave=False):
+    for i, t in enumerate(tqdm(file.tensors, desc="loading GGUF", unit="tensor", leave=False)):
+        if on_tensor is not None:
+            on_tensor(i, len(file.tensors))
         name = hf_name(t.name, config.model_type)
         if name is None:
             if not t.name.startswith(SKIPPED):

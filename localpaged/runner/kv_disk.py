@@ -232,12 +232,16 @@ class DiskTier:
     """The block manager's disk tier (core.kv_cache_manager.DiskTier) over a KVDiskStore and
     the engine's KVCache: `save` copies a block out of the cache now (its last holder is
     freeing it, so nothing writes it before the copy) and queues the copy for writing; `load`
-    reads a block's bytes back, shaped as KVCache.block, or None (a miss)."""
+    reads a block's bytes back, shaped as KVCache.block, or None (a miss); `contains` says
+    whether the store has a file for it (a read may still miss: a damaged file)."""
 
     def __init__(self, store: KVDiskStore, kv_cache) -> None:
         self.store = store
         self.kv_cache = kv_cache
         self._like = [kv_cache.block(g, 0) for g in range(len(kv_cache.group_blocks))]
+
+    def contains(self, block_hash: bytes, group: int) -> bool:
+        return self.store.contains(block_hash, group)
 
     def load(self, block_hash: bytes, group: int) -> torch.Tensor | None:
         return self.store.get(block_hash, self._like[group], group)

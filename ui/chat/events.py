@@ -23,6 +23,7 @@ import gradio as gr
 
 from ..controller import ChatController, ContextAsk
 from ..edit_preview.events import wire_edit_cost
+from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
 from ..queues import GEN, QUICK
@@ -31,11 +32,14 @@ from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
+from ..turns import redraw_interval
 from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
 
 QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
+NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
+                         "Regenerate then writes a new reply beside the last one.")
 
 
 class ChatEvents:
@@ -91,7 +95,14 @@ class ChatEvents:
 
     def regenerate(self, slots: list, i: int, sel: int | None, system: str,
                    *sampling) -> Iterator[TabValues]:
-        return self.start_turn(slots[i], self.ctl.regenerate, sel, system, sampling)
+        """A new reply beside the selected one; on a chat with no message yet, a toast says
+        why there is nothing to regenerate (the settings are still saved)."""
+        cid = slots[i]
+        if cid is not None and not self.ctl.view(cid).path:
+            self._settings(cid, system, sampling)
+            warn(NOTHING_TO_REGENERATE)
+            return iter([self.chat(cid)])
+        return self.start_turn(cid, self.ctl.regenerate, sel, system, sampling)
 
     def edit(self, slots: list, i: int, sel: int | None, text: str, system: str,
              *sampling) -> Iterator[TabValues]:
@@ -121,7 +132,7 @@ class ChatEvents:
         yield from self._follow(cid, turn)
 
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
-        for t in turn.updates():
+        for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
             yield self.chat(cid)
@@ -181,6 +192,10 @@ class ChatEvents:
             conv = self.ctl.fork(self.ctl.message_at(slots[i], sel).id)
         except USER_ERRORS as exc:
             warn(why(exc))
+            return self.tabset.open(slots, current, None)
+        if not self.tabset.has_room(slots):
+            info("Forked into a new conversation, listed on the left: every tab is in use, so "
+                 "close one to open it.")
             return self.tabset.open(slots, current, None)
         info("Forked into a new conversation: it is open in a new tab.")
         return self.tabset.open(slots, current, conv.id)
@@ -300,6 +315,7 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
                   page.ui.outputs(), **QUICK)
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
+    wire_delete_branch(ui, page, DeleteBranchEvents(events.ctl))
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
     wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)

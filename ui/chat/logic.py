@@ -123,6 +123,8 @@ class ChatTurns:
                 user = self._add_user(cid, parent_id, user_text)
                 parent_id = user.id
             stats = {"context_dropped": sent.dropped} if sent.dropped else {}
+            if getattr(backend, "model_name", None):          # the model that writes the reply
+                stats["model"] = backend.model_name
             replies = [LiveReply(self.store.add_message(
                 cid, parent_id, "assistant", "", sampling_record(p), status="streaming",
                 stats=stats).id) for p in params]

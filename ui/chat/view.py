@@ -26,6 +26,7 @@ from .. import markdown, render
 from ..context.view import GAUGE_EMPTY, build_continue, build_gauge, build_policy, gauge_value
 from ..controller import ChatController
 from ..edit_preview.view import build_edit_cost
+from ..delete_branch.view import build_delete_button, build_delete_confirm
 from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
 from ..settings.logic import PENALTY_KEYS, SAMPLING_KEYS
@@ -95,6 +96,7 @@ class ChatTabUI:
     ask_ui: Any = None
     sibnav: Any = None                # hidden: "index step" from a click on ‹ or › in a message
     sibgo: Any = None                 # hidden: clicked with it (chat/events.py: SIBLING_JS)
+    delete_branch: Any = None         # delete_branch.view.DeleteBranchUI: Delete… and its question
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -150,6 +152,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
             fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
             copy = gr.Button("⧉ Copy", size="sm", elem_id=f"copy{i}", scale=0, min_width=70)
+            delete_branch = build_delete_button(i)
             sel_text = gr.Textbox(visible="hidden", elem_id=f"seltext{i}", show_label=False,
                                   container=False)
             cont = build_continue(i)
@@ -162,6 +165,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                 edit_save = gr.Button("Save as a new branch", size="sm", variant="primary",
                                       elem_id=f"editsave{i}")
                 edit_cancel = gr.Button("Cancel", size="sm", elem_id=f"editcancel{i}")
+        build_delete_confirm(i, delete_branch)
         with gr.Row(elem_classes="lp-composer", equal_height=True):
             msg = gr.Textbox(placeholder="Message…  (Enter sends, Shift+Enter for a new line)",
                              show_label=False, lines=1, max_lines=10, scale=8,
@@ -185,7 +189,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
                      sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
                      penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
-                     sibnav, sibgo)
+                     sibnav, sibgo, delete_branch)
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The engine panel's components (an accordion holding one HTML block, the HTML last sent, a
-one-second timer) and its drawing: `render_panel` turns a `KvSnapshot` (logic.py) into HTML +
+"""The engine panel's component (an accordion holding one HTML block, whose inner `LIVE_CLASS`
+element the server's push fills, events.py) and its drawing: `render_panel` turns a `KvSnapshot` (logic.py) into HTML +
 SVG built from numbers only; titles are the one piece of user text and are escaped.
 """
 
@@ -12,7 +12,9 @@ import gradio as gr
 
 from .logic import BranchRow, KvSnapshot
 
-REFRESH_S = 1.0
+POLL_S = 0.5              # the server looks for a change this often
+MIN_GAP_S = 1.0           # and the page redraws it at most this often
+LIVE_CLASS = "lp-engine-live"
 MAX_ROW_CELLS = 96        # per branch row
 POOL_CELLS = 256
 COLORS = {"shared": "#8b5cf6", "live": "#10b981", "held": "#3b82f6", "none": "#e5e7eb"}
@@ -21,14 +23,13 @@ COLORS = {"shared": "#8b5cf6", "live": "#10b981", "held": "#3b82f6", "none": "#e
 @dataclass
 class EnginePanelUI:
     html: gr.HTML
-    last: gr.State                    # the HTML last sent to this page
-    timer: gr.Timer
 
 
 def build_engine_panel() -> EnginePanelUI:
     with gr.Accordion("Engine", open=True, elem_id="engine-acc"):
-        panel = gr.HTML("", elem_id="engine-panel", js_on_load=None)
-    return EnginePanelUI(panel, gr.State(""), gr.Timer(REFRESH_S))
+        panel = gr.HTML(f'<div class="{LIVE_CLASS}"><p class="lp-muted">Reading the engine…</p>'
+                        '</div>', elem_id="engine-panel", js_on_load=None)
+    return EnginePanelUI(panel)
 
 
 def render_panel(snap: KvSnapshot) -> str:
@@ -50,6 +51,7 @@ def render_panel(snap: KvSnapshot) -> str:
             if s.blocks_in_use else "")
     parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
     parts += _sliding_lines(s)
+    parts += _disk_lines(s)
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
@@ -69,6 +71,18 @@ def _sliding_lines(s) -> list[str]:
         lines.append(f'<p class="lp-muted">The windows save {s.window_bytes_saved / 2**20:.1f} MiB '
                      f'of KV now</p>')
     return lines
+
+
+def _disk_lines(s) -> list[str]:
+    """The KV disk tier's line (runner.kv_disk.DiskStats), when it is on."""
+    d = getattr(s, "kv_disk", None)
+    if d is None:
+        return []
+    share = 100 * s.prefix_cache_disk_hits / max(1, s.prefix_cache_queries)
+    dropped = f" · {d.dropped} writes dropped" if d.dropped else ""
+    return [f'<p class="lp-muted lp-disk">Disk tier: {d.num_blocks} blocks, '
+            f'{d.num_bytes / 2**20:.1f} MiB of {d.max_bytes / 2**30:.1f} GiB · {d.hits} read '
+            f'back, {share:.0f}% of prompt tokens from disk{dropped}</p>']
 
 
 def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:

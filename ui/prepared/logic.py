@@ -139,6 +139,8 @@ class PreparedReplies:
         request_id = f"prep{cid}-{uuid.uuid4().hex[:8]}"
         stream = backend.chat(sent.messages, params, request_id=request_id, priority=BACKGROUND)
         stats = {"context_dropped": sent.dropped} if sent.dropped else {}
+        if getattr(backend, "model_name", None):          # the model that writes the reply
+            stats["model"] = backend.model_name
         try:
             replies = [LiveReply(self.store.add_message(
                 cid, parent_id, "assistant", "", sampling_record(p), status="streaming",

@@ -28,6 +28,7 @@ from sqlite_utils import Database
 
 from .errors import StoreError, describe, store_error
 from .private import private_dir, private_file, tighten
+from .fts import ensure_index, fts5_available
 from .schema import PREPARED, ROLES, STATUSES, migrate
 
 DB_FILENAME = "conversations.db"
@@ -91,6 +92,7 @@ class StoreBase:
                              "damaged")
         self.db.enable_wal()
         migrate(self.db, self.path)
+        self.fts = ensure_index(self.db, self.path, fts5_available(self.db))  # search: fts.py
 
     def _store_error(self, e: BaseException) -> StoreError:
         return store_error(e, self.path, self.busy_timeout_ms)

@@ -15,7 +15,8 @@ from .validate import EXPORT_FORMAT, check_export
 
 
 class ExportImport(MessageTree):
-    """Needs `get_conversation` and `_insert_conversation` (in `Store`)."""
+    """Needs `get_conversation` and `_insert_conversation` (in `Store`), `_write_tags`
+    (`Organise`)."""
 
     @guarded
     def fork_conversation(self, message_id: int, title: str | None = None) -> Conversation:
@@ -61,6 +62,7 @@ class ExportImport(MessageTree):
                 ids[m["id"]] = self._insert(cid, ids.get(m["parent_id"]), m["role"], m["content"],
                                             m["sampling"], m["status"], m["stats"], m["created"])
             self._restore_active(cid, c["active_root_id"], plan.messages, ids)
+            self._write_tags(cid, c["tags"])
         return self.get_conversation(cid)
 
     def _restore_active(self, cid: int, root: Any, msgs: list[dict], ids: dict) -> None:

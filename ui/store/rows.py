@@ -35,6 +35,9 @@ class Conversation:
     active_root_id: int | None
     options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
     context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
+    pinned: bool = False              # listed first
+    archived: bool = False            # listed only when archived ones are asked for
+    tags: list[str] = field(default_factory=list)   # sorted, each once
 
 
 @dataclass
@@ -60,7 +63,8 @@ def conversation_from_row(row: dict) -> Conversation:
         updated=r.time("updated"), system_prompt=r.text("system_prompt"),
         model=r.text("model", None), sampling=r.json_object("sampling", {}),
         active_root_id=r.ref("active_root_id"), options=r.json_object("options", {}),
-        context_policy=r.choice("context_policy", CONTEXT_POLICIES))
+        context_policy=r.choice("context_policy", CONTEXT_POLICIES),
+        pinned=r.flag("pinned"), archived=r.flag("archived"), tags=r.strings("tags"))
 
 
 def message_from_row(row: dict) -> Message:
@@ -129,6 +133,23 @@ class _Row:
         if value in allowed:
             return value
         return self._fallback(column, allowed[0] if default is ... else default)
+
+    def flag(self, column: str) -> bool:
+        value = self.row.get(column)
+        if value in (None, 0, 1):
+            return bool(value)
+        return self._fallback(column, False)
+
+    def strings(self, column: str) -> list[str]:
+        """A JSON list of strings (the `tags` a query gathered); [] when absent."""
+        value = self.row.get(column)
+        try:
+            parsed = [] if value is None else json.loads(value)
+        except (TypeError, ValueError):
+            parsed = None
+        if isinstance(parsed, list) and all(isinstance(t, str) for t in parsed):
+            return parsed
+        return self._fallback(column, [])
 
     def token_ids(self, column: str) -> list[int] | None:
         value = self.row.get(column)

@@ -14,10 +14,15 @@ The version lives in `PRAGMA user_version`:
      Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
      `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
      conversation no longer fits the model's context).
-  4  current: `app_settings` (key -> JSON value: app-wide settings, e.g. `defaults`, the system
+  4  `app_settings` (key -> JSON value: app-wide settings, e.g. `defaults`, the system
      prompt, sampling settings and context policy a new conversation starts with) and `presets`
      (named system prompts the user saved; the built-in ones are not stored, see
      `ui/settings/presets.py`). Added tables only: every conversation and message is kept as it was.
+  5  current: `conversations.pinned` and `conversations.archived` (0 | 1: pinned ones are listed
+     first, archived ones only when asked for), `tags` (conversation id, tag: any number of tags
+     a conversation, each at most once) and the full-text index of the messages (`fts.py`: an
+     FTS5 table kept by triggers; the migration indexes every existing message). Added columns
+     and tables only: every conversation and message is kept as it was.
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -37,14 +42,15 @@ from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 ROLES = ("system", "user", "assistant")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped",
-              "draft_tokens", "accepted_draft_tokens")
+              "draft_tokens", "accepted_draft_tokens", "prefix_tokens_from_disk",
+              "model")
 CONTEXT_POLICIES = ("drop_oldest", "error")
 
 
@@ -63,7 +69,9 @@ CREATE_CURRENT = [
         sampling TEXT NOT NULL DEFAULT '{}',
         active_root_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
         options TEXT NOT NULL DEFAULT '{}',
-        context_policy TEXT NOT NULL DEFAULT 'drop_oldest'
+        context_policy TEXT NOT NULL DEFAULT 'drop_oldest',
+        pinned INTEGER NOT NULL DEFAULT 0 CHECK (pinned IN (0, 1)),
+        archived INTEGER NOT NULL DEFAULT 0 CHECK (archived IN (0, 1))
     )""",
     f"""CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
@@ -93,6 +101,16 @@ _APP_TABLES = [
     )""",
 ]
 CREATE_CURRENT += _APP_TABLES
+# Version 5's table (its columns of `conversations` are in the DDL above and in MIGRATIONS[4]).
+_TAGS = [
+    """CREATE TABLE tags (
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        tag TEXT NOT NULL,
+        PRIMARY KEY (conversation_id, tag)
+    ) WITHOUT ROWID""",
+    "CREATE INDEX tags_tag ON tags(tag)",
+]
+CREATE_CURRENT += _TAGS
 
 # Tree queries (recursive CTEs, no depth limit): the active path of conversation ?, from its
 # active root down the active children; the path from the root down to message ?; the ids of
@@ -129,6 +147,13 @@ MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE conversations ADD COLUMN context_policy TEXT NOT NULL DEFAULT 'drop_oldest'",
     ],
     3: _APP_TABLES,
+    4: [
+        "ALTER TABLE conversations ADD COLUMN pinned INTEGER NOT NULL DEFAULT 0"
+        " CHECK (pinned IN (0, 1))",
+        "ALTER TABLE conversations ADD COLUMN archived INTEGER NOT NULL DEFAULT 0"
+        " CHECK (archived IN (0, 1))",
+        *_TAGS,
+    ],   # and the full-text index: fts.ensure_index, run after every migration
 }
 
 

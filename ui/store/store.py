@@ -19,12 +19,17 @@ from .app_settings import AppSettings
 from .db import DB_FILENAME, guarded
 from .errors import StoreError
 from .export import EXPORT_FORMAT, ExportImport
+from .fts import like_pattern
+from .organise import Organise
 from .rows import Conversation, Message, conversation_from_row
 from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
            "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]
 
+# A conversation row with its tags (a JSON list, sorted).
+_SELECT = ("SELECT c.*, (SELECT json_group_array(tag) FROM (SELECT tag FROM tags"
+           " WHERE conversation_id = c.id ORDER BY tag)) AS tags FROM conversations c")
 _CONVERSATION_FIELDS = ("title", "system_prompt", "model", "sampling", "options", "context_policy")
 
 
@@ -42,7 +47,7 @@ def default_data_dir() -> Path:
     return base / "localpaged"
 
 
-class Store(AppSettings, ExportImport):
+class Store(AppSettings, ExportImport, Organise):
     """The conversation store. `path` is the database file, or a directory to hold
     DB_FILENAME; missing directories are created (see StoreBase)."""
 
@@ -66,19 +71,32 @@ class Store(AppSettings, ExportImport):
 
     @guarded
     def get_conversation(self, conversation_id: int) -> Conversation:
-        return conversation_from_row(self._row("conversations", conversation_id, "conversation"))
+        rows = self._rows(_SELECT + " WHERE c.id = ?", [conversation_id])
+        if not rows:
+            raise KeyError(f"no conversation {conversation_id}")
+        return conversation_from_row(rows[0])
 
     @guarded
-    def list_conversations(self, search: str | None = None) -> list[Conversation]:
-        """Newest (most recently updated) first; `search` matches, case-insensitively for
-        ASCII, a substring of the title or of any message in the conversation."""
-        sql, params = "SELECT * FROM conversations", {}
+    def list_conversations(self, search: str | None = None, *, archived: bool | None = None,
+                           tag: str | None = None) -> list[Conversation]:
+        """Pinned first, then newest (most recently updated) first. `search` matches a
+        substring of the title (case-insensitively for ASCII) or the words of any message of
+        any branch (`fts.py`; a substring where this SQLite has no FTS5). `archived`: None
+        lists every conversation, False the unarchived, True the archived; `tag`: only those
+        with this tag."""
+        where, params = [], {}
         if search:
-            like = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            sql += (" WHERE title LIKE :q ESCAPE '\\' OR id IN (SELECT conversation_id"
-                    " FROM messages WHERE content LIKE :q ESCAPE '\\')")
-            params = {"q": like}
-        rows = self._rows(sql + " ORDER BY updated DESC, id DESC", params)
+            params["q"] = like_pattern(search)
+            where.append("(c.title LIKE :q ESCAPE '\\' OR c.id IN (SELECT conversation_id"
+                         f" FROM messages WHERE {self._content_match(search, params)}))")
+        if archived is not None:
+            where.append("c.archived = :archived")
+            params["archived"] = int(archived)
+        if tag is not None:
+            where.append("c.id IN (SELECT conversation_id FROM tags WHERE tag = :tag)")
+            params["tag"] = tag
+        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
+        rows = self._rows(sql + " ORDER BY c.pinned DESC, c.updated DESC, c.id DESC", params)
         return [conversation_from_row(r) for r in rows]
 
     def rename_conversation(self, conversation_id: int, title: str) -> Conversation:

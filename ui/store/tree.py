@@ -164,6 +164,15 @@ class MessageTree(StoreBase):
         return [message_from_row(r) for r in rows]
 
     @guarded
+    def subtree(self, message_id: int) -> list[Message]:
+        """The message and every message below it, in creation order (what delete_message
+        removes); KeyError if there is no such message."""
+        self.get_message(message_id)
+        rows = self._rows("SELECT * FROM messages WHERE id IN (" + SUBTREE_SQL + ") ORDER BY id",
+                          [message_id])
+        return [message_from_row(r) for r in rows]
+
+    @guarded
     def mark_interrupted(self) -> int:
         """At start-up: replies left 'streaming' by a crashed writer become 'interrupted'
         (text kept); replies being prepared in the background that nobody opened are deleted

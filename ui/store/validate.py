@@ -6,7 +6,8 @@ strings, unique; every parent id names a message of the export; the messages for
 cycles); roles and statuses are the store's; an active child is one of its parent's children and
 the active root one of the roots; sampling and stats are JSON objects of bounded depth and size.
 Unknown keys are ignored (a newer export may carry more); `token_ids` and `prepared` are not
-imported (token ids are only valid for the model that made them).
+imported (token ids are only valid for the model that made them), nor are `pinned` and
+`archived` (an import arrives as a new conversation in the list); `tags` are (`clean_tags`).
 
 Errors are ValueError naming the field and the record: "import_json: messages[17].content:
 expected a string, got dict". Ordering is linear: children are found through one parent -> child
@@ -21,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .organise import clean_tags
 from .schema import ROLES, STATUSES
 
 EXPORT_FORMAT = "localpaged.conversation"
@@ -119,7 +121,15 @@ def _conversation(c: dict, now: float) -> dict[str, Any]:
             "model": _text(c, "model", w, MAX_MODEL_CHARS, None),
             "sampling": _json_object(c, "sampling", w) or {},
             "created": _time(c, "created", w, now), "updated": _time(c, "updated", w, now),
-            "active_root_id": _id(c, "active_root_id", w, required=False)}
+            "active_root_id": _id(c, "active_root_id", w, required=False),
+            "tags": _tags(c, w)}
+
+
+def _tags(c: dict, w: str) -> list[str]:
+    try:
+        return clean_tags(_get(c, "tags", list, w) or [])
+    except ValueError as e:
+        raise _error(f"{w}.tags", str(e)) from None
 
 
 def _message(m: Any, w: str, now: float) -> dict[str, Any]:

@@ -2,6 +2,10 @@
 page load, open (from the sidebar, a fork, a compare pick), new, close, select, and the sidebar's
 list of conversations, which follows the current tab. `Page` wires them: the tab set bound to
 the page's components, which every feature's wiring is given.
+
+A reload comes back where the user was: the selected tab from the server (`layout` and
+`select_tab` save it with the open tabs), the scroll of the page and of the shown chat from the
+browser's localStorage (SCROLL_JS, wired by `wire_scroll` after the page's load).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ from ..queues import GEN, QUICK
 from ..toasts import warn
 from .view import N_SLOTS, PageUI, PageValues
 
+FULL = (f"All {N_SLOTS} tabs are in use: close one (✕ Close tab) to open another. Every "
+        "conversation stays in the list on the left.")
+
 
 class TabSet:
     """Handlers of the tab set; each returns PageValues."""
@@ -25,34 +32,42 @@ class TabSet:
         self.ctl = ctl
 
     def restore(self) -> PageValues:
-        """On page load: the tabs open before (across reloads and restarts)."""
+        """On page load: the tabs open before (across reloads and restarts), the one selected
+        last selected again."""
         cids = self.ctl.open_tabs()[:N_SLOTS]
         if not cids:
             convs = self.ctl.search()
             cids = [convs[0].id if convs else self.ctl.new_conversation().id]
         slots = cids + [None] * (N_SLOTS - len(cids))
-        return self.layout(slots, 0, changed=range(N_SLOTS))
+        last = self.ctl.current_tab()
+        return self.layout(slots, slots.index(last) if last in slots else 0,
+                           changed=range(N_SLOTS))
+
+    @staticmethod
+    def has_room(slots: list) -> bool:
+        return None in (slots or [None])
 
     def open(self, slots: list, current: int, cid: int | None,
              refresh: bool = False) -> PageValues:
-        """Show conversation cid: its tab if open (re-read if `refresh`), else a free tab,
-        else the current one (or any tab not generating)."""
+        """Show conversation cid: its tab if open (re-read if `refresh`), else a free tab; with
+        every tab taken, nothing changes and a toast says why (no open tab is ever replaced)."""
         slots = list(slots or [None] * N_SLOTS)
         if cid is None:
             return self.layout(slots, current, changed=())
         if cid in slots:
             i = slots.index(cid)
             return self.layout(slots, i, changed=[i] if refresh else ())
-        free = [i for i, c in enumerate(slots) if c is None]
-        idle = [i for i, c in enumerate(slots) if not self.ctl.busy(c)]
-        if not free and not idle:
-            warn("Every tab is generating: stop or close one first.")
+        if not self.has_room(slots):
+            warn(FULL)
             return self.layout(slots, current, changed=())
-        i = free[0] if free else (current if current in idle else idle[0])
+        i = slots.index(None)
         slots[i] = cid
         return self.layout(slots, i, changed=[i])
 
     def new(self, slots: list, current: int) -> PageValues:
+        if not self.has_room(slots):             # no conversation made that no tab could show
+            warn(FULL)
+            return self.layout(list(slots), current, changed=())
         return self.open(slots, current, self.ctl.new_conversation().id)
 
     def close(self, slots: list, i: int) -> PageValues:
@@ -64,17 +79,20 @@ class TabSet:
         if not any(slots):
             slots[i] = self.ctl.new_conversation().id        # never an empty page
         visible = [j for j, c in enumerate(slots) if c is not None]
-        return self.layout(slots, visible[0], changed=[i])
+        after = [j for j in visible if j > i]                # the tab right of it, else left
+        return self.layout(slots, after[0] if after else visible[-1], changed=[i])
 
     def layout(self, slots: list, current: int, changed) -> PageValues:
         """After a change of tabs: the tabs in `changed` re-read, the others kept."""
-        self.ctl.save_open_tabs([c for c in slots if c is not None])
+        self.ctl.save_open_tabs([c for c in slots if c is not None], slots[current])
         chat = [tab_values(self.ctl, slots[i]) if i in changed else TabValues()
                 for i in range(N_SLOTS)]
         return PageValues(slots=slots, current=current, tabs=gr.Tabs(selected=f"slot{current}"),
                           chat=chat, conversations=gr.Radio(value=slots[current]))
 
     def select_tab(self, slots: list, i: int) -> PageValues:
+        """The user picked tab i: remembered, so a reload comes back to it."""
+        self.ctl.save_open_tabs([c for c in slots if c is not None], slots[i])
         return PageValues(current=i, conversations=gr.Radio(value=slots[i]))
 
     def refresh_chats(self, slots: list) -> PageValues:
@@ -122,3 +140,55 @@ class Page:
     def follow_all(self, event) -> None:
         for fn, out in self.followers:
             event.then(fn, self.ui.slots, out, **GEN)
+
+
+# Runs once after the page's load put the tabs back (and selected the saved one). Restores the
+# window's scroll and the shown chat's (`#chat{i} .bubble-wrap`, Gradio's scroller; a chat that
+# was scrolled to its end goes to its end again, however long it has grown), re-applied for a
+# moment while the Chatbot settles (it scrolls itself to the end when its value lands); then
+# records every scroll, by slot with the tab's label (a tab closed on the left moves the others
+# up a slot at the next load, so a chat is found again by its label first), debounced.
+SCROLL_JS = """() => { if (window.__lpScroll) return; window.__lpScroll = true;
+  const KEY = 'localpaged.scroll';
+  let saved = {};
+  try { saved = JSON.parse(localStorage.getItem(KEY) || '{}') || {}; } catch (e) { saved = {}; }
+  const slotOf = (el) => { for (let c = el; c; c = c.parentElement) {
+      if (/^chat\\d+$/.test(c.id || '')) return c.id; } return null; };
+  const shown = () => [...document.querySelectorAll('.lp-chat .bubble-wrap')]
+      .find((w) => w.offsetParent !== null && slotOf(w));
+  const label = (slot) => { const b = document.getElementById('tab' + slot.slice(4) + '-button');
+      return b ? b.innerText.replace('●', '').trim() : ''; };
+  const place = () => {
+    if (typeof saved.y === 'number') window.scrollTo(0, saved.y);
+    const w = shown(), chats = saved.chats || {};
+    if (!w) return;
+    const slot = slotOf(w), name = label(slot);        // tabs close ranks on reload: by label
+    const at = Object.values(chats).find((c) => name && c.label === name) || chats[slot];
+    if (at) w.scrollTop = at.end ? w.scrollHeight : at.top;
+  };
+  const record = () => {
+    const chats = saved.chats || {};
+    document.querySelectorAll('.lp-chat .bubble-wrap').forEach((w) => {
+      const slot = slotOf(w);
+      if (slot && w.offsetParent !== null) chats[slot] = {top: w.scrollTop, label: label(slot),
+          end: w.scrollHeight - w.clientHeight - w.scrollTop < 4};
+    });
+    saved = {y: window.scrollY, chats};
+    try { localStorage.setItem(KEY, JSON.stringify(saved)); } catch (e) { /* full, or off */ }
+  };
+  let tries = 0;
+  const settle = setInterval(() => { place(); if (++tries >= 12) { clearInterval(settle); listen(); } },
+                             150);
+  function listen() {
+    let pending = null;
+    const later = () => { clearTimeout(pending); pending = setTimeout(record, 150); };
+    document.addEventListener('scroll', later, true);     // capture: element scrolls too
+    document.addEventListener('click', later, true);      // a tab switch shows another chat
+    window.addEventListener('pagehide', record);
+  }
+}"""
+
+
+def wire_scroll(loaded) -> None:
+    """After the page's load (the tabs restored): its scroll back, and kept from then on."""
+    loaded.then(None, None, None, js=SCROLL_JS)

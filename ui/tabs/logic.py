@@ -1,5 +1,7 @@
 """The tabs a user had open, remembered across reloads and restarts: a small JSON file
-(`{"open": [conversation ids]}`) beside the store. A missing or unreadable file means none."""
+(`{"open": [conversation ids], "current": conversation id}`) beside the store. A missing or
+unreadable file means none open and no current tab; a file written before "current" existed
+reads as the first tab current."""
 
 from __future__ import annotations
 
@@ -14,17 +16,33 @@ class OpenTabsFile:
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
 
-    def read(self) -> list[int]:
+    def _read(self) -> dict:
         try:
-            cids = json.loads(self.path.read_text())["open"] if self.path else []
-        except (OSError, ValueError, KeyError, TypeError):
-            return []
-        return [c for c in cids if isinstance(c, int)] if isinstance(cids, list) else []
+            data = json.loads(self.path.read_text()) if self.path else {}
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
-    def write(self, cids: list[int]) -> None:
+    def read(self) -> list[int]:
+        cids = self._read().get("open")
+        return [c for c in cids if _is_id(c)] if isinstance(cids, list) else []
+
+    def read_current(self) -> int | None:
+        """The conversation whose tab was selected last (None: unknown)."""
+        cid = self._read().get("current")
+        return cid if _is_id(cid) else None
+
+    def write(self, cids: list[int], current: int | None = None) -> None:
+        """The open tabs in order; `current` (one of them) is the selected tab's conversation."""
         if self.path is None:
             return
+        cids = [c for c in cids if c]
+        data = {"open": cids, "current": current if current in cids else None}
         try:
-            self.path.write_text(json.dumps({"open": [c for c in cids if c]}))
+            self.path.write_text(json.dumps(data))
         except OSError:
             log.exception("could not save the open tabs to %s", self.path)
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

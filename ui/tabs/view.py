@@ -2,6 +2,14 @@
 N_SLOTS chat tabs, None: hidden), the current tab, the tabs themselves and the sidebar's list
 of conversations (`PageUI`), and the values a page-level handler returns (`PageValues`, the
 tabs' `TabValues` nested), mapped to outputs by `values.py`.
+
+The chat tabs are a pool made when the page is built (chat/view.py says why: a Chatbot does not
+keep its value across `gr.render` re-renders, and every page-level handler writes into the tabs'
+components from outside any render). A conversation takes a free slot when it opens and gives
+it back when its tab is closed; a tab is never replaced by another. N_SLOTS bounds how many are
+open at once: past it, opening one says so (tabs/events.py) and opens nothing. Each slot costs
+the page about 75 components and 120 KB of config, so the pool is as large as people keep tabs
+open, not larger.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import gradio as gr
 from ..chat.view import ChatTabUI, TabValues
 from ..values import KEEP, flatten, outputs
 
-N_SLOTS = 4
+N_SLOTS = 12
 
 
 @dataclass
