@@ -59,7 +59,7 @@ from .engine_panel.view import build_engine_panel
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
 from .models.view import build_header, build_model_panel
-from .queues import QUICK
+from .queues import QUICK, quiet_progress
 from .sidebar.events import SidebarEvents, wire_sidebar
 from .sidebar.view import build_sidebar
 from .style import CSS, THEME
@@ -113,4 +113,5 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_engine_panel(loaded)
         wire_model_picker(picker, page, models)
         wire_kv_disk(kv_disk, page, KVDiskActions(ctl.store, ctl.backend))
+        quiet_progress(demo, gr.HTML(visible=False, elem_id="lp-progress"))
     return demo

@@ -8,9 +8,28 @@ progress indicator, so Gradio's own is hidden.
 Every event is private to the page (`api_visibility`): the app's API is /v1, and Gradio would
 otherwise describe each event's inputs and outputs in the page it serves (every tab's outputs
 for each page-level event: megabytes on every load).
+
+Every event's progress is shown on one hidden marker (`quiet_progress`), not on its outputs.
+Gradio's page keeps a loading status for each component that was ever an event's progress
+target and, on every message of every event (each streamed chunk), writes all of them again:
+with the page-level handlers writing into every tab's ~75 components, that was ~1,000
+component updates per streamed chunk, which kept a core busy and a Stop click seconds late.
 """
+
+from __future__ import annotations
+
+import gradio as gr
 
 GEN = {"concurrency_id": "generate", "concurrency_limit": 16, "show_progress": "hidden",
        "api_visibility": "private"}
 QUICK = {"concurrency_id": "quick", "concurrency_limit": 8, "show_progress": "hidden",
          "api_visibility": "private"}
+
+
+def quiet_progress(demo: gr.Blocks, marker: gr.components.Component) -> None:
+    """Make `marker` the only progress target of every event of `demo` whose progress is
+    hidden anyway (all of ours): the page's per-message loading-status pass then touches one
+    component instead of every output the page's events ever had."""
+    for fn in demo.fns.values():
+        if fn.show_progress == "hidden" and fn.show_progress_on is None:
+            fn.show_progress_on = [marker]
