@@ -205,9 +205,26 @@ def send(page, i: int, message: str) -> None:
     page.click(f"#send{i}")
 
 
+SHOWN_TAB_JS = ("() => { const t = [...document.querySelectorAll(\"[id^='msg'] textarea\")]"
+                ".find((t) => t.offsetParent !== null); "
+                "return t ? Number(t.closest(\"[id^='msg']\").id.slice(3)) : null; }")
+
+
+def shown_tab(page) -> int | None:
+    """The chat tab the page shows (its message box is visible), None while none is."""
+    return page.evaluate(SHOWN_TAB_JS)
+
+
 def open_app(page, app) -> None:
-    page.goto(app.url)
-    page.wait_for_selector("#msg0 textarea", state="visible", timeout=60_000)
+    for attempt in range(3):
+        try:
+            page.goto(app.url)
+            break
+        except Exception as e:     # playwright's Error: an old page of the app, seeing the
+            # server come back after a restart, reloaded itself under our navigation
+            if "interrupted by another navigation" not in str(e) or attempt == 2:
+                raise
+    page.wait_for_function(f"({SHOWN_TAB_JS})() !== null", timeout=60_000)
     wait_text(page, "#engine-panel", "In use")
 
 
@@ -348,24 +365,27 @@ def walk_through(app, page) -> None:
     page.locator("#model-status").scroll_into_view_if_needed()
     shot(page, "11-model-not-found")
 
-    # Reload: everything is still there.
+    # Reload: everything is still there, and the page is back on the tab it showed.
+    on = shown_tab(page)
     page.reload()
-    check_restored(page)
+    check_restored(page, on)
     shot(page, "12-reloaded")
 
-    # Restart the app: everything is still there.
+    # Restart the app: everything is still there, on the tab last shown.
+    on = shown_tab(page)
     app.stop()
     app.start()
     open_app(page, app)
-    check_restored(page)
+    check_restored(page, on)
     shot(page, "13-restarted")
     assert page.evaluate("window.__pwned") is None        # no toast or panel ran the HTML
     assert not page.errors, page.errors
     print(f"walk-through took {time.monotonic() - t0:.0f} s")   # reported, not asserted
 
 
-def check_restored(page) -> None:
-    page.wait_for_selector("#msg0 textarea", state="visible", timeout=60_000)
+def check_restored(page, on: int) -> None:
+    page.wait_for_selector(f"#msg{on} textarea", state="visible", timeout=60_000)
+    page.click("#tab0-button")
     wait_text(page, "#chat0", "Tab one is talking")
     chat = text(page, "#chat0")
     assert "An edited first question" in chat and "Three ways to say hello" in chat

@@ -58,7 +58,9 @@ def test_watched_gguf_listed_then_loaded_with_progress_to_100(app, page, tmp_pat
     page.locator("#model-list").scroll_into_view_if_needed()
     shot(page, "models-1-list")
 
-    page.locator("#model-list").get_by_text(gguf, exact=True).first.click()   # choose it
+    # Choose it: a click on its name (any cell of the row will do; the path's column may be
+    # scrolled out of the narrow panel; Gradio's table also keeps a hidden copy of its cells).
+    page.locator("#model-list").get_by_text(file_name, exact=True).filter(visible=True).first.click()
     page.wait_for_function("p => (document.querySelector('#model-name textarea, "
                            "#model-name input') || {}).value === p", arg=gguf, timeout=120_000)
     page.evaluate("window.scrollTo(0, 0)")

@@ -96,7 +96,10 @@ class ConversationSettings:
     def __init__(self, store: Store, default_sampling: dict[str, Any] | None = None) -> None:
         self.store = store
         self.default = check_sampling(default_sampling).values
-        self._lock = threading.Lock()      # one read-merge-write of one field at a time
+        # One read-merge-write at a time: a send's save of the sampling fields and a field's own
+        # save, handled at once by two threads, cannot undo each other (re-entrant:
+        # update_one calls update).
+        self._lock = threading.RLock()
 
     def read(self, cid: int) -> tuple[str, dict[str, Any]]:
         """(system prompt, sampling values) as stored, missing keys from the defaults."""
@@ -114,12 +117,13 @@ class ConversationSettings:
         that follows). A key `sampling` leaves out keeps its stored value (a tab's send passes
         SAMPLING_KEYS; the penalties were saved as they were edited). Raises ValueError naming
         a bad field; nothing is saved then."""
-        old_prompt, old = self.read(cid)
-        checked = check_sampling(sampling, old)
-        if system_prompt != old_prompt or checked.values != old:  # else keep the sidebar order
-            self.store.update_conversation(cid, system_prompt=system_prompt,
-                                           sampling=checked.values)
-        return checked
+        with self._lock:
+            old_prompt, old = self.read(cid)
+            checked = check_sampling(sampling, old)
+            if system_prompt != old_prompt or checked.values != old:  # else keep the list order
+                self.store.update_conversation(cid, system_prompt=system_prompt,
+                                               sampling=checked.values)
+            return checked
 
     def update_one(self, cid: int, key: str, value: Any) -> Sampling:
         """One field edited ("system_prompt" or a sampling key): merged into what is stored, so
