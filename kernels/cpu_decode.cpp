@@ -30,14 +30,8 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
-#include <ATen/ops/abs.h>
-#include <ATen/ops/amax.h>
-#include <ATen/ops/cat.h>
-#include <ATen/ops/clamp.h>
-#include <ATen/ops/clamp_min.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/round.h>
 #include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -356,10 +350,25 @@ Tensor paged_decode_attention(const Tensor& q_in, const Tensor& k_cache, const T
 
 Tensor kv_rows(const Tensor& x, at::ScalarType cache_dtype) {
   if (cache_dtype != at::kChar) return x.scalar_type() == cache_dtype ? x : x.to(cache_dtype);
-  // kernels/kv_quant.py quantize: the same ATen calls in the same order, so the same bytes
-  const Tensor f = x.to(at::kFloat);
-  const Tensor row_scale = (at::amax(f.abs(), {-1}, true) / 127).clamp_min(
-      std::numeric_limits<float>::min());
-  const Tensor q = (f / row_scale).round().clamp(-127, 127).to(at::kChar);
-  return at::cat({q, row_scale.view(at::kChar)}, -1);
+  // kernels/kv_quant.py quantize, one (token, head) row at a time in one pass: the same float32
+  // arithmetic (scale = max|x| / 127, at least FLT_MIN; q = x / scale rounded half to even, in
+  // [-127, 127] since scale >= max|x| / 127), so the same bytes, without the eight ATen ops
+  // (and their temporaries) per K and per V of every layer that made the int8 write slow.
+  const Tensor f = x.to(at::kFloat).contiguous();
+  const int64_t d = f.size(-1), n = f.numel() / d;
+  std::vector<int64_t> sizes = f.sizes().vec();
+  sizes.back() = d + 4;
+  Tensor out = at::empty(sizes, f.options().dtype(at::kChar));
+  const float* src = f.data_ptr<float>();
+  int8_t* dst = out.data_ptr<int8_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    const float* row = src + r * d;
+    int8_t* o = dst + r * (d + 4);
+    float amax = 0.0f;
+    for (int64_t k = 0; k < d; ++k) amax = std::max(amax, std::fabs(row[k]));
+    const float s = std::max(amax / 127.0f, std::numeric_limits<float>::min());
+    for (int64_t k = 0; k < d; ++k) o[k] = static_cast<int8_t>(std::nearbyint(row[k] / s));
+    std::memcpy(o + d, &s, sizeof(float));
+  }
+  return out;
 }

@@ -27,9 +27,9 @@ QUICK = {"concurrency_id": "quick", "concurrency_limit": 8, "show_progress": "hi
 
 
 def quiet_progress(demo: gr.Blocks, marker: gr.components.Component) -> None:
-    """Make `marker` the only progress target of every event of `demo` whose progress is
-    hidden anyway (all of ours): the page's per-message loading-status pass then touches one
-    component instead of every output the page's events ever had."""
+    """Make `marker` the only progress target of every event of `demo` (ours hide their
+    progress; Gradio's own, such as a component's value loaded by a function, would show it
+    on the component): the page's per-message loading-status pass then touches one component
+    instead of every output the page's events ever had."""
     for fn in demo.fns.values():
-        if fn.show_progress == "hidden" and fn.show_progress_on is None:
-            fn.show_progress_on = [marker]
+        fn.show_progress, fn.show_progress_on = "hidden", [marker]

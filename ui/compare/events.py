@@ -110,7 +110,7 @@ def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> 
     tab.select(ev.targets, [slots, current], cmp.target, **QUICK)
     for trigger in (cmp.k.change, cmp.own.change):
         trigger(lambda k, own: flatten(cmp, ev.layout(k, own)), [cmp.k, cmp.own],
-                outputs(cmp, ColumnsValues))
+                outputs(cmp, ColumnsValues), **QUICK)
     ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own, cmp.beam,
                               *[f for col in cmp.fields for f in col]],
                         outputs(cmp, CompareValues), **GEN)
