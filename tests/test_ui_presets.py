@@ -7,6 +7,7 @@ the backend (a recording backend over the tiny model)."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 
 import pytest
 from tiny_models import build
@@ -112,6 +113,33 @@ def test_the_penalties_reach_the_engine(ctl, backend):
     with pytest.raises(ValueError, match="repetition_penalty"):
         ctl.update_setting(cid, "repetition_penalty", 0)            # the engine's range
     assert ctl.settings(cid)[1]["repetition_penalty"] == 1.25
+
+
+def test_a_send_saving_the_fields_does_not_undo_a_penalty_saved_meanwhile(ctl):
+    """A tab's send saves its six sampling fields while a penalty field saves itself on
+    another thread (the browser fires both): the send's read-merge-write must not write back
+    the penalty it read before the other save."""
+    cid = ctl.new_conversation().id
+    settings = ctl.conversation_settings
+    read, send_read, penalty_saved = settings.read, threading.Event(), threading.Event()
+
+    def read_then_linger(c):
+        got = read(c)
+        if threading.current_thread().name == "send" and not send_read.is_set():
+            send_read.set()
+            penalty_saved.wait(0.5)      # the other save runs now, unless it must wait for us
+        return got
+
+    settings.read = read_then_linger
+    fields = {**{k: GREEDY[k] for k in SAMPLING_KEYS}, "max_tokens": 7}     # one field changed
+    send = threading.Thread(name="send", target=ctl.update_settings, args=(cid, "", fields))
+    send.start()
+    assert send_read.wait(5)
+    ctl.update_setting(cid, "presence_penalty", 0.5)
+    penalty_saved.set()
+    send.join(5)
+    assert ctl.settings(cid)[1]["presence_penalty"] == 0.5
+    assert ctl.settings(cid)[1]["max_tokens"] == 7
 
 
 def test_a_version_3_store_is_migrated_and_keeps_its_conversations(tmp_path):
