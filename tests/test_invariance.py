@@ -89,3 +89,21 @@ def test_preemption(tiny_llama, batch, alone, alone_sampled, mode):
         assert stats.num_swapped_out > 0
     assert g == alone and s == alone_sampled
     assert stats.blocks_in_use == 0 and stats.cpu_blocks_in_use == 0
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_with_the_disk_tier(tiny_llama, batch, alone, alone_sampled, mode, tmp_path):
+    """The same pressure with the KV disk tier on: evicted blocks are written to disk and read
+    back by later lookups (the second pass), and still no token changes, the block invariants
+    hold after every step (debug_checks) and no block is left held in memory or on the CPU."""
+    llm, g, s = run_all(tiny_llama, batch, num_kv_blocks=14, preemption_mode=mode,
+                        swap_space_gb=0.001, debug_checks=True, kv_disk_dir=str(tmp_path))
+    assert g == alone and s == alone_sampled
+    llm.engine.kv_disk.flush()
+    assert llm.stats().kv_disk.num_blocks > 0
+    again = token_ids(llm.generate(batch, greedy(N_NEW)))
+    stats = llm.stats()
+    assert again == alone and stats.num_preemptions > 0 and stats.prefix_cache_disk_hits > 0
+    if mode == "swap":
+        assert stats.num_swapped_out > 0
+    assert stats.blocks_in_use == 0 and stats.cpu_blocks_in_use == 0
