@@ -12,7 +12,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from test_ui_browser import ARTIFACTS, browser_page, open_app, running_app, send, text, wait_idle, wait_text
 
 # The tiny tokenizer knows U+0100..U+02FC, one token a character.
-LONG = "".join(chr(0x100 + (i * 7) % 0x1F0) for i in range(2000))   # a 2,000-token chat
+LONG = "".join(chr(0x100 + (i * 7) % 0x1F0) for i in range(400))
 MORE = "ȀȁȂȃȄȅȆȇȈȉȊȋ"
 
 

@@ -5,6 +5,11 @@ conversations stream side by side (in one engine batch); stop, switch and the re
 events of their own. The streaming text (with its ▌ cursor and the tab's ● mark) is the
 progress indicator, so Gradio's own is hidden.
 
+A quick event clicked again while it still runs runs once more when it ends ("always_last"):
+Gradio's default ("once") drops that click without a word, so a second "+ New chat" made a
+moment after the first opened nothing. A generation event keeps "once" unless it says
+otherwise (a send waits for the reply before it: chat/events.py).
+
 Every event is private to the page (`api_visibility`): the app's API is /v1, and Gradio would
 otherwise describe each event's inputs and outputs in the page it serves (every tab's outputs
 for each page-level event: megabytes on every load).
@@ -23,7 +28,7 @@ import gradio as gr
 GEN = {"concurrency_id": "generate", "concurrency_limit": 16, "show_progress": "hidden",
        "api_visibility": "private"}
 QUICK = {"concurrency_id": "quick", "concurrency_limit": 8, "show_progress": "hidden",
-         "api_visibility": "private"}
+         "api_visibility": "private", "trigger_mode": "always_last"}
 
 
 def quiet_progress(demo: gr.Blocks, marker: gr.components.Component) -> None:

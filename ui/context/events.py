@@ -1,9 +1,9 @@
 """The context features' handlers and wiring on a chat tab: the gauge, the policy setting,
 Continue, and the first screen (the cursor starts in the message box, which is first in the tab
-order). The gauge follows the draft as the user types (the message box's `.change` with
-trigger_mode="always_last": keystrokes that arrive while a count runs collapse into one, a
-debounce that never drops the last one), and every change of the chat (a reply streamed, a
-branch switched, a tab opened), skipped while the conversation is generating.
+order). The gauge follows the draft as the user types (the message box's `.change`, with the
+trigger_mode "always_last" of every quick event: keystrokes that arrive while a count runs
+collapse into one, a debounce that never drops the last one), and every change of the chat (a
+reply streamed, a branch switched, a tab opened), skipped while the conversation is generating.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def wire_context(ui, page, events: ContextEvents) -> None:
     ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
     for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, ui.chatbot.change,
                     gauge_in[-1].input):
-        trigger(gauge, gauge_in, ui.gauge, trigger_mode="always_last", **QUICK)
+        trigger(gauge, gauge_in, ui.gauge, **QUICK)
     ui.policy.input(lambda c, p: events.set_policy(c, i, p), [slots, ui.policy], None,
                     **QUICK).then(gauge, gauge_in, ui.gauge, **QUICK)
     ui.tab.select(None, None, None, js=FOCUS_JS)

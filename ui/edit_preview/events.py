@@ -25,4 +25,4 @@ def preview(ctl: ChatController, cid: int | None, sel: int | None, text: str) ->
 def wire_edit_cost(md: gr.Markdown, edit_box: gr.Textbox, ctl: ChatController, slots: gr.State,
                    sel: gr.State, i: int) -> None:
     edit_box.change(lambda c, s, text: preview(ctl, c[i], s, text), [slots, sel, edit_box], md,
-                    trigger_mode="always_last", **QUICK)
+                    **QUICK)
