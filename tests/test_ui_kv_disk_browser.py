@@ -12,7 +12,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from test_ui_browser import ARTIFACTS, browser_page, open_app, running_app, send, text, wait_idle, wait_text
 
 # The tiny tokenizer knows U+0100..U+02FC, one token a character.
-LONG = "".join(chr(0x100 + (i * 7) % 0x1F0) for i in range(400))
+LONG = "".join(chr(0x100 + (i * 7) % 0x1F0) for i in range(2000))   # a 2,000-token chat
 MORE = "ȀȁȂȃȄȅȆȇȈȉȊȋ"
 
 
@@ -40,6 +40,7 @@ def page(app):
 def test_the_first_reply_after_a_restart_reads_back_from_disk(app, page):
     open_ready(page, app)
     send(page, 0, LONG)
+    wait_text(page, "#chat0", LONG[:40])             # sent (a long message takes a moment)
     wait_idle(page, 0)
     wait_text(page, "#engine-panel", "Disk tier:")
     app.stop()                                       # the app is killed (SIGTERM)
