@@ -98,6 +98,8 @@ def walk_through(page, app) -> None:
 
     # Fork copies the settings: the forked chat shows the same system prompt and penalty.
     set_field(page, 1, "presence_penalty", 0.5)
+    saved(app, "SELECT sampling FROM conversations", lambda r: any(
+        json.loads(x[0]).get("presence_penalty") == 0.5 for x in r), timeout=10)
     send(page, 1, SHORT[0])
     wait_text(page, "#chat1", "tokens", timeout=60_000)
     wait_idle(page, 1)
