@@ -45,6 +45,16 @@ def visible_tabs(page) -> int:
                          ".length")
 
 
+def settled(page, scroller: str) -> None:
+    """Wait until the chat's height held for a second: Gradio's Chatbot scrolls itself to the end
+    300 ms after a value lands while it is at its end (the stopped reply's last update lands
+    after the stop), which would undo a scroll made meanwhile."""
+    page.wait_for_function(f"""() => {{ const w = document.querySelector('{scroller}');
+        const h = w.scrollHeight, now = Date.now(), s = window.__lpHeld || {{}};
+        if (s.h !== h) {{ window.__lpHeld = {{h, since: now}}; return false; }}
+        return now - s.since > 1000; }}""", polling=100)
+
+
 def test_the_loading_page_turns_into_the_chat_page(app, page):
     starter = threading.Thread(target=app.start, kwargs={"timeout": 300}, daemon=True)
     starter.start()                          # returns once "/" is the chat page (200)
@@ -99,8 +109,14 @@ def test_a_reload_comes_back_to_the_tab_and_its_scroll(page):
     room = page.evaluate(f"() => {{ const w = document.querySelector('{scroller}'); "
                          "return w.scrollHeight - w.clientHeight; }")
     assert room > 600, room                             # long enough to be somewhere in between
-    page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollTop = 300; }}")
-    page.wait_for_timeout(600)                          # the debounced save
+    settled(page, scroller)
+    for _ in range(3):                                  # as a user would scroll up again
+        page.evaluate(f"() => {{ document.querySelector('{scroller}').scrollTop = 300; }}")
+        page.wait_for_timeout(800)                      # the debounced save
+        if page.evaluate(f"() => document.querySelector('{scroller}').scrollTop") == 300:
+            break
+    saved = page.evaluate("() => JSON.parse(localStorage.getItem('localpaged.scroll'))")
+    assert saved["chats"]["chat2"]["top"] == 300, saved
     page.reload()
     page.locator("#msg2").wait_for()
     page.wait_for_function("() => document.querySelector('#tab2-button')"

@@ -144,12 +144,14 @@ class Page:
 
 # Runs once after the page's load put the tabs back (and selected the saved one). Restores the
 # window's scroll and the shown chat's (`#chat{i} .bubble-wrap`, Gradio's scroller; a chat that
-# was scrolled to its end goes to its end again, however long it has grown), re-applied for a
-# moment while the Chatbot settles (it scrolls itself to the end when its value lands); then
-# records every scroll, by slot with the tab's label (a tab closed on the left moves the others
-# up a slot at the next load, so a chat is found again by its label first), debounced.
+# was scrolled to its end goes to its end again, however long it has grown). The chat's value
+# lands late on a loaded machine and the Chatbot scrolls itself to the end when it does, so the
+# place is re-applied until it held for a while with the chat's content in (or the user scrolls,
+# clicks or types: then the user wins), at most 30 s; then every scroll is recorded, by slot
+# with the tab's label (a tab closed on the left moves the others up a slot at the next load, so
+# a chat is found again by its label first), debounced.
 SCROLL_JS = """() => { if (window.__lpScroll) return; window.__lpScroll = true;
-  const KEY = 'localpaged.scroll';
+  const KEY = 'localpaged.scroll', TICK = 150, HELD = 8, MAX = 200;
   let saved = {};
   try { saved = JSON.parse(localStorage.getItem(KEY) || '{}') || {}; } catch (e) { saved = {}; }
   const slotOf = (el) => { for (let c = el; c; c = c.parentElement) {
@@ -158,13 +160,20 @@ SCROLL_JS = """() => { if (window.__lpScroll) return; window.__lpScroll = true;
       .find((w) => w.offsetParent !== null && slotOf(w));
   const label = (slot) => { const b = document.getElementById('tab' + slot.slice(4) + '-button');
       return b ? b.innerText.replace('●', '').trim() : ''; };
-  const place = () => {
+  const target = (w) => {                   // the saved place of the shown chat, or null
+    const slot = slotOf(w), name = label(slot), chats = saved.chats || {};
+    return Object.values(chats).find((c) => name && c.label === name) || chats[slot] || null;
+  };
+  const place = () => {                     // true when the chat is where it was left
     if (typeof saved.y === 'number') window.scrollTo(0, saved.y);
-    const w = shown(), chats = saved.chats || {};
-    if (!w) return;
-    const slot = slotOf(w), name = label(slot);        // tabs close ranks on reload: by label
-    const at = Object.values(chats).find((c) => name && c.label === name) || chats[slot];
-    if (at) w.scrollTop = at.end ? w.scrollHeight : at.top;
+    const w = shown();
+    if (!w) return false;
+    const at = target(w);
+    if (!at) return true;
+    const room = w.scrollHeight - w.clientHeight;
+    if (!at.end && room < at.top) return false;          // its content has not landed yet
+    w.scrollTop = at.end ? w.scrollHeight : at.top;
+    return at.end ? room - w.scrollTop < 4 : Math.abs(w.scrollTop - at.top) < 2;
   };
   const record = () => {
     const chats = saved.chats || {};
@@ -176,9 +185,12 @@ SCROLL_JS = """() => { if (window.__lpScroll) return; window.__lpScroll = true;
     saved = {y: window.scrollY, chats};
     try { localStorage.setItem(KEY, JSON.stringify(saved)); } catch (e) { /* full, or off */ }
   };
-  let tries = 0;
-  const settle = setInterval(() => { place(); if (++tries >= 12) { clearInterval(settle); listen(); } },
-                             150);
+  let tries = 0, held = 0, settle = null;
+  const done = () => { if (settle === null) return; clearInterval(settle); settle = null; listen(); };
+  const USER = ['wheel', 'keydown', 'pointerdown', 'touchstart'];
+  USER.forEach((t) => document.addEventListener(t, done, {capture: true, once: true}));
+  settle = setInterval(() => { held = place() ? held + 1 : 0;
+                               if (held >= HELD || ++tries >= MAX) done(); }, TICK);
   function listen() {
     let pending = null;
     const later = () => { clearTimeout(pending); pending = setTimeout(record, 150); };
