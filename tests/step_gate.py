@@ -19,14 +19,18 @@ LIMIT_S = 30.0
 
 
 class StepGate:
-    def __init__(self, llm_engine, step: int = 1) -> None:
+    def __init__(self, llm_engine, step: int = 1, module=None) -> None:
+        """module: the module whose k-th call holds (default the lm_head: sampling steps; the
+        embedding, `llm_engine.model.model.embed_tokens`, counts every forward, prefill chunks
+        that sample nothing included)."""
         if step < 1:
             raise ValueError(f"step must be >= 1, got {step}")
         self.step = step
-        self.calls = 0                      # sampling steps seen since the gate was made
+        self.calls = 0                      # calls seen since the gate was made
         self.held = threading.Event()       # set while the engine waits in the gate
         self._released = threading.Event()
-        self._handle = llm_engine.model.lm_head.register_forward_pre_hook(self._hook)
+        module = llm_engine.model.lm_head if module is None else module
+        self._handle = module.register_forward_pre_hook(self._hook)
 
     def _hook(self, module, args) -> None:
         self.calls += 1

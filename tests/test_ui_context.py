@@ -10,6 +10,7 @@ ContextWindow the app uses."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from localpaged.ui import render
 from localpaged.ui.context.logic import ContextError, reply_reserve
 from localpaged.ui.context.view import gauge_html
 
+from step_gate import StepGate
 from tiny_models import build
 from ui_helpers import controller, run, tiny_backend
 
@@ -173,7 +175,16 @@ def test_prefill_progress_while_a_long_prompt_is_read(ctl, backend):
     assert backend.engine.info.max_num_batched_tokens < len(WORDS[0] * 3)
     cid = ctl.new_conversation().id
     ctl.update_settings(cid, "", GREEDY)
-    reply = run(ctl.send(cid, WORDS[0] * 3)).replies[0]
+    # The second forward waits until the turn has read the first chunk's progress: a reader that
+    # falls behind (a loaded machine) gets the chunks' outputs merged with the first token's.
+    engine = backend.llm_engine
+    with StepGate(engine, 2, module=engine.model.model.embed_tokens) as gate:
+        turn = ctl.send(cid, WORDS[0] * 3)
+        gate.wait_held()
+        deadline = time.monotonic() + 30
+        while turn.replies[0].progress is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    reply = run(turn).replies[0]
     done, total = reply.progress
     assert 0 < done < total == reply.stats["prompt_tokens"]
     assert render.prefill_note(1200, 3400) == "*reading the conversation: 1,200 / 3,400 tokens…*"
