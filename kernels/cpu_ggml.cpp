@@ -22,9 +22,11 @@
 //    maddubs(|w|, a * sign(w)). Integer offsets stay integers: Q6_K's q - 32 and Q3_K's q - 4 as
 //    -32 (-4) * sum_i sc_i * sum16_i in the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and
 //    the mins of Q4_1 / Q5_1 as coefficient * (s * sum) in float.
-// 3. K formats: the block's int32 sum times d * s into 8 float32 lanes, plus the float mins
-//    term of Q2_K, Q4_K, Q5_K, (-dmin * m_j) * (s * sum_j) per sub-block j, as fused
-//    multiply-adds. 32-element formats: 8 blocks at a time, their 8 int32 sums gathered into the
+// 3. K formats: per block the exact int32 sums sumi = sum_j sc_j * (codes_j . a_j) (offsets
+//    included) and, for Q2_K, Q4_K, Q5_K, summ = sum_j m_j * (sum of a over j), then one float
+//    per row: acc = fma(d * s, sumi, acc); acc = fma(-dmin * s, summ, acc), blocks in order.
+//    Every path (plain C++, AVX2, AMX) computes these same integers and float operations, so a
+//    K format's y is bitwise the same on every path and build. 32-element formats: 8 blocks at a time, their 8 int32 sums gathered into the
 //    8 lanes of one vector (hadd), times d * s per lane, plus coefficient * (s * sum).
 //
 // Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
@@ -45,7 +47,10 @@
 // sum_k |x_k W[n, k]| for the K formats, ~3e-5 for the others (llama.cpp keeps s in float16).
 //
 // Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
-// plain C++ (any CPU; the compiler vectorizes what it can). ggml_kernel_path() says which.
+// plain C++ (any CPU; the compiler vectorizes what it can). On Intel CPUs with AMX (Sapphire
+// Rapids on; built with -march=native there), K formats in batches of 16 rows and more go through
+// the int8 tile unit instead (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
+// ggml_kernel_path() says which ("avx2+amx" where the tiles are in use).
 //
 // Speed (bench/ggml_kernels.py; 2 cores of an AMD EPYC Zen 1 VM, ~19 GB/s read bandwidth, idle):
 // Qwen2.5-1.5B's linears (28 layers of Q4_K + a Q6_K lm_head, 928 MB) at M = 1 in 101 ms,
@@ -53,6 +58,8 @@
 // rate; one core streams ~6 GB/s), on par with llama.cpp's ggml (100 ms), 5x torch float32 on
 // the dequantized weights. M = 8: 401 ms (llama.cpp 1044, torch 2321); M = 512: 25.0 s,
 // ~30 GMAC/s (llama.cpp without its repacked layouts 27.2 s, torch float32 27.7 s).
+// On 2 cores of a Sapphire Rapids VM (AVX2 path ~80 GMAC/s at any M > 4), the AMX path at M =
+// 512: Q4_K 260-340 GMAC/s, Q6_K ~430 (3.3-4.8x); at M = 16 already 1.3-2.1x.
 
 #include "cpu_ggml.h"
 
@@ -65,6 +72,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -73,6 +81,12 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define LOCALPAGED_GGML_AVX2 1
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define LOCALPAGED_GGML_AMX 1
+#endif
 #endif
 
 using at::Tensor;
@@ -154,13 +168,13 @@ inline float half(const uint8_t* p) {
 // ---------------------------------------------------------------------------------------------
 // Activations: x quantized per row (step 1 above).
 
+// Rows M .. rows - 1 (padding for the AMX tiles of 16 rows) are zeros.
 struct Acts {
   int64_t K = 0, blocks = 0;    // blocks per row: K / 256 or K / 32
-  std::vector<int8_t> q;        // [M, K]
-  std::vector<float> d;         // [M, blocks] the scale s of each block
-  std::vector<int16_t> sum16;   // K formats: [M, K / 16] sums of 16 values
-  std::vector<float> dsum16;    // K formats: [M, K / 16] s * sum16
-  std::vector<float> dsum32;    // [M, K / 32] s * (sum of 32 values)
+  std::vector<int8_t> q;        // [rows, K]
+  std::vector<float> d;         // [rows, blocks] the scale s of each block
+  std::vector<int16_t> sum16;   // K formats: [rows, K / 16] sums of 16 values
+  std::vector<float> dsum32;    // 32-element formats: [rows, K / 32] s * (sum of 32 values)
 };
 
 // max |x| over a block, NaN where the block holds a NaN (so that its s, and y, are NaN: max
@@ -205,17 +219,14 @@ void quantize_values(const float* x, int64_t B, float id, int8_t* q) {
 #endif
 }
 
-Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B) {
+Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows) {
   Acts a;
   a.K = K;
   a.blocks = K / B;
-  a.q.resize(M * K);
-  a.d.resize(M * a.blocks);
-  a.dsum32.resize(M * K / 32);
-  if (B == kSuper) {
-    a.sum16.resize(M * K / 16);
-    a.dsum16.resize(M * K / 16);
-  }
+  a.q.resize(rows * K);
+  a.d.resize(rows * a.blocks);
+  if (B == kSuper) a.sum16.resize(rows * K / 16);
+  else a.dsum32.resize(rows * K / 32);
   at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       const float* xr = x + m * K;
@@ -230,13 +241,10 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B) {
       for (int64_t j = 0; j < K / 32; ++j) {
         int32_t s[2] = {0, 0};
         for (int64_t k = 0; k < 32; ++k) s[k / 16] += qr[32 * j + k];
-        const float dj = dr[32 * j / B];
-        a.dsum32[m * K / 32 + j] = dj * static_cast<float>(s[0] + s[1]);
         if (B == kSuper)
-          for (int h = 0; h < 2; ++h) {
-            a.sum16[m * K / 16 + 2 * j + h] = static_cast<int16_t>(s[h]);
-            a.dsum16[m * K / 16 + 2 * j + h] = dj * static_cast<float>(s[h]);
-          }
+          for (int h = 0; h < 2; ++h) a.sum16[m * K / 16 + 2 * j + h] = static_cast<int16_t>(s[h]);
+        else
+          a.dsum32[m * K / 32 + j] = dr[j] * static_cast<float>(s[0] + s[1]);
       }
     }
   });
@@ -515,34 +523,36 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Minus dmin times 8 unsigned byte mins as floats.
-inline __m256 neg_mins(float dmin, uint64_t mins8) {
-  return _mm256_mul_ps(_mm256_set1_ps(-dmin),
-                       _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<int64_t>(mins8)))));
+inline int32_t hsum_i32(__m256i v) {   // exact: int32 sums wrap, and the true total fits
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
 }
 
 // K formats. Members: kBytes; kSigned (codes are signed bytes: the sign trick); kScalePer (the
 // sub-block: 32 -> sc holds 8 scales, 16 -> 16); kOffset (codes are q + kOffset, unsigned);
-// kMins (0, or the sub-block of the float mins term: 32 -> mins[0], 16 -> mins[0..1]).
-// d, sc (int8 scales), mins; weights(c) = codes of elements 32c .. 32c + 31.
+// kMins (0, or the sub-block of the mins: 32 -> mn holds 8 mins, 16 -> 16).
+// d, sc (int8 scales), dmin and mn (unsigned byte mins) where kMins; weights(c) = codes of
+// elements 32c .. 32c + 31.
 
 struct AvxQ4K {
   static constexpr int64_t kBytes = 144;
   static constexpr bool kSigned = false;
   static constexpr int kScalePer = 32, kOffset = 0, kMins = 32;
   const uint8_t* p;
-  float d;
-  __m128i sc;
-  __m256 mins[2];
+  float d, dmin;
+  __m128i sc, mn;
   explicit AvxQ4K(const uint8_t* p_) : p(p_) {
     d = half(p);
+    dmin = half(p + 2);
     // the 12 scale bytes as 3 words: scales 0-3 and mins 0-3 are the low 6 bits of words 0
     // and 1; scales 4-7 (mins 4-7) the low (high) nibbles of word 2 with bits 6-7 of word 0 (1)
     const uint32_t w0 = u32(p + 4), w1 = u32(p + 8), w2 = u32(p + 12);
     const uint64_t s = (w0 & 0x3F3F3F3F) | uint64_t((w2 & 0x0F0F0F0F) | ((w0 >> 2) & 0x30303030)) << 32;
     const uint64_t m = (w1 & 0x3F3F3F3F) | uint64_t(((w2 >> 4) & 0x0F0F0F0F) | ((w1 >> 2) & 0x30303030)) << 32;
     sc = _mm_cvtsi64_si128(static_cast<int64_t>(s));
-    mins[0] = neg_mins(half(p + 2), m);
+    mn = _mm_cvtsi64_si128(static_cast<int64_t>(m));
   }
   __m256i weights(int c) const {
     const __m256i q = load32(p + 16 + 32 * (c / 2));
@@ -568,7 +578,6 @@ struct AvxQ6K {
   const uint8_t* p;
   float d;
   __m128i sc;
-  __m256 mins[2];
   explicit AvxQ6K(const uint8_t* p_) : p(p_), d(half(p_ + 208)), sc(load16(p_ + 192)) {}
   __m256i weights(int c) const {   // c = 4h + t: half h, quarter t
     const int h = c / 4, t = c % 4;
@@ -584,16 +593,12 @@ struct AvxQ2K {
   static constexpr bool kSigned = false;
   static constexpr int kScalePer = 16, kOffset = 0, kMins = 16;
   const uint8_t* p;
-  float d;
-  __m128i sc;
-  __m256 mins[2];
-  explicit AvxQ2K(const uint8_t* p_) : p(p_), d(half(p_ + 80)) {
+  float d, dmin;
+  __m128i sc, mn;
+  explicit AvxQ2K(const uint8_t* p_) : p(p_), d(half(p_ + 80)), dmin(half(p_ + 82)) {
     const __m128i raw = load16(p), low = _mm_set1_epi8(0x0F);
     sc = _mm_and_si128(raw, low);
-    const __m128i m = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-    const __m256 neg = _mm256_set1_ps(-half(p + 82));
-    mins[0] = _mm256_mul_ps(neg, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
-    mins[1] = _mm256_mul_ps(neg, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(m, 8))));
+    mn = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
   }
   __m256i weights(int c) const {   // c = 4h + s: bits 2s, 2s + 1 of qs[32h + l]
     return _mm256_and_si256(_mm256_srli_epi16(load32(p + 16 + 32 * (c / 4)), 2 * (c % 4)), bytes(0x03));
@@ -607,7 +612,6 @@ struct AvxQ3K {
   const uint8_t* p;
   float d;
   __m128i sc;
-  __m256 mins[2];
   explicit AvxQ3K(const uint8_t* p_) : p(p_), d(half(p_ + 108)) {
     // scales i = 0-15: low 4 bits from byte i (i < 8) or the high nibble of byte i - 8, high 2
     // bits from byte 8 + i % 4 at bit 2 (i / 4); minus 32
@@ -630,7 +634,6 @@ struct AvxIQ4XS {
   const uint8_t* p;
   float d;
   __m128i sc;
-  __m256 mins[2];
   explicit AvxIQ4XS(const uint8_t* p_) : p(p_), d(half(p_)) {
     const uint16_t sh = u16(p + 2);
     uint64_t s = 0;
@@ -673,11 +676,18 @@ struct ChunkScales {
   }
 };
 
+// The mins of a block as 16 int16 lanes, one per 16 elements (kMins formats).
+template <class F>
+inline __m256i mins16(const F& blk) {
+  return _mm256_cvtepu8_epi16(F::kMins == 32 ? _mm_unpacklo_epi8(blk.mn, blk.mn) : blk.mn);
+}
+
+// Per block, the exact integer sums of the plain C++ path (sumi, summ), folded into one float
+// per row in the same order: so every path of a K format gives bitwise the same y.
 template <class F, int TM>
 void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
   const int64_t K = a.K, nb = a.blocks;
-  __m256 acc[TM];
-  for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
+  float acc[TM] = {};
   for (int64_t b = 0; b < nb; ++b) {
     const F blk(row + b * F::kBytes);
     __m256i sum[TM];
@@ -715,21 +725,17 @@ void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
         }
       }
     }
-    const __m256 dw = _mm256_set1_ps(blk.d);
     for (int m = 0; m < TM; ++m) {
       const int64_t r = m0 + m;
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(a.d.data() + r * nb + b));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), scale, acc[m]);
-      if constexpr (F::kMins == 32) {
-        acc[m] = _mm256_fmadd_ps(blk.mins[0], _mm256_loadu_ps(a.dsum32.data() + r * K / 32 + 8 * b), acc[m]);
-      } else if constexpr (F::kMins == 16) {
-        const float* ds = a.dsum16.data() + r * K / 16 + 16 * b;
-        acc[m] = _mm256_fmadd_ps(blk.mins[0], _mm256_loadu_ps(ds), acc[m]);
-        acc[m] = _mm256_fmadd_ps(blk.mins[1], _mm256_loadu_ps(ds + 8), acc[m]);
+      const float da = a.d[r * nb + b];
+      acc[m] = std::fma(blk.d * da, static_cast<float>(hsum_i32(sum[m])), acc[m]);
+      if constexpr (F::kMins != 0) {
+        const __m256i s16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sum16.data() + r * K / 16 + 16 * b));
+        acc[m] = std::fma(-blk.dmin * da, static_cast<float>(hsum_i32(_mm256_madd_epi16(mins16(blk), s16))), acc[m]);
       }
     }
   }
-  for (int m = 0; m < TM; ++m) y[m * ldy] = hsum(acc[m]);
+  for (int m = 0; m < TM; ++m) y[m * ldy] = acc[m];
 }
 
 // 32-element formats. Members: kBytes, kSigned; kOffset: whether a float term coef * s * sum
@@ -901,6 +907,209 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
     default: return avx_rows<F, Super, 1>(row, a, m0, y, ldy);
   }
 }
+
+#ifdef LOCALPAGED_GGML_AMX
+// ---------------------------------------------------------------------------------------------
+// AMX (Intel since Sapphire Rapids), K formats, batches of kAmxMinRows rows and more: the same
+// integers as every other path, so bitwise the same y (see avx_k_rows).
+//
+// Per weight block the integer sums are plain K-dimension dot products once the sub-block
+// scales are folded into the weights: sumi = sum_k w'_k x_k with w'_k = sc_j(k) * (q_k -
+// kOffset) (|w'| <= 4096), split as w' = 128 * hi + lo (lo in 0..127, hi in -32..32: both int8),
+// so sumi = 128 * (hi . x) + (lo . x); summ = mn' . x with mn'_k = mn_j(k) (int8). Each dot is a
+// signed int8 tile product (TDPBSSD) over the block's 256 elements, exact in int32
+// (|sumi| <= 256 * 127 * 4096 < 2^31). The weights are the tiles' A operand (16 weight rows x 64
+// bytes, row-major: a panel of 16 rows is unpacked once into the three int8 planes), x the B
+// operand (its rows interleaved 4 bytes at a time, once per call), so a tile of sums is
+// [16 weight rows][16 rows of x]; the float part follows the plain C++ path's order.
+
+constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
+constexpr int64_t kAmxMinRows = 16;    // batches from this size on (below: the AVX2 tiles)
+constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
+
+// Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
+bool amx_ready() {
+  static const bool ok = [] {
+    if (const char* off = std::getenv("LOCALPAGED_GGML_AMX"); off && std::string(off) == "0") return false;
+    constexpr long kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+  TileConfig() {
+    for (int t = 0; t < 7; ++t) {   // 0-2: int32 sums (hi, lo, mins); 3: x; 4-6: w planes
+      colsb[t] = 64;
+      rows[t] = 16;
+    }
+  }
+};
+
+// x for the B operand: per tile of 16 rows, [K / 4][16 rows][4 bytes] (row r of x's k = 4i .. 4i
+// + 3 at dword 16i + r), and its block scales as [blocks][16 rows].
+struct AmxActs {
+  std::vector<int8_t> q;     // [rows / 16][K / 4][64]
+  std::vector<float> d;      // [rows / 16][blocks][16]
+};
+
+AmxActs amx_acts(const Acts& a, int64_t rows) {
+  AmxActs v;
+  const int64_t K = a.K, nb = a.blocks, tiles = rows / kAmxRows;
+  v.q.resize(rows * K);
+  v.d.resize(rows * nb);
+  at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    const __m512i row_starts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                                  _mm512_set1_epi32(static_cast<int>(K / 4)));
+    for (int64_t t = begin; t < end; ++t) {
+      const int8_t* src = a.q.data() + t * kAmxRows * K;
+      int8_t* dst = v.q.data() + t * kAmxRows * K;
+      for (int64_t i = 0; i < K / 4; ++i)
+        _mm512_storeu_si512(dst + 64 * i, _mm512_i32gather_epi32(row_starts, src + 4 * i, 4));
+      for (int64_t b = 0; b < nb; ++b)
+        for (int64_t r = 0; r < kAmxRows; ++r)
+          v.d[(t * nb + b) * kAmxRows + r] = a.d[(t * kAmxRows + r) * nb + b];
+    }
+  });
+  return v;
+}
+
+// 16 weight rows of one K format unpacked: per block b, planes hi, lo, mn (kPlane bytes each,
+// row n = the block's 256 values of weight row n) and d, -dmin per weight row.
+struct AmxPanel {
+  std::vector<int8_t> planes;           // [blocks][3][16][256]
+  std::vector<float> d, neg_dmin;       // [blocks][16]
+  explicit AmxPanel(int64_t blocks)
+      : planes(3 * blocks * kPlane), d(blocks * kAmxRows), neg_dmin(blocks * kAmxRows) {}
+  int8_t* plane(int64_t b, int which) { return planes.data() + (3 * b + which) * kPlane; }
+  const int8_t* plane(int64_t b, int which) const { return planes.data() + (3 * b + which) * kPlane; }
+};
+
+// int16 [16] x2 -> 32 bytes in element order (packs works per 128-bit half).
+inline __m256i pack_bytes(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packs_epi16(a, b), 0xD8);
+}
+
+inline void store32(int8_t* p, __m256i v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+
+template <class F>
+void amx_unpack(const uint8_t* w, int64_t stride, int64_t n_rows, int64_t nb, AmxPanel& panel) {
+  if (n_rows < kAmxRows) {   // the last panel: rows past N stay zeros
+    std::fill(panel.planes.begin(), panel.planes.end(), 0);
+    std::fill(panel.d.begin(), panel.d.end(), 0.0f);
+    std::fill(panel.neg_dmin.begin(), panel.neg_dmin.end(), 0.0f);
+  }
+  const __m256i low7 = _mm256_set1_epi16(127);
+  for (int64_t n = 0; n < n_rows; ++n)
+    for (int64_t b = 0; b < nb; ++b) {
+      const F blk(w + n * stride + b * F::kBytes);
+      alignas(16) int8_t sc[16], mn[16] = {};
+      _mm_store_si128(reinterpret_cast<__m128i*>(sc), blk.sc);
+      if constexpr (F::kMins != 0) _mm_store_si128(reinterpret_cast<__m128i*>(mn), blk.mn);
+      int8_t *hi = panel.plane(b, 0) + n * kSuper, *lo = panel.plane(b, 1) + n * kSuper,
+             *mins = panel.plane(b, 2) + n * kSuper;
+      for (int c = 0; c < 8; ++c) {
+        // scale (and min) of elements 0-15 and 16-31 of the chunk
+        const int j0 = F::kScalePer == 32 ? c : 2 * c, j1 = F::kScalePer == 32 ? c : 2 * c + 1;
+        const __m256i v = _mm256_sub_epi8(blk.weights(c), bytes(F::kOffset));
+        const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), _mm256_set1_epi16(sc[j0]));
+        const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)), _mm256_set1_epi16(sc[j1]));
+        store32(hi + 32 * c, pack_bytes(_mm256_srai_epi16(w0, 7), _mm256_srai_epi16(w1, 7)));
+        store32(lo + 32 * c, pack_bytes(_mm256_and_si256(w0, low7), _mm256_and_si256(w1, low7)));
+        if constexpr (F::kMins != 0) {
+          const int mj0 = F::kMins == 32 ? c : 2 * c, mj1 = F::kMins == 32 ? c : 2 * c + 1;
+          store32(mins + 32 * c, _mm256_setr_m128i(_mm_set1_epi8(mn[mj0]), _mm_set1_epi8(mn[mj1])));
+        }
+      }
+      panel.d[b * kAmxRows + n] = blk.d;
+      if constexpr (F::kMins != 0) panel.neg_dmin[b * kAmxRows + n] = -blk.dmin;
+    }
+}
+
+// y[m0 .. m0 + 15][n0 .. n0 + n_rows) from one panel and x's tile t (rows m0 = 16t ..).
+template <bool Mins>
+void amx_tile(const AmxPanel& panel, const AmxActs& x, int64_t t, int64_t K, int64_t nb,
+              int64_t tm, int64_t n_rows, float* y, int64_t ldy) {
+  alignas(64) int32_t sums[3][kAmxRows][kAmxRows];   // [hi, lo, mins][weight row][row of x]
+  __m512 acc[kAmxRows];                               // [weight row] x 16 rows of x
+  for (auto& v : acc) v = _mm512_setzero_ps();
+  const int8_t* xq = x.q.data() + t * kAmxRows * K;
+  for (int64_t b = 0; b < nb; ++b) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (Mins) _tile_zero(2);
+    for (int kc = 0; kc < 4; ++kc) {
+      _tile_loadd(3, xq + (b * kSuper + 64 * kc) * kAmxRows, 64);
+      _tile_loadd(4, panel.plane(b, 0) + 64 * kc, kSuper);
+      _tile_loadd(5, panel.plane(b, 1) + 64 * kc, kSuper);
+      _tile_dpbssd(0, 4, 3);
+      _tile_dpbssd(1, 5, 3);
+      if (Mins) {
+        _tile_loadd(6, panel.plane(b, 2) + 64 * kc, kSuper);
+        _tile_dpbssd(2, 6, 3);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    if (Mins) _tile_stored(2, sums[2], 64);
+    const __m512 da = _mm512_loadu_ps(x.d.data() + (t * nb + b) * kAmxRows);
+    for (int n = 0; n < kAmxRows; ++n) {
+      const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[0][n]), 7),
+                                            _mm512_load_si512(sums[1][n]));
+      const __m512 dw = _mm512_set1_ps(panel.d[b * kAmxRows + n]);
+      acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sumi), acc[n]);
+      if (Mins) {
+        const __m512 neg_dmin = _mm512_set1_ps(panel.neg_dmin[b * kAmxRows + n]);
+        acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(neg_dmin, da), _mm512_cvtepi32_ps(_mm512_load_si512(sums[2][n])), acc[n]);
+      }
+    }
+  }
+  alignas(64) float out[kAmxRows][kAmxRows];
+  for (int n = 0; n < kAmxRows; ++n) _mm512_store_ps(out[n], acc[n]);
+  for (int64_t m = 0; m < tm; ++m)
+    for (int64_t n = 0; n < n_rows; ++n) y[m * ldy + n] = out[n][m];
+}
+
+// y = x @ w.T for a K format F, the work split over panels of 16 weight rows.
+template <class F>
+void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
+  const int64_t K = a.K, nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
+  const AmxActs x = amx_acts(a, tiles * kAmxRows);
+  const int64_t items = (N + kAmxRows - 1) / kAmxRows;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    const TileConfig config;
+    _tile_loadconfig(&config);
+    AmxPanel panel(nb);
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t n0 = item * kAmxRows, n_rows = std::min(kAmxRows, N - n0);
+      amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
+      for (int64_t t = 0; t < tiles; ++t)
+        amx_tile<F::kMins != 0>(panel, x, t, K, nb, std::min(kAmxRows, M - t * kAmxRows), n_rows,
+                                y + t * kAmxRows * N + n0, N);
+    }
+    _tile_release();
+  });
+}
+
+using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, int64_t, float*);
+
+AmxFn amx_kernel_for(int id) {
+  switch (id) {
+    case kQ2_K: return amx_matmul<AvxQ2K>;
+    case kQ3_K: return amx_matmul<AvxQ3K>;
+    case kQ4_K: return amx_matmul<AvxQ4K>;
+    case kQ5_K: return amx_matmul<AvxQ5K>;
+    case kQ6_K: return amx_matmul<AvxQ6K>;
+    case kIQ4_XS: return amx_matmul<AvxIQ4XS>;
+  }
+  return nullptr;
+}
+#endif  // LOCALPAGED_GGML_AMX
 #endif  // LOCALPAGED_GGML_AVX2
 
 // The tile function of a type and the rows it takes at once.
@@ -971,11 +1180,18 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
 
-  const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32);
-  const Kernel kernel = kernel_for(t->id);
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t stride = w.stride(0);
   float* yp = y.data_ptr<float>();
+#ifdef LOCALPAGED_GGML_AMX
+  if (const AmxFn amx = M >= kAmxMinRows ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
+    const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
+    amx(quantize_acts(x.data_ptr<float>(), M, K, kSuper, rows), M, wp, stride, N, yp);
+    return y;
+  }
+#endif
+  const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, M);
+  const Kernel kernel = kernel_for(t->id);
   // Work items: groups of output rows (~64 KB of weights), taken in order from a shared counter
   // by each thread of one parallel region: a thread that starts late (a busy core) takes fewer,
   // instead of holding the others up with a fixed share. Which thread computes a row changes
@@ -999,7 +1215,9 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 }
 
 std::string ggml_kernel_path() {
-#ifdef LOCALPAGED_GGML_AVX2
+#ifdef LOCALPAGED_GGML_AMX
+  return amx_ready() ? "avx2+amx" : "avx2";
+#elif defined(LOCALPAGED_GGML_AVX2)
   return "avx2";
 #else
   return "scalar";

@@ -1,10 +1,12 @@
 """kernels/cpu_ggml.cpp: the CPU matmul over GGUF quantized blocks (kept as the file's bytes)
 against float32 math on gguf-py's dequantization, the layout's spec, for every format it takes,
 within the bound its int8 rounding of x allows; a row's result bitwise the same alone, in any
-batch and on any thread count; rows lying apart; bad input refused, naming the type.
+batch and on any thread count; rows lying apart; bad input refused, naming the type; the K
+formats bitwise the same on every build.
 
 Every test runs on three builds: the CPU extension's (-march=native: the AVX2 path on x86-64
-since Haswell / Zen), cpu_ggml.cpp alone with -march=x86-64 (SSE2: the plain C++ path), and,
+since Haswell / Zen, with AMX tiles for batches of 16 rows and more on Intel since Sapphire
+Rapids), cpu_ggml.cpp alone with -march=x86-64 (SSE2: the plain C++ path), and,
 where the CPU has AVX-512, cpu_ggml.cpp alone with -march=haswell (the AVX2 path without the
 compiler's AVX-512). The builds of the file alone (with kernels/cpu_ggml_module.cpp, torch ops:
 20-40 s on two cores) go to a temporary folder. On a CPU that is not x86-64 those builds skip,
@@ -39,9 +41,11 @@ def cpu_flags() -> set[str]:
 
 FLAGS = cpu_flags()
 NATIVE_AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
+NATIVE_AMX = {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= FLAGS
 BUILDS = ["native", "x86-64"] + (["haswell"] if "avx512f" in FLAGS else [])
-EXPECTED_PATH = {"native": "avx2" if NATIVE_AVX2 else "scalar", "x86-64": "scalar",
-                 "haswell": "avx2"}
+EXPECTED_PATH = {"native": "avx2+amx" if NATIVE_AMX else "avx2" if NATIVE_AVX2 else "scalar",
+                 "x86-64": "scalar", "haswell": "avx2"}
+K_TYPES = [t for t in TYPES if gguf.GGML_QUANT_SIZES[t][0] == 256]
 
 
 class Kernels:
@@ -71,13 +75,23 @@ def build_alone(march: str, folder) -> Kernels:
     return Kernels(march, getattr(torch.ops, name))
 
 
+@pytest.fixture(scope="module")
+def build_of(cpu_ext, tmp_path_factory):
+    """name -> the Kernels of that build, each built once for the module."""
+    built = {"native": Kernels("native", cpu_ext)}
+
+    def get(name: str) -> Kernels:
+        if name not in built:
+            if not X86:
+                pytest.skip(f"-march={name} is an x86-64 target; this CPU is {platform.machine()}")
+            built[name] = build_alone(name, tmp_path_factory.mktemp(f"ggml-{name}"))
+        return built[name]
+    return get
+
+
 @pytest.fixture(scope="module", params=BUILDS)
-def ggml(request, cpu_ext, tmp_path_factory) -> Kernels:
-    if request.param == "native":
-        return Kernels("native", cpu_ext)
-    if not X86:
-        pytest.skip(f"-march={request.param} is an x86-64 target; this CPU is {platform.machine()}")
-    return build_alone(request.param, tmp_path_factory.mktemp(f"ggml-{request.param}"))
+def ggml(request, build_of) -> Kernels:
+    return build_of(request.param)
 
 
 def blocks(qtype, N: int, K: int, seed: int) -> torch.Tensor:
@@ -168,6 +182,18 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(ggml
             assert torch.equal(ggml.matmul(x, w, qtype), batched), f"{n} threads"
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
+def test_k_formats_give_bitwise_the_same_y_on_every_build(build_of, qtype):
+    """A K format's integer sums per block are exact and folded into float32 in one order on
+    every path: plain C++, AVX2, and AMX (natively, where the CPU has it: batches of 16 rows and
+    more; 40 rows here, in 3 tiles, and 45 weight rows, in 3 panels) agree bit for bit."""
+    w = blocks(qtype, 45, 768, seed=11)
+    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(12))
+    want = build_of("x86-64").matmul(x, w, qtype)
+    for name in BUILDS:
+        assert torch.equal(build_of(name).matmul(x, w, qtype), want), name
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_1], ids=lambda t: t.name)
