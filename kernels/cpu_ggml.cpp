@@ -144,6 +144,7 @@ constexpr int64_t kSuper = 256;       // elements per K block
 constexpr int64_t kTileRows = 4;      // rows of x per tile (AVX2: accumulators in registers)
 constexpr int64_t kScalarTileRows = 16;
 constexpr int64_t kGroupBytes = 64 * 1024;   // weights per group of rows: stays in L2
+constexpr int64_t kPrefetchBytes = 8192;     // how far ahead a row's weights are asked for
 
 inline uint16_t u16(const uint8_t* p) {
   uint16_t v;
@@ -1112,6 +1113,13 @@ AmxFn amx_kernel_for(int id) {
 #endif  // LOCALPAGED_GGML_AMX
 #endif  // LOCALPAGED_GGML_AVX2
 
+// Asks for a weight row's cache lines ahead of its use: a row streamed from DRAM at batch 1 is
+// otherwise read at about a third of the bandwidth (the hardware prefetchers do not run far enough
+// ahead of one core's loads).
+inline void prefetch_row(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
+}
+
 // The tile function of a type and the rows it takes at once.
 struct Kernel {
   TileFn fn;
@@ -1197,6 +1205,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   // instead of holding the others up with a fixed share. Which thread computes a row changes
   // nothing in its result.
   const int64_t group = std::max<int64_t>(1, kGroupBytes / row_bytes);
+  const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
   const int64_t min_macs = int64_t(1) << 17;   // per thread (~10 us), else fewer threads
   const int64_t threads = std::max<int64_t>(
@@ -1207,7 +1216,10 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
       const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
       for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {
         const int64_t tm = std::min(kernel.rows, M - m0);
-        for (int64_t n = n0; n < n1; ++n) kernel.fn(wp + n * stride, a, m0, tm, yp + m0 * N + n, N);
+        for (int64_t n = n0; n < n1; ++n) {
+          if (m0 == 0 && n + ahead < N) prefetch_row(wp + (n + ahead) * stride, row_bytes);
+          kernel.fn(wp + n * stride, a, m0, tm, yp + m0 * N + n, N);
+        }
       }
     }
   });
