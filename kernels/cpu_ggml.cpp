@@ -48,7 +48,7 @@
 //
 // Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
 // plain C++ (any CPU; the compiler vectorizes what it can). On Intel CPUs with AMX (Sapphire
-// Rapids on; built with -march=native there), K formats in batches of 16 rows and more go through
+// Rapids on; built with -march=native there), K formats in batches of 10 rows and more go through
 // the int8 tile unit instead (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
 // ggml_kernel_path() says which ("avx2+amx" where the tiles are in use).
 //
@@ -59,7 +59,8 @@
 // the dequantized weights. M = 8: 401 ms (llama.cpp 1044, torch 2321); M = 512: 25.0 s,
 // ~30 GMAC/s (llama.cpp without its repacked layouts 27.2 s, torch float32 27.7 s).
 // On 2 cores of a Sapphire Rapids VM (AVX2 path ~80 GMAC/s at any M > 4), the AMX path at M =
-// 512: Q4_K 260-340 GMAC/s, Q6_K ~430 (3.3-4.8x); at M = 16 already 1.3-2.1x.
+// 512: Q4_K 290-355 GMAC/s, Q6_K ~460 (3.6-5.2x); below ~10 rows the unpacking of the weights
+// (~1.3 ms per 13.7M weights) costs more than the AVX2 tiles.
 
 #include "cpu_ggml.h"
 
@@ -914,18 +915,20 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
 // AMX (Intel since Sapphire Rapids), K formats, batches of kAmxMinRows rows and more: the same
 // integers as every other path, so bitwise the same y (see avx_k_rows).
 //
-// Per weight block the integer sums are plain K-dimension dot products once the sub-block
-// scales are folded into the weights: sumi = sum_k w'_k x_k with w'_k = sc_j(k) * (q_k -
-// kOffset) (|w'| <= 4096), split as w' = 128 * hi + lo (lo in 0..127, hi in -32..32: both int8),
-// so sumi = 128 * (hi . x) + (lo . x); summ = mn' . x with mn'_k = mn_j(k) (int8). Each dot is a
-// signed int8 tile product (TDPBSSD) over the block's 256 elements, exact in int32
-// (|sumi| <= 256 * 127 * 4096 < 2^31). The weights are the tiles' A operand (16 weight rows x 64
-// bytes, row-major: a panel of 16 rows is unpacked once into the three int8 planes), x the B
-// operand (its rows interleaved 4 bytes at a time, once per call), so a tile of sums is
-// [16 weight rows][16 rows of x]; the float part follows the plain C++ path's order.
+// Per weight block, sumi is a plain K-dimension dot product once the sub-block scales are folded
+// into the weights: sumi = sum_k w'_k x_k with w'_k = sc_j(k) * (q_k - kOffset) (|w'| <= 4096),
+// split as w' = 128 * hi + lo (lo in 0..127, hi in -32..32: both int8), so sumi = 128 * (hi . x)
+// + (lo . x): two signed int8 tile products (TDPBSSD) over the block's 256 elements, exact in
+// int32 (|sumi| <= 256 * 127 * 4096 < 2^31). summ = sum_j m_j * xs_j (xs_j: the sum of x's
+// codes over sub-block j) in float32 fused multiply-adds, exact: every product and partial sum
+// is an integer below 2^24. The weights are the tiles' A operand (16 weight rows x 64 bytes,
+// row-major: a panel of 16 rows is unpacked once into the two int8 planes), x the B operand (its
+// rows interleaved 4 bytes at a time, once per call), so a tile of sums is [16 weight rows][16
+// rows of x]. Two tiles of x share each load of the weight planes (8 tile registers: 4 sums, 2
+// x, 2 w), since moving tiles from the caches, not the multiplies, bounds this loop.
 
 constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
-constexpr int64_t kAmxMinRows = 16;    // batches from this size on (below: the AVX2 tiles)
+constexpr int64_t kAmxMinRows = 10;   // batches from this size on (below: the AVX2 tiles)
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -943,7 +946,7 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
   TileConfig() {
-    for (int t = 0; t < 7; ++t) {   // 0-2: int32 sums (hi, lo, mins); 3: x; 4-6: w planes
+    for (int t = 0; t < 8; ++t) {   // 0-3: int32 sums (hi, lo of two x tiles); 4-5: x; 6-7: w
       colsb[t] = 64;
       rows[t] = 16;
     }
@@ -951,17 +954,22 @@ struct alignas(64) TileConfig {
 };
 
 // x for the B operand: per tile of 16 rows, [K / 4][16 rows][4 bytes] (row r of x's k = 4i .. 4i
-// + 3 at dword 16i + r), and its block scales as [blocks][16 rows].
+// + 3 at dword 16i + r); its block scales as [blocks][16 rows]; with mins, the sums of its codes
+// over each sub-block of J as float [blocks][J][16 rows].
 struct AmxActs {
+  int64_t J = 0;             // sub-blocks of a block that carry a min (0: none)
   std::vector<int8_t> q;     // [rows / 16][K / 4][64]
   std::vector<float> d;      // [rows / 16][blocks][16]
+  std::vector<float> xs;     // [rows / 16][blocks][J][16]
 };
 
-AmxActs amx_acts(const Acts& a, int64_t rows) {
+AmxActs amx_acts(const Acts& a, int64_t rows, int64_t J) {
   AmxActs v;
-  const int64_t K = a.K, nb = a.blocks, tiles = rows / kAmxRows;
+  const int64_t K = a.K, nb = a.blocks, tiles = rows / kAmxRows, per = kSuper / 16 / std::max<int64_t>(J, 1);
+  v.J = J;
   v.q.resize(rows * K);
   v.d.resize(rows * nb);
+  v.xs.resize(rows * nb * J);
   at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
     const __m512i row_starts = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                                   _mm512_set1_epi32(static_cast<int>(K / 4)));
@@ -971,22 +979,32 @@ AmxActs amx_acts(const Acts& a, int64_t rows) {
       for (int64_t i = 0; i < K / 4; ++i)
         _mm512_storeu_si512(dst + 64 * i, _mm512_i32gather_epi32(row_starts, src + 4 * i, 4));
       for (int64_t b = 0; b < nb; ++b)
-        for (int64_t r = 0; r < kAmxRows; ++r)
-          v.d[(t * nb + b) * kAmxRows + r] = a.d[(t * kAmxRows + r) * nb + b];
+        for (int64_t r = 0; r < kAmxRows; ++r) {
+          const int64_t m = t * kAmxRows + r;
+          v.d[(t * nb + b) * kAmxRows + r] = a.d[m * nb + b];
+          for (int64_t j = 0; j < J; ++j) {
+            int32_t sum = 0;
+            for (int64_t i = 0; i < per; ++i) sum += a.sum16[m * K / 16 + b * 16 + j * per + i];
+            v.xs[((t * nb + b) * J + j) * kAmxRows + r] = static_cast<float>(sum);
+          }
+        }
     }
   });
   return v;
 }
 
-// 16 weight rows of one K format unpacked: per block b, planes hi, lo, mn (kPlane bytes each,
-// row n = the block's 256 values of weight row n) and d, -dmin per weight row.
+// 16 weight rows of one K format unpacked: per block b, planes hi and lo (kPlane bytes each, row
+// n = the block's 256 values of weight row n), d and -dmin per weight row, the mins as float
+// [blocks][16 rows][J].
 struct AmxPanel {
-  std::vector<int8_t> planes;           // [blocks][3][16][256]
-  std::vector<float> d, neg_dmin;       // [blocks][16]
-  explicit AmxPanel(int64_t blocks)
-      : planes(3 * blocks * kPlane), d(blocks * kAmxRows), neg_dmin(blocks * kAmxRows) {}
-  int8_t* plane(int64_t b, int which) { return planes.data() + (3 * b + which) * kPlane; }
-  const int8_t* plane(int64_t b, int which) const { return planes.data() + (3 * b + which) * kPlane; }
+  int64_t J;
+  std::vector<int8_t> planes;           // [blocks][2][16][256]
+  std::vector<float> d, neg_dmin, mn;   // [blocks][16], [blocks][16], [blocks][16][J]
+  AmxPanel(int64_t blocks, int64_t J_)
+      : J(J_), planes(2 * blocks * kPlane), d(blocks * kAmxRows), neg_dmin(blocks * kAmxRows),
+        mn(blocks * kAmxRows * J_) {}
+  int8_t* plane(int64_t b, int which) { return planes.data() + (2 * b + which) * kPlane; }
+  const int8_t* plane(int64_t b, int which) const { return planes.data() + (2 * b + which) * kPlane; }
 };
 
 // int16 [16] x2 -> 32 bytes in element order (packs works per 128-bit half).
@@ -1002,96 +1020,127 @@ void amx_unpack(const uint8_t* w, int64_t stride, int64_t n_rows, int64_t nb, Am
     std::fill(panel.planes.begin(), panel.planes.end(), 0);
     std::fill(panel.d.begin(), panel.d.end(), 0.0f);
     std::fill(panel.neg_dmin.begin(), panel.neg_dmin.end(), 0.0f);
+    std::fill(panel.mn.begin(), panel.mn.end(), 0.0f);
   }
   const __m256i low7 = _mm256_set1_epi16(127);
   for (int64_t n = 0; n < n_rows; ++n)
     for (int64_t b = 0; b < nb; ++b) {
       const F blk(w + n * stride + b * F::kBytes);
-      alignas(16) int8_t sc[16], mn[16] = {};
+      alignas(16) int8_t sc[16];
       _mm_store_si128(reinterpret_cast<__m128i*>(sc), blk.sc);
-      if constexpr (F::kMins != 0) _mm_store_si128(reinterpret_cast<__m128i*>(mn), blk.mn);
-      int8_t *hi = panel.plane(b, 0) + n * kSuper, *lo = panel.plane(b, 1) + n * kSuper,
-             *mins = panel.plane(b, 2) + n * kSuper;
+      int8_t *hi = panel.plane(b, 0) + n * kSuper, *lo = panel.plane(b, 1) + n * kSuper;
       for (int c = 0; c < 8; ++c) {
-        // scale (and min) of elements 0-15 and 16-31 of the chunk
+        // scales of elements 0-15 and 16-31 of the chunk
         const int j0 = F::kScalePer == 32 ? c : 2 * c, j1 = F::kScalePer == 32 ? c : 2 * c + 1;
         const __m256i v = _mm256_sub_epi8(blk.weights(c), bytes(F::kOffset));
         const __m256i w0 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)), _mm256_set1_epi16(sc[j0]));
         const __m256i w1 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)), _mm256_set1_epi16(sc[j1]));
         store32(hi + 32 * c, pack_bytes(_mm256_srai_epi16(w0, 7), _mm256_srai_epi16(w1, 7)));
         store32(lo + 32 * c, pack_bytes(_mm256_and_si256(w0, low7), _mm256_and_si256(w1, low7)));
-        if constexpr (F::kMins != 0) {
-          const int mj0 = F::kMins == 32 ? c : 2 * c, mj1 = F::kMins == 32 ? c : 2 * c + 1;
-          store32(mins + 32 * c, _mm256_setr_m128i(_mm_set1_epi8(mn[mj0]), _mm_set1_epi8(mn[mj1])));
-        }
       }
       panel.d[b * kAmxRows + n] = blk.d;
-      if constexpr (F::kMins != 0) panel.neg_dmin[b * kAmxRows + n] = -blk.dmin;
+      if constexpr (F::kMins != 0) {
+        alignas(16) uint8_t mn[16];
+        _mm_store_si128(reinterpret_cast<__m128i*>(mn), blk.mn);
+        panel.neg_dmin[b * kAmxRows + n] = -blk.dmin;
+        for (int64_t j = 0; j < panel.J; ++j) panel.mn[(b * kAmxRows + n) * panel.J + j] = mn[j];
+      }
     }
 }
 
-// y[m0 .. m0 + 15][n0 .. n0 + n_rows) from one panel and x's tile t (rows m0 = 16t ..).
+// The float part of one block for one tile of x (sums [weight row][row of x]): acc[n] holds the
+// 16 rows of x of weight row n.
 template <bool Mins>
-void amx_tile(const AmxPanel& panel, const AmxActs& x, int64_t t, int64_t K, int64_t nb,
-              int64_t tm, int64_t n_rows, float* y, int64_t ldy) {
-  alignas(64) int32_t sums[3][kAmxRows][kAmxRows];   // [hi, lo, mins][weight row][row of x]
-  __m512 acc[kAmxRows];                               // [weight row] x 16 rows of x
-  for (auto& v : acc) v = _mm512_setzero_ps();
-  const int8_t* xq = x.q.data() + t * kAmxRows * K;
-  for (int64_t b = 0; b < nb; ++b) {
-    _tile_zero(0);
-    _tile_zero(1);
-    if (Mins) _tile_zero(2);
-    for (int kc = 0; kc < 4; ++kc) {
-      _tile_loadd(3, xq + (b * kSuper + 64 * kc) * kAmxRows, 64);
-      _tile_loadd(4, panel.plane(b, 0) + 64 * kc, kSuper);
-      _tile_loadd(5, panel.plane(b, 1) + 64 * kc, kSuper);
-      _tile_dpbssd(0, 4, 3);
-      _tile_dpbssd(1, 5, 3);
-      if (Mins) {
-        _tile_loadd(6, panel.plane(b, 2) + 64 * kc, kSuper);
-        _tile_dpbssd(2, 6, 3);
-      }
-    }
-    _tile_stored(0, sums[0], 64);
-    _tile_stored(1, sums[1], 64);
-    if (Mins) _tile_stored(2, sums[2], 64);
-    const __m512 da = _mm512_loadu_ps(x.d.data() + (t * nb + b) * kAmxRows);
-    for (int n = 0; n < kAmxRows; ++n) {
-      const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(sums[0][n]), 7),
-                                            _mm512_load_si512(sums[1][n]));
-      const __m512 dw = _mm512_set1_ps(panel.d[b * kAmxRows + n]);
-      acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sumi), acc[n]);
-      if (Mins) {
-        const __m512 neg_dmin = _mm512_set1_ps(panel.neg_dmin[b * kAmxRows + n]);
-        acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(neg_dmin, da), _mm512_cvtepi32_ps(_mm512_load_si512(sums[2][n])), acc[n]);
-      }
+inline void amx_fold(const AmxPanel& panel, const AmxActs& x, int64_t t, int64_t nb, int64_t b,
+                     const int32_t (*hi)[kAmxRows], const int32_t (*lo)[kAmxRows], __m512* acc) {
+  const __m512 da = _mm512_loadu_ps(x.d.data() + (t * nb + b) * kAmxRows);
+  const float* xs = x.xs.data() + (t * nb + b) * x.J * kAmxRows;
+  for (int n = 0; n < kAmxRows; ++n) {
+    const __m512i sumi = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hi[n]), 7), _mm512_load_si512(lo[n]));
+    const __m512 dw = _mm512_set1_ps(panel.d[b * kAmxRows + n]);
+    acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(dw, da), _mm512_cvtepi32_ps(sumi), acc[n]);
+    if (Mins) {
+      const float* mn = panel.mn.data() + (b * kAmxRows + n) * panel.J;
+      __m512 summ = _mm512_setzero_ps();
+      for (int64_t j = 0; j < panel.J; ++j)
+        summ = _mm512_fmadd_ps(_mm512_set1_ps(mn[j]), _mm512_loadu_ps(xs + j * kAmxRows), summ);
+      acc[n] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(panel.neg_dmin[b * kAmxRows + n]), da), summ, acc[n]);
     }
   }
+}
+
+// acc [weight row][row of x] -> y[row of x][weight row], the rows and columns that exist.
+inline void amx_store(const __m512* acc, int64_t tm, int64_t n_rows, float* y, int64_t ldy) {
   alignas(64) float out[kAmxRows][kAmxRows];
   for (int n = 0; n < kAmxRows; ++n) _mm512_store_ps(out[n], acc[n]);
   for (int64_t m = 0; m < tm; ++m)
     for (int64_t n = 0; n < n_rows; ++n) y[m * ldy + n] = out[n][m];
 }
 
+// y for x's tiles t and, when Two, t + 1 (rows 16t .. 16t + 31), from one panel.
+template <bool Mins, bool Two>
+void amx_tiles(const AmxPanel& panel, const AmxActs& x, int64_t t, int64_t K, int64_t nb,
+               int64_t M, int64_t n_rows, float* y, int64_t ldy) {
+  alignas(64) int32_t sums[4][kAmxRows][kAmxRows];   // [hi, lo of tile t, of t + 1][w row][x row]
+  __m512 acc[2][kAmxRows];
+  for (auto& tile : acc)
+    for (auto& v : tile) v = _mm512_setzero_ps();
+  const int8_t* xq = x.q.data() + t * kAmxRows * K;
+  for (int64_t b = 0; b < nb; ++b) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (Two) {
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+    for (int kc = 0; kc < 4; ++kc) {
+      const int64_t at = (b * kSuper + 64 * kc) * kAmxRows;
+      _tile_loadd(6, panel.plane(b, 0) + 64 * kc, kSuper);
+      _tile_loadd(7, panel.plane(b, 1) + 64 * kc, kSuper);
+      _tile_loadd(4, xq + at, 64);
+      _tile_dpbssd(0, 6, 4);
+      _tile_dpbssd(1, 7, 4);
+      if (Two) {
+        _tile_loadd(5, xq + kAmxRows * K + at, 64);
+        _tile_dpbssd(2, 6, 5);
+        _tile_dpbssd(3, 7, 5);
+      }
+    }
+    _tile_stored(0, sums[0], 64);
+    _tile_stored(1, sums[1], 64);
+    amx_fold<Mins>(panel, x, t, nb, b, sums[0], sums[1], acc[0]);
+    if (Two) {
+      _tile_stored(2, sums[2], 64);
+      _tile_stored(3, sums[3], 64);
+      amx_fold<Mins>(panel, x, t + 1, nb, b, sums[2], sums[3], acc[1]);
+    }
+  }
+  for (int i = 0; i < (Two ? 2 : 1); ++i) {
+    const int64_t m0 = (t + i) * kAmxRows;
+    amx_store(acc[i], std::min(kAmxRows, M - m0), n_rows, y + m0 * ldy, ldy);
+  }
+}
+
 // y = x @ w.T for a K format F, the work split over panels of 16 weight rows.
 template <class F>
 void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
+  constexpr bool kMins = F::kMins != 0;
   const int64_t K = a.K, nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
-  const AmxActs x = amx_acts(a, tiles * kAmxRows);
+  const int64_t J = kMins ? kSuper / F::kMins : 0;
+  const AmxActs x = amx_acts(a, tiles * kAmxRows, J);
   const int64_t items = (N + kAmxRows - 1) / kAmxRows;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     const TileConfig config;
     _tile_loadconfig(&config);
-    AmxPanel panel(nb);
+    AmxPanel panel(nb, J);
     for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t n0 = item * kAmxRows, n_rows = std::min(kAmxRows, N - n0);
       amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
-      for (int64_t t = 0; t < tiles; ++t)
-        amx_tile<F::kMins != 0>(panel, x, t, K, nb, std::min(kAmxRows, M - t * kAmxRows), n_rows,
-                                y + t * kAmxRows * N + n0, N);
+      int64_t t = 0;
+      for (; t + 1 < tiles; t += 2) amx_tiles<kMins, true>(panel, x, t, K, nb, M, n_rows, y + n0, N);
+      if (t < tiles) amx_tiles<kMins, false>(panel, x, t, K, nb, M, n_rows, y + n0, N);
     }
     _tile_release();
   });

@@ -5,7 +5,7 @@ batch and on any thread count; rows lying apart; bad input refused, naming the t
 formats bitwise the same on every build.
 
 Every test runs on three builds: the CPU extension's (-march=native: the AVX2 path on x86-64
-since Haswell / Zen, with AMX tiles for batches of 16 rows and more on Intel since Sapphire
+since Haswell / Zen, with AMX tiles for batches of 10 rows and more on Intel since Sapphire
 Rapids), cpu_ggml.cpp alone with -march=x86-64 (SSE2: the plain C++ path), and,
 where the CPU has AVX-512, cpu_ggml.cpp alone with -march=haswell (the AVX2 path without the
 compiler's AVX-512). The builds of the file alone (with kernels/cpu_ggml_module.cpp, torch ops:
@@ -187,8 +187,9 @@ def test_a_row_is_bitwise_the_same_alone_in_a_batch_and_on_any_thread_count(ggml
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda t: t.name)
 def test_k_formats_give_bitwise_the_same_y_on_every_build(build_of, qtype):
     """A K format's integer sums per block are exact and folded into float32 in one order on
-    every path: plain C++, AVX2, and AMX (natively, where the CPU has it: batches of 16 rows and
-    more; 40 rows here, in 3 tiles, and 45 weight rows, in 3 panels) agree bit for bit."""
+    every path: plain C++, AVX2, and AMX (natively, where the CPU has it: batches of 10 rows and
+    more; 40 rows here, in 3 tiles (a pair and one alone), and 45 weight rows, in 3 panels) agree
+    bit for bit."""
     w = blocks(qtype, 45, 768, seed=11)
     x = torch.randn(40, 768, generator=torch.Generator().manual_seed(12))
     want = build_of("x86-64").matmul(x, w, qtype)
