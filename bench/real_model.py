@@ -29,7 +29,8 @@ Prints a markdown table (ratios ours / llama.cpp), writes JSON and markdown to b
 
 llama.cpp comes from the environment: llama-cpp-python importable (this machine's build:
 PYTHONPATH=/tmp/work/lcp-site; elsewhere `CMAKE_ARGS="-DGGML_NATIVE=OFF ..." pip install
-llama-cpp-python`, see ../shared/STACK_NOTES.md). Without it the llama.cpp side is skipped, and
+llama-cpp-python`, see ../shared/STACK_NOTES.md). On a CPU with AMX, build it for the CPU's
+AVX-512 extensions but without AMX: 0.3.36's AMX matmul crashed on this file (README). Without it the llama.cpp side is skipped, and
 the Q4_K_M file cannot be made (the quantizer is llama.cpp's): the run says so and stops.
 """
 
