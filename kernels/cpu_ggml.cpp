@@ -871,6 +871,8 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
   alignas(32) int8_t codes[8][32], signs[8][32];
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* p = row + 8 * g * F::kBytes;
+    if constexpr (TM == 1)   // batch 1 streams the weights: their lines asked for as it goes
+      for (int64_t o = 0; o < 8 * F::kBytes; o += 64) __builtin_prefetch(p + o + kPrefetchBytes, 0, 3);
     for (int j = 0; j < 8; ++j) {
       const __m256i w = F::weights(p + j * F::kBytes);
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes[j]), F::kSigned ? _mm256_sign_epi8(w, w) : w);
@@ -1198,8 +1200,8 @@ AmxFn amx_kernel_for(int id) {
 
 // Asks for a weight row's cache lines ahead of its use: a row streamed from DRAM at batch 1 is
 // otherwise read at about a third of the bandwidth (the hardware prefetchers do not run far enough
-// ahead of one core's loads). The K formats' batch-1 loop asks block by block instead, spread over
-// its work (17.2-17.8 GB/s against 15.5 for whole rows ahead, on the SPR VM reading ~26 GB/s).
+// ahead of one core's loads). The AVX2 batch-1 loops ask block by block instead, spread over
+// their work (17.2-17.8 GB/s against 15.5 for whole rows ahead, on the SPR VM reading ~26 GB/s).
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
@@ -1215,12 +1217,12 @@ struct Kernel {
 Kernel kernel_for(int id) {
 #ifdef LOCALPAGED_GGML_AVX2
   switch (id) {
-    case kQ4_0: return {avx_tile<AvxQ4_0, false>, kTileRows};
-    case kQ4_1: return {avx_tile<AvxQ4_1, false>, kTileRows};
-    case kQ5_0: return {avx_tile<AvxQ5_0, false>, kTileRows};
-    case kQ5_1: return {avx_tile<AvxQ5_1, false>, kTileRows};
-    case kQ8_0: return {avx_tile<AvxQ8_0, false>, kTileRows};
-    case kIQ4_NL: return {avx_tile<AvxIQ4NL, false>, kTileRows};
+    case kQ4_0: return {avx_tile<AvxQ4_0, false>, kTileRows, true};
+    case kQ4_1: return {avx_tile<AvxQ4_1, false>, kTileRows, true};
+    case kQ5_0: return {avx_tile<AvxQ5_0, false>, kTileRows, true};
+    case kQ5_1: return {avx_tile<AvxQ5_1, false>, kTileRows, true};
+    case kQ8_0: return {avx_tile<AvxQ8_0, false>, kTileRows, true};
+    case kIQ4_NL: return {avx_tile<AvxIQ4NL, false>, kTileRows, true};
     case kQ2_K: return {avx_tile<AvxQ2K, true>, kTileRows, true};
     case kQ3_K: return {avx_tile<AvxQ3K, true>, kTileRows, true};
     case kQ4_K: return {avx_tile<AvxQ4K, true>, kTileRows, true};
