@@ -1,7 +1,7 @@
-"""models/batch1_cpu: the C++ layer loop of a batch-1 decode step (int4, GGML or float32 weights) gives
+"""models/batch1_cpu: the C++ layer loop of a decode step (int4, GGML or float32 weights) gives
 bitwise the tokens and logprobs of the Python path (the engine with enforce_eager, the same `cpu`
-attention backend), over one run of blocks and over several, and for the rows that verify a
-speculative draft; its greedy tokens equal
+attention backend), over one run of blocks and over several, for a batch of chats, and for the
+rows that verify a speculative draft; its greedy tokens equal
 transformers' (float32: `generate` on the same weights, token for token; int4: transformers on
 the engine's int4 weights dequantized, by the greedy-margin rule of tests/quant_helpers.py, since
 the int4 kernels round activations to bf16); models it cannot run, a failed build and a failed
@@ -84,6 +84,16 @@ def test_a_sequence_left_alone_over_several_runs_equals_the_python_path(engines,
     params = [greedy(80, logprobs=1), greedy(30, logprobs=1)]
     assert outputs(fast, pair, params) == outputs(python, pair, params)
     assert max(calls) > 1
+
+
+def test_a_batch_of_chats_equals_the_python_path(engines, calls):
+    """Four conversations decoding side by side, then fewer as they finish: each step one row per
+    sequence, each row over its own block table, bitwise the Python path's."""
+    fast, python = engines
+    batch = prompts(4, seed=13, lo=10, hi=40)
+    params = [greedy(n, logprobs=1) for n in (12, 30, 20, 6)]
+    assert outputs(fast, batch, params) == outputs(python, batch, params)
+    assert max(calls.rows) == 4 and min(calls.rows) == 1
 
 
 def test_verifying_a_draft_equals_the_python_path(tiny_llama, cpu_ext, calls, monkeypatch):

@@ -30,10 +30,12 @@ FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmu
 @dataclass(frozen=True)
 class NativeKernel:
     """A matmul over GGML blocks, (x [M, K], data, type id) -> [M, N] in x's dtype, the formats
-    it takes and the device type it runs on."""
+    it takes and the device type it runs on; `in_extension`: it is the CPU extension's own
+    `ggml_matmul`, the one the C++ decode loop calls (runner/batch1_cpu.py)."""
     kernel: Callable
     kinds: frozenset[str]
     device_type: str = "cpu"
+    in_extension: bool = False
 
 
 def _cpu_matmul(module) -> Callable:
@@ -49,7 +51,7 @@ def cpu_native() -> NativeKernel | None:
     if module is None or not hasattr(module, "ggml_supported"):
         return None
     kinds = frozenset(k for k, f in ggml_reference.FORMATS.items() if module.ggml_supported(f.type_id))
-    return NativeKernel(_cpu_matmul(module), kinds)
+    return NativeKernel(_cpu_matmul(module), kinds, in_extension=True)
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""Batch1Decoder: one conversation's decode step on CPU, the loop over the layers in C++.
+"""Batch1Decoder: a decode-only step on CPU, the loop over the layers in C++.
 
-A step is the sequence's one new token, or, under speculative decoding, the 1 + d rows that
-verify a draft of d tokens (the same loop over several rows: each linear a matmul of R rows,
-row j attending over the first computed + j + 1 tokens, as the Python decode rows do).
+A step is one new token of each decoding sequence, or, under speculative decoding, the 1 + d
+rows that verify a draft of d tokens (the same loop over several rows: each linear a matmul of
+R rows, row j attending over its own block table and length, as the Python decode rows do).
+Named for the case it was built for, one conversation; a batch of chats (each row one
+sequence's token) takes it as well: the interpreter's share of a step is the same per step.
 
 At batch 1 a step of a small model spends much of its time in the interpreter between ~40 small
 ATen calls per layer. The loop over the decoder layers (kernels/batch1_cpu.cpp) makes the same
@@ -48,7 +50,8 @@ BIAS = 16
 
 
 def _on_kernel(pw) -> bool:
-    return isinstance(pw, GgmlWeight) and pw.kernel is not None
+    """GGML blocks on the extension's own kernel: the one the C++ loop calls."""
+    return isinstance(pw, GgmlWeight) and pw.native is not None and pw.native.in_extension
 
 
 def _supported(linear) -> bool:
@@ -85,13 +88,6 @@ def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
     return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks])
 
 
-def one_sequence(meta: AttentionMetadata) -> bool:
-    """Whether a decode-only batch's rows are one sequence's: one block table, and each row one
-    position after the one before (a verified draft, model_runner.prepare)."""
-    tables, lens = meta.decode_block_tables, meta.decode_seq_lens
-    return bool((tables == tables[:1]).all()) and bool((lens[1:] - lens[:-1] == 1).all())
-
-
 class Batch1Decoder:
     def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         self.model = model
@@ -126,14 +122,13 @@ class Batch1Decoder:
         return cpu_extension.BUILD.wait(timeout)
 
     def can_run(self, meta: AttentionMetadata) -> bool:
-        """A step of one decoding sequence (its token, or the 1 + d rows verifying a draft of d),
-        once the build is ready, for a model whose layers all attend fully (the C++ loop takes
-        no window)."""
+        """A decode-only step (each row a sequence's token, or a sequence's 1 + d rows
+        verifying a draft of d: every row attends over its own table and length), once the
+        build is ready, for a model whose layers all attend fully (the C++ loop takes no
+        window)."""
         rows = meta.slot_mapping.shape[0]
-        if (meta.num_decode_tokens != rows or self.model.kv_groups.has_window
-                or cpu_extension.BUILD.module is None):
-            return False
-        return rows == 1 or one_sequence(meta)
+        return not (meta.num_decode_tokens != rows or self.model.kv_groups.has_window
+                    or cpu_extension.BUILD.module is None)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:
