@@ -39,9 +39,19 @@ def cpu_flags() -> set[str]:
         return set()
 
 
+def tiles_granted() -> bool:
+    """Whether Linux gives this process the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM, as
+    the kernel asks for it): a sandbox may refuse, and then the kernel runs its AVX2 tiles."""
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18) == 0   # x86-64 Linux
+    except (OSError, AttributeError):
+        return False
+
+
 FLAGS = cpu_flags()
 NATIVE_AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
-NATIVE_AMX = {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= FLAGS
+NATIVE_AMX = {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= FLAGS and X86 and tiles_granted()
 BUILDS = ["native", "x86-64"] + (["haswell"] if "avx512f" in FLAGS else [])
 EXPECTED_PATH = {"native": "avx2+amx" if NATIVE_AMX else "avx2" if NATIVE_AVX2 else "scalar",
                  "x86-64": "scalar", "haswell": "avx2"}
