@@ -26,8 +26,9 @@
 //    included) and, for Q2_K, Q4_K, Q5_K, summ = sum_j m_j * (sum of a over j), then one float
 //    per row: acc = fma(d * s, sumi, acc); acc = fma(-dmin * s, summ, acc), blocks in order.
 //    Every path (plain C++, AVX2, AMX) computes these same integers and float operations, so a
-//    K format's y is bitwise the same on every path and build. 32-element formats: 8 blocks at a time, their 8 int32 sums gathered into the
-//    8 lanes of one vector (hadd), times d * s per lane, plus coefficient * (s * sum).
+//    K format's y is bitwise the same on every path and build. 32-element formats: 8 blocks at
+//    a time, their 8 int32 sums gathered into the 8 lanes of one vector (hadd), times d * s per
+//    lane, plus coefficient * (s * sum).
 //
 // Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
 // (blocks in order into 8 float lanes, then one fixed lane sum), so it is bitwise the same
@@ -677,8 +678,6 @@ inline __m256i mins16(const F& blk) {
   return _mm256_cvtepu8_epi16(F::kMins == 32 ? _mm_unpacklo_epi8(blk.mn, blk.mn) : blk.mn);
 }
 
-// Per block, the exact integer sums of the plain C++ path (sumi, summ), folded into one float
-// per row in the same order: so every path of a K format gives bitwise the same y.
 // The totals of two vectors' 8 int32 lanes (exact: int32 sums wrap, and the true totals fit).
 inline void totals2(__m256i u, __m256i v, int32_t& tu, int32_t& tv) {
   const __m256i h = _mm256_hadd_epi32(u, v);   // per half: u01, u23, v01, v23
@@ -694,6 +693,8 @@ inline __m128i totals4(const __m256i* v) {
   return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+// Per block, the exact integer sums of the plain C++ path (sumi, summ), folded into one float
+// per row in the same order: so every path of a K format gives bitwise the same y.
 template <class F, int TM>
 void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t ldy) {
   static_assert(TM <= 4, "the rows of a tile are the 4 lanes of the float epilogue");
@@ -964,7 +965,7 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
 // x, 2 w), since moving tiles from the caches, not the multiplies, bounds this loop.
 
 constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
-constexpr int64_t kAmxMinRows = 10;   // batches from this size on (below: the AVX2 tiles)
+constexpr int64_t kAmxMinRows = 10;    // batches from this size on (below: the AVX2 tiles)
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -1216,19 +1217,20 @@ struct Kernel {
 
 Kernel kernel_for(int id) {
 #ifdef LOCALPAGED_GGML_AVX2
+  const auto avx = [](TileFn fn) { return Kernel{fn, kTileRows, true}; };   // all prefetch
   switch (id) {
-    case kQ4_0: return {avx_tile<AvxQ4_0, false>, kTileRows, true};
-    case kQ4_1: return {avx_tile<AvxQ4_1, false>, kTileRows, true};
-    case kQ5_0: return {avx_tile<AvxQ5_0, false>, kTileRows, true};
-    case kQ5_1: return {avx_tile<AvxQ5_1, false>, kTileRows, true};
-    case kQ8_0: return {avx_tile<AvxQ8_0, false>, kTileRows, true};
-    case kIQ4_NL: return {avx_tile<AvxIQ4NL, false>, kTileRows, true};
-    case kQ2_K: return {avx_tile<AvxQ2K, true>, kTileRows, true};
-    case kQ3_K: return {avx_tile<AvxQ3K, true>, kTileRows, true};
-    case kQ4_K: return {avx_tile<AvxQ4K, true>, kTileRows, true};
-    case kQ5_K: return {avx_tile<AvxQ5K, true>, kTileRows, true};
-    case kQ6_K: return {avx_tile<AvxQ6K, true>, kTileRows, true};
-    case kIQ4_XS: return {avx_tile<AvxIQ4XS, true>, kTileRows, true};
+    case kQ4_0: return avx(avx_tile<AvxQ4_0, false>);
+    case kQ4_1: return avx(avx_tile<AvxQ4_1, false>);
+    case kQ5_0: return avx(avx_tile<AvxQ5_0, false>);
+    case kQ5_1: return avx(avx_tile<AvxQ5_1, false>);
+    case kQ8_0: return avx(avx_tile<AvxQ8_0, false>);
+    case kIQ4_NL: return avx(avx_tile<AvxIQ4NL, false>);
+    case kQ2_K: return avx(avx_tile<AvxQ2K, true>);
+    case kQ3_K: return avx(avx_tile<AvxQ3K, true>);
+    case kQ4_K: return avx(avx_tile<AvxQ4K, true>);
+    case kQ5_K: return avx(avx_tile<AvxQ5K, true>);
+    case kQ6_K: return avx(avx_tile<AvxQ6K, true>);
+    case kIQ4_XS: return avx(avx_tile<AvxIQ4XS, true>);
   }
 #endif
   switch (id) {   // plain C++ (every format has an AVX2 kernel: this is for other CPUs)

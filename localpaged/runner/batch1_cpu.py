@@ -126,9 +126,8 @@ class Batch1Decoder:
         verifying a draft of d: every row attends over its own table and length), once the
         build is ready, for a model whose layers all attend fully (the C++ loop takes no
         window)."""
-        rows = meta.slot_mapping.shape[0]
-        return not (meta.num_decode_tokens != rows or self.model.kv_groups.has_window
-                    or cpu_extension.BUILD.module is None)
+        return (meta.num_decode_tokens == meta.slot_mapping.shape[0]
+                and not self.model.kv_groups.has_window and cpu_extension.BUILD.module is not None)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
             max_position: int) -> torch.Tensor:
