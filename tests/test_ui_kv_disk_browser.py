@@ -56,5 +56,9 @@ def test_the_first_reply_after_a_restart_reads_back_from_disk(app, page):
     page.screenshot(path=str(ARTIFACTS / "kv-disk-after-restart.png"))
     page.click("#kv-disk-clear")
     wait_text(page, "body", "Clearing the KV disk tier")
-    wait_text(page, "#engine-panel", "Disk tier: 0 blocks", timeout=60_000)
+    try:
+        wait_text(page, "#engine-panel", "Disk tier: 0 blocks", timeout=60_000)
+    except PlaywrightTimeout:       # say what the panel and the app showed instead
+        pytest.fail(f"the tier was not emptied; the panel: {text(page, '#engine-panel')!r}\n"
+                    f"the app's log: {app.log.read_text()[-3000:]}")
     assert not page.errors

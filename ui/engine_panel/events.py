@@ -41,8 +41,10 @@ PANEL_JS = f"""() => {{
   (async () => {{
     for (;;) {{
       try {{
+        // a poll the server never answers (a dropped connection) is given up, not waited on
         const r = await fetch('{PANEL_PATH.lstrip("/")}?etag=' + encodeURIComponent(etag),
-                              {{cache: 'no-store', credentials: 'same-origin'}});
+                              {{cache: 'no-store', credentials: 'same-origin',
+                                signal: AbortSignal.timeout({int((LONG_POLL_S + 10) * 1000)})}});
         if (r.status === 200) {{
           const d = await r.json();
           const box = document.querySelector('#engine-panel .{LIVE_CLASS}');
