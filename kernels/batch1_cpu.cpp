@@ -35,7 +35,8 @@ namespace {
 enum Code : int64_t {
   kLinear = 0,     // F.linear: (weight)
   kSplit = 1,      // models/linear.py times_blocks over `parameter` row blocks, one bmm:
-                   // (the weight's row_blocks, [parameter, K, N / parameter])
+                   // (the weight's row_blocks, [parameter, K, N / parameter]; the weight,
+                   // for several rows: F.linear on the very tensor Linear uses)
   kInt4Torch = 2,  // CpuInt4Weight.matmul, group size `parameter`: (packed, scales_zeros), bf16
                    // activations into torch's packed int4 op, the result back in x's dtype
   kInt4Tiles = 3,  // CpuInt4Tiles.matmul, group size `parameter`: (packed, scales, mins)
@@ -66,8 +67,10 @@ Tensor unbiased(const Tensor& x, int64_t code, int64_t parameter, const Tensor*&
       return y;
     }
     case kSplit: {   // one row: the threaded bmm; several (a draft's rows): F.linear, as Linear
-      const Tensor& blocks = *w++;
-      if (x.size(0) > 1) return at::linear(x, blocks.transpose(1, 2).reshape({-1, blocks.size(1)}));
+      const Tensor& blocks = w[0];
+      const Tensor& weight = w[1];
+      w += 2;
+      if (x.size(0) > 1) return at::linear(x, weight);
       return at::bmm(x.expand({parameter, 1, blocks.size(1)}), blocks).view({1, parameter * blocks.size(2)});
     }
     default:

@@ -55,26 +55,50 @@ def test_propose_takes_the_latest_longest_match():
     assert propose([1, 2, 1, 2], 0) == []
 
 
-def test_draft_length_follows_acceptance():
-    state = DraftState(k=4)
-    state.update(4, 4, k_max=6)
-    assert state.k == 5
-    state.update(5, 1, k_max=6)
-    assert state.k == 2
-    for _ in range(8):
-        state.update(2, 0, k_max=6)
-    assert state.rate < 0.2 and [state.next_k(1.0) for _ in range(16)].count(0) == 15  # probes
-
-
-def test_a_sequence_drafts_only_where_its_acceptance_beats_the_step_cost():
+def cost_of(plain: float, base: float, per_row: float, ds=(2, 6, 3, 5)) -> StepCost:
+    """A StepCost that saw plain steps of `plain` s and drafted steps of base + per_row x d s."""
     cost = StepCost()
-    assert cost.ratio == 1.0 and [cost.allows() for _ in range(CONTROL_EVERY)].count(False) == 1
-    cost.observe(0.010, with_drafts=False)
-    cost.observe(0.030, with_drafts=True)                 # a drafted step: 3 plain ones
-    assert cost.ratio == pytest.approx(3.0)
-    sure, unsure = DraftState(k=4), DraftState(k=4, rate=0.4)
-    assert sure.next_k(cost.ratio) == 4                   # 1 + 4 tokens expected > 3
-    assert [unsure.next_k(cost.ratio) for _ in range(PROBE_EVERY)].count(4) == 1   # 2.6 < 3
+    cost.observe(plain, 0)
+    for d in ds:
+        cost.observe(base + per_row * d, d)
+    return cost
+
+
+def test_the_step_cost_is_fitted_per_draft_row():
+    cost = StepCost()
+    assert cost.ratio(4) == 1.0 and [cost.allows() for _ in range(CONTROL_EVERY)].count(False) == 1
+    cost.observe(0.010, 0)
+    cost.observe(0.030, 4)                                # one draft length seen: no slope yet
+    assert cost.ratio(1) == pytest.approx(3.0) and cost.ratio(16) == pytest.approx(3.0)
+    cost = cost_of(0.010, 0.012, 0.002)                   # a verification: 1.2 + 0.2 d plain steps
+    assert [cost.ratio(d) for d in (1, 4, 16)] == pytest.approx([1.4, 2.0, 4.4])
+    assert cost_of(0.010, 0.004, 0.0).ratio(3) == 1.0     # never cheaper than a plain step
+
+
+def test_draft_length_follows_acceptance_and_cost():
+    cheap = cost_of(0.010, 0.011, 0.0005)                 # weights' reads bound a step
+    state = DraftState(k_max=16)
+    for _ in range(6):
+        state.update(8, 8)
+    assert state.rate > 0.95 and state.next_k(cheap) == 16     # a sibling's reply, copied
+    for _ in range(12):
+        state.update(8, 1)                                # one token kept of each draft
+    assert state.rate < 0.6 and 1 <= state.next_k(cheap) <= 4
+    # the draft with the most tokens per cost, against every other length
+    best = max(range(1, 17), key=lambda k: state.expected(k) / cheap.ratio(k))
+    assert state.next_k(cheap) == best
+    dear = cost_of(0.010, 0.010, 0.010)                   # a row costs a whole plain step
+    sure = DraftState(k_max=8, successes=9, trials=10)
+    assert [sure.next_k(dear) for _ in range(PROBE_EVERY)].count(0) == PROBE_EVERY - 1  # probes
+    for _ in range(8):
+        state.update(2, 0)
+    assert state.rate < 0.2 and [state.next_k(cheap) for _ in range(16)].count(0) == 15
+
+
+def test_the_expected_tokens_of_a_draft():
+    state = DraftState(k_max=4, successes=1, trials=2)    # rate 0.5
+    assert state.expected(1) == pytest.approx(1.5) and state.expected(3) == pytest.approx(1.875)
+    assert DraftState(k_max=4, successes=5, trials=5).expected(4) == pytest.approx(5.0)
 
 
 def test_greedy_equals_decoding_without_speculation_and_transformers(tiny_llama, always_draft):

@@ -66,7 +66,7 @@ class EngineConfig:
     # Speculative decoding: "ngram" drafts tokens from each sequence's own prompt and output
     # (core/speculation.py), up to num_speculative_tokens a step, verified in one forward.
     speculation: str = "off"             # SPECULATION
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 16     # the longest draft; DraftState picks each one's length
     # The KV cache's dtype (KV_CACHE_DTYPES): "auto" the model's; a smaller one holds more
     # tokens in the same memory (the block count from a budget grows), the kernels convert
     # on load (int8: a float32 scale per token and KV head, kernels/kv_quant.py).

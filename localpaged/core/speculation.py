@@ -2,9 +2,9 @@
 holds (prompt lookup: its last n tokens found earlier in its prompt or output, and the tokens
 that followed there), for the model to verify in one forward over every draft position.
 
-Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how many tokens to draft next,
-following how many were accepted, and whether drafting pays for it), `StepCost` (what a
-drafted step costs here in plain steps) and `Drafter` (which sequences get drafts in a step,
+Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how likely a draft token is
+to be accepted, and so how many to draft, if any), `StepCost` (what a step with d draft rows
+costs here in plain steps) and `Drafter` (which sequences get drafts in a step,
 and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the
 bookkeeping the scheduler's and the KV cache manager's; this module only guesses.
 
@@ -31,6 +31,7 @@ from localpaged.core.request import Sequence, SequenceGroup
 NGRAM_MAX, NGRAM_MIN = 4, 2           # the longest and shortest suffix looked up
 SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup searches
 OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
+DECAY = 0.8                           # weight of the past in DraftState's and StepCost's figures
 PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
 CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
 
@@ -71,42 +72,58 @@ def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int,
 
 @dataclass
 class DraftState:
-    """One sequence's drafting: the next draft length and its acceptance rate (the counts
-    shown are the Sequence's: `drafted`, `accepted`).
+    """One sequence's drafting: how likely its next draft token is to be accepted, and so how
+    many to draft (the counts shown are the Sequence's: `drafted`, `accepted`).
 
-    rate: an exponential average of the share of drafted tokens accepted. A sequence drafts
-    only while a drafted step is expected to yield more tokens (1 + rate x k) than it costs
-    in plain steps (StepCost.ratio); otherwise it tries one draft every PROBE_EVERY steps,
-    so a reply that starts to repeat itself is noticed."""
-    k: int
-    rate: float = 1.0
+    A verification keeps a draft's tokens up to its first rejection, so each draft token is a
+    trial that succeeds with probability `rate` until one fails: after a draft of d tokens with
+    a accepted, a successes and (a < d) failures. `rate` is their ratio over exponentially
+    decaying counts (the sequence's recent drafts weigh most). A draft of k tokens then yields
+    1 + rate + ... + rate^k tokens on average (`expected`); `next_k` picks the k with the most
+    tokens per unit of the step's cost (StepCost.ratio), and none where no k beats a plain step
+    (one token, cost 1). A sequence that stopped tries one draft every PROBE_EVERY steps, so a
+    reply that starts to repeat itself is noticed."""
+    k_max: int
+    successes: float = 3.0            # a prior of 3 accepted in 3.5 trials (rate 0.86)
+    trials: float = 3.5
     idle_steps: int = 0
 
-    def next_k(self, cost_ratio: float) -> int:
-        if 1 + self.rate * self.k > cost_ratio and self.rate >= OFF_BELOW:
-            return self.k
-        self.idle_steps += 1
-        return self.k if self.idle_steps % PROBE_EVERY == 0 else 0
+    @property
+    def rate(self) -> float:
+        return self.successes / self.trials
 
-    def update(self, drafted: int, accepted: int, k_max: int) -> None:
+    def expected(self, k: int) -> float:
+        """Tokens a verification of a k-token draft yields on average (its own one included)."""
+        r = min(self.rate, 1 - 1e-9)
+        return (1 - r ** (k + 1)) / (1 - r)
+
+    def next_k(self, cost: StepCost) -> int:
+        gain, k = max((self.expected(k) / cost.ratio(k), k) for k in range(1, self.k_max + 1))
+        if gain > 1 and self.rate >= OFF_BELOW:
+            return k
+        self.idle_steps += 1
+        return k if self.idle_steps % PROBE_EVERY == 0 else 0
+
+    def update(self, drafted: int, accepted: int) -> None:
         """After verification: accepted of drafted tokens were kept."""
         if drafted == 0:
             return
-        self.rate = 0.7 * self.rate + 0.3 * accepted / drafted
-        # all accepted: draft one more next time; a rejection: as many as were accepted, plus one
-        self.k = min(k_max, self.k + 1) if accepted == drafted else max(1, accepted + 1)
+        self.successes = DECAY * self.successes + accepted
+        self.trials = DECAY * self.trials + accepted + (accepted < drafted)
 
 
 @dataclass
 class StepCost:
-    """What a drafted decode step costs in plain decode steps on this machine and model
-    (exponential averages of their seconds; decode-only steps). A verification runs 1 + d
-    decode rows (one conversation's through the C++ batch-1 loop on CPU, as its plain steps):
-    where the weights' reads bound a step it costs little more than one plain step, where the
-    arithmetic does (a CPU's integer multiplies, large d) more. Every CONTROL_EVERY-th step
-    drafts nothing, so the plain figure stays current whatever the sequences do."""
+    """What a decode step with d draft rows costs in plain decode steps on this machine and model
+    (`ratio(d)`), measured on decode-only steps. A verification runs 1 + d decode rows (on CPU
+    one conversation's through the C++ batch-1 loop, as its plain steps): where reading the
+    weights bounds a step a row costs little, where the arithmetic does (a small model, a CPU's
+    integer multiplies) more, and a verification has a fixed cost of its own. So drafted steps'
+    seconds are fitted as `base + per_row x d` (least squares over exponentially decaying sums;
+    with one d seen so far, no slope), and plain steps' seconds averaged. Every CONTROL_EVERY-th
+    step drafts nothing, so the plain figure stays current whatever the sequences do."""
     plain: float | None = None
-    drafted: float | None = None
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)   # w, w*d, w*d^2, w*y, w*d*y
     step: int = 0
 
     def allows(self) -> bool:
@@ -114,17 +131,23 @@ class StepCost:
         self.step += 1
         return self.step % CONTROL_EVERY != 0
 
-    @property
-    def ratio(self) -> float:
-        """Seconds of a drafted step over a plain one (1 until both were seen)."""
-        return self.drafted / self.plain if self.plain and self.drafted else 1.0
+    def ratio(self, d: int) -> float:
+        """Seconds of a step with d draft rows over a plain one's (1 until both were seen)."""
+        w, wd, wdd, wy, wdy = self.sums
+        if not self.plain or w == 0:
+            return 1.0
+        spread = w * wdd - wd * wd
+        per_row = max(0.0, (w * wdy - wd * wy) / spread) if spread > 0.05 * w * w else 0.0
+        base = (wy - per_row * wd) / w
+        return max(1.0, (base + per_row * d) / self.plain)
 
-    def observe(self, seconds: float, with_drafts: bool) -> None:
-        """A decode step (no prompt work in it) took `seconds`."""
-        if with_drafts:
-            self.drafted = seconds if self.drafted is None else 0.8 * self.drafted + 0.2 * seconds
-        else:
+    def observe(self, seconds: float, drafted_rows: int) -> None:
+        """A decode step (no prompt work in it) with this many draft rows took `seconds`."""
+        if drafted_rows == 0:
             self.plain = seconds if self.plain is None else 0.8 * self.plain + 0.2 * seconds
+            return
+        d = float(drafted_rows)
+        self.sums = [DECAY * s + x for s, x in zip(self.sums, (1.0, d, d * d, seconds, d * seconds))]
 
 
 @dataclass
@@ -147,7 +170,7 @@ class Drafter:
                 if seq.num_uncomputed_tokens != 1 or seq.num_draft_tokens:
                     continue
                 state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
-                k = min(state.next_k(self.cost.ratio), _room(group, seq))
+                k = min(state.next_k(self.cost), _room(group, seq))
                 draft = propose(seq.token_ids, k, group.params_for(seq).draft_sources,
                                 near=seq.num_output_tokens)
                 seq.token_ids.extend(draft)
@@ -156,7 +179,7 @@ class Drafter:
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
-        self.states.setdefault(seq.seq_id, DraftState(self.k_max)).update(drafted, accepted, self.k_max)
+        self.states.setdefault(seq.seq_id, DraftState(self.k_max)).update(drafted, accepted)
 
     def forget(self, seqs: list[Sequence]) -> None:
         for seq in seqs:

@@ -290,7 +290,7 @@ class LLMEngine:
             # runner.is_decode as it was at the forward (computed tokens move on in _update)
             decode_only &= item.seq.num_computed_tokens > 0 and item.num_tokens == 1 + drafted
         if decode_only:
-            self.drafter.cost.observe(seconds, bool(result.drafts))
+            self.drafter.cost.observe(seconds, sum(d for d, _ in result.drafts.values()))
 
     def _end(self, seq: Sequence, reason: str, detail: str) -> None:
         """Finish seq from outside its own step (abort, out of memory), flushing its text."""

@@ -85,7 +85,7 @@ def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
             return [code | BIAS, parameter], [*tensors, linear.bias]
         return [code, parameter], tensors
     blocks = linear.split_blocks(threads) if threads >= 2 else None
-    return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks])
+    return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks, linear.weight])
 
 
 class Batch1Decoder:
