@@ -26,9 +26,11 @@
 //    included) and, for Q2_K, Q4_K, Q5_K, summ = sum_j m_j * (sum of a over j), then one float
 //    per row: acc = fma(d * s, sumi, acc); acc = fma(-dmin * s, summ, acc), blocks in order.
 //    Every path (plain C++, AVX2, AMX) computes these same integers and float operations, so a
-//    K format's y is bitwise the same on every path and build. 32-element formats: 8 blocks at
-//    a time, their 8 int32 sums gathered into the 8 lanes of one vector (hadd), times d * s per
-//    lane, plus coefficient * (s * sum).
+//    K format's y is bitwise the same on every path and build. 32-element formats: block b's
+//    exact int32 sum into float lane b % 8: lane = fma(d * s, sum, lane); lane = fma(coefficient,
+//    s * (sum of a), lane); then the 8 lanes summed in one order (hsum). The AVX2 tiles gather 8
+//    blocks' sums into the 8 lanes of one vector (hadd), the AMX tiles keep the lanes in memory:
+//    the same y, bitwise (the plain C++ path keeps one accumulator: within the bound only).
 //
 // Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
 // (blocks in order into 8 float lanes, then one fixed lane sum), so it is bitwise the same
@@ -49,8 +51,8 @@
 //
 // Paths: AVX2 + FMA + F16C (every format; -march=native on x86-64 since Haswell / Zen), else
 // plain C++ (any CPU; the compiler vectorizes what it can). On Intel CPUs with AMX (Sapphire
-// Rapids on; built with -march=native there), K formats in batches of 10 rows and more go through
-// the int8 tile unit instead (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
+// Rapids on; built with -march=native there), batches of 10 rows and more go through the int8
+// tile unit instead, bitwise the AVX2 tiles' y (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
 // ggml_kernel_path() says which ("avx2+amx" where the tiles are in use).
 //
 // Speed (bench/ggml_kernels.py; 2 cores of an AMD EPYC Zen 1 VM, ~19 GB/s read bandwidth, idle):
@@ -78,6 +80,7 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -519,6 +522,13 @@ inline __m256i iq4_lookup(__m256i idx) {
 // it GCC re-associates a tile's 8 x TM integer sums into trees and spills the partial products.
 inline void keep(__m256i& v) { asm("" : "+x"(v)); }
 
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// The 8 lanes' sum in one fixed order: ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)).
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -861,11 +871,7 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
   const int64_t K = a.K, nb = a.blocks, groups = nb / 8;
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[TM];
-  __m128 off[TM];
-  for (int m = 0; m < TM; ++m) {
-    acc[m] = _mm256_setzero_ps();
-    off[m] = _mm_setzero_ps();
-  }
+  for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
   const int8_t* x = a.q.data() + m0 * K;
   // 8 blocks at a time: their codes unpacked once into L1 for every row; per row, 8 integer dots
   // reduced to one vector of the 8 block sums, then one multiply-add by d * s for all 8
@@ -909,25 +915,26 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
         acc[m] = _mm256_fmadd_ps(coef8, _mm256_loadu_ps(a.dsum32.data() + r * nb + 8 * g), acc[m]);
     }
   }
-  // the last nb % 8 blocks one at a time
+  // the last nb % 8 blocks one at a time, each block's exact sum into its lane b % 8, as a group
+  // puts it (so a block's contribution is the same whichever path computes it: see b_lanes_sum)
+  alignas(32) float lanes[TM][8];
+  for (int m = 0; m < TM; ++m) _mm256_store_ps(lanes[m], acc[m]);
   for (int64_t b = 8 * groups; b < nb; ++b) {
     const uint8_t* p = row + b * F::kBytes;
     const __m256i w = F::weights(p);
     const __m256i uw = F::kSigned ? _mm256_sign_epi8(w, w) : w;
-    const float d = half(p);
-    const __m256 dw = _mm256_set1_ps(d);
-    const __m128 coef = _mm_set_ss(F::coef(p, d));
+    const float d = half(p), coef = F::coef(p, d);
     for (int m = 0; m < TM; ++m) {
       const int64_t r = m0 + m;
       __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + 32 * b));
       if (F::kSigned) v = _mm256_sign_epi8(v, w);
-      const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), ones);
-      const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(a.d.data() + r * nb + b));
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[m]);
-      if (F::kOffset) off[m] = _mm_fmadd_ss(coef, _mm_load_ss(a.dsum32.data() + r * nb + b), off[m]);
+      const int32_t sumi = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), ones));
+      float& lane = lanes[m][b % 8];
+      lane = std::fma(d * a.d[r * nb + b], static_cast<float>(sumi), lane);
+      if (F::kOffset) lane = std::fma(coef, a.dsum32[r * nb + b], lane);
     }
   }
-  for (int m = 0; m < TM; ++m) y[m * ldy] = hsum(acc[m]) + _mm_cvtss_f32(off[m]);
+  for (int m = 0; m < TM; ++m) y[m * ldy] = hsum(_mm256_load_ps(lanes[m]));
 }
 
 template <class F, bool Super, int TM>
@@ -965,7 +972,11 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
 // x, 2 w), since moving tiles from the caches, not the multiplies, bounds this loop.
 
 constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
-constexpr int64_t kAmxMinRows = 10;    // batches from this size on (below: the AVX2 tiles)
+// Batches from kAmxMinRows rows on (below: the AVX2 tiles). A K format's panel costs ~1.3 ms per
+// 13.7M weights to unpack; a 32-element format's matmul alone is faster on the tiles from ~5
+// rows, but in the engine's steps not before ~10: steps that use the tiles run the element-wise
+// ops around them slower (silu and mul ~1.5x, measured on the SPR VM).
+constexpr int64_t kAmxMinRows = 10;
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -1158,6 +1169,35 @@ void amx_tiles(const AmxPanel& panel, const AmxActs& x, int64_t t, int64_t K, in
   }
 }
 
+// The work over panels of 16 weight rows, taken in order from a shared counter by each thread
+// of one parallel region (its tiles configured as Config, its own copy of `panel`):
+// fn(panel, n0, n_rows) per panel.
+template <class Config, class Panel, class Fn>
+void amx_panels(int64_t N, const Panel& prototype, Fn fn) {
+  const int64_t items = (N + kAmxRows - 1) / kAmxRows;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    const Config config;
+    _tile_loadconfig(&config);
+    Panel panel = prototype;
+    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+      const int64_t n0 = item * kAmxRows;
+      fn(panel, n0, std::min(kAmxRows, N - n0));
+    }
+    _tile_release();
+  });
+}
+
+// x's tiles in pairs that share each load of the weights, then the last one alone:
+// fn(std::true_type (a pair) or std::false_type, first tile).
+template <class Fn>
+inline void over_tile_pairs(int64_t tiles, Fn fn) {
+  int64_t t = 0;
+  for (; t + 1 < tiles; t += 2) fn(std::true_type{}, t);
+  if (t < tiles) fn(std::false_type{}, t);
+}
+
 // y = x @ w.T for a K format F, the work split over panels of 16 weight rows.
 template <class F>
 void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
@@ -1165,21 +1205,137 @@ void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int6
   const int64_t K = a.K, nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
   const int64_t J = kMins ? kSuper / F::kMins : 0;
   const AmxActs x = amx_acts(a, tiles * kAmxRows, J);
-  const int64_t items = (N + kAmxRows - 1) / kAmxRows;
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    const TileConfig config;
-    _tile_loadconfig(&config);
-    AmxPanel panel(nb, J);
-    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
-      const int64_t n0 = item * kAmxRows, n_rows = std::min(kAmxRows, N - n0);
-      amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
-      int64_t t = 0;
-      for (; t + 1 < tiles; t += 2) amx_tiles<kMins, true>(panel, x, t, K, nb, M, n_rows, y + n0, N);
-      if (t < tiles) amx_tiles<kMins, false>(panel, x, t, K, nb, M, n_rows, y + n0, N);
+  amx_panels<TileConfig>(N, AmxPanel(nb, J), [&](AmxPanel& panel, int64_t n0, int64_t n_rows) {
+    amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
+    over_tile_pairs(tiles, [&](auto two, int64_t t) {
+      amx_tiles<kMins, decltype(two)::value>(panel, x, t, K, nb, M, n_rows, y + n0, N);
+    });
+  });
+}
+
+// ---- 32-element formats ----------------------------------------------------------------------
+// A block's sums are one tile product with a K extent of 32 bytes: A = 16 rows of x over the
+// block (straight from Acts, row stride K), B = the block's codes of 16 weight rows in the
+// tiles' dword-interleaved layout ([8][16 weight rows][4 bytes], unpacked once per panel),
+// C = [row of x][weight row] (unsigned codes: TDPBSUD; signed: TDPBSSD). Each block's float part
+// goes into lane b % 8 of 8 accumulators per (row of x, weight row), only for the rows of x that
+// exist, and the lanes are summed in hsum's order: the fold of avx_b_rows, so y is bitwise the
+// AVX2 tiles' (tests/test_cpu_ggml.py: a row alone and in a batch, the builds side by side).
+
+// tiles 0-1: int32 sums of x tiles t, t + 1; 2-3: those x tiles (16 rows x 32 bytes); 4: weights
+struct alignas(64) TileConfigB {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 32, 32, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 8};
+};
+
+// 16 weight rows: per block, their codes as the tiles' B operand, d and coef (F::coef) per row.
+struct AmxBPanel {
+  std::vector<int8_t> codes;      // [blocks][8][16][4]
+  std::vector<float> d, coef;     // [blocks][16]
+  explicit AmxBPanel(int64_t blocks) : codes(blocks * 512), d(blocks * kAmxRows), coef(blocks * kAmxRows) {}
+};
+
+// 16 rows of 8 dwords (r[n]) -> 8 rows of 16 dwords at out (row i: dword i of every r[n]).
+inline void transpose_16x8(const __m256i* r, int8_t* out) {
+  __m512i z[8], t[8], u[8];
+  for (int k = 0; k < 8; ++k) z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(r[k]), r[k + 8], 1);
+  for (int k = 0; k < 8; k += 2) {   // per 128-bit lane: [a0 b0 a1 b1], [a2 b2 a3 b3]
+    t[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
+    t[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {   // per 128-bit lane: dword j of 4 rows
+    u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+    u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+    u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+    u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+  }
+  const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int j = 0; j < 4; ++j) {      // u[j]: dwords j and j + 4 of rows 0-3 and 8-11; u[j + 4] of 4-7, 12-15
+    _mm512_storeu_si512(out + 64 * j, _mm512_permutex2var_epi64(u[j], first, u[j + 4]));
+    _mm512_storeu_si512(out + 64 * (j + 4), _mm512_permutex2var_epi64(u[j], second, u[j + 4]));
+  }
+}
+
+template <class F>
+void amx_b_unpack(const uint8_t* w, int64_t stride, int64_t n_rows, int64_t nb, AmxBPanel& panel) {
+  __m256i r[kAmxRows];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t n = 0; n < kAmxRows; ++n) {   // rows past N (the last panel): zeros
+      const uint8_t* p = w + n * stride + b * F::kBytes;
+      const bool real = n < n_rows;
+      r[n] = real ? F::weights(p) : _mm256_setzero_si256();
+      const float d = real ? half(p) : 0.0f;
+      panel.d[b * kAmxRows + n] = d;
+      panel.coef[b * kAmxRows + n] = real ? F::coef(p, d) : 0.0f;
     }
-    _tile_release();
+    transpose_16x8(r, panel.codes.data() + 512 * b);
+  }
+}
+
+// Block b's sums of one x tile (rows m0 .. m0 + tm - 1) into their lanes b % 8.
+template <class F>
+inline void amx_b_fold(const AmxBPanel& panel, const Acts& a, int64_t m0, int64_t tm, int64_t b,
+                       const int32_t (*sums)[kAmxRows], float (*lane)[kAmxRows]) {
+  const int64_t nb = a.blocks;
+  const __m512 dw = _mm512_loadu_ps(panel.d.data() + b * kAmxRows);
+  const __m512 coef = _mm512_loadu_ps(panel.coef.data() + b * kAmxRows);
+  for (int64_t m = 0; m < tm; ++m) {
+    const int64_t i = (m0 + m) * nb + b;
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(a.d[i]));
+    __m512 acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums[m])), scale, _mm512_load_ps(lane[m]));
+    if (F::kOffset) acc = _mm512_fmadd_ps(coef, _mm512_set1_ps(a.dsum32[i]), acc);
+    _mm512_store_ps(lane[m], acc);
+  }
+}
+
+template <class F, bool Two>
+void amx_b_tiles(const AmxBPanel& panel, const Acts& a, int64_t t, int64_t M, int64_t n_rows,
+                 float* y, int64_t ldy) {
+  const int64_t K = a.K, nb = a.blocks, m0 = t * kAmxRows;
+  const int64_t tm[2] = {std::min(kAmxRows, M - m0), Two ? std::min(kAmxRows, M - m0 - kAmxRows) : 0};
+  alignas(64) int32_t sums[kAmxRows][kAmxRows];
+  alignas(64) float lanes[2][8][kAmxRows][kAmxRows];   // [x tile][lane][row of x][weight row]
+  for (int i = 0; i < (Two ? 2 : 1); ++i)
+    for (auto& lane : lanes[i]) std::memset(lane, 0, tm[i] * sizeof(lane[0]));
+  const int8_t* xq = a.q.data() + m0 * K;
+  for (int64_t b = 0; b < nb; ++b) {
+    _tile_zero(0);
+    _tile_loadd(4, panel.codes.data() + 512 * b, 64);
+    _tile_loadd(2, xq + 32 * b, K);
+    if constexpr (F::kSigned) _tile_dpbssd(0, 2, 4);
+    else _tile_dpbsud(0, 2, 4);
+    if (Two) {
+      _tile_zero(1);
+      _tile_loadd(3, xq + kAmxRows * K + 32 * b, K);
+      if constexpr (F::kSigned) _tile_dpbssd(1, 3, 4);
+      else _tile_dpbsud(1, 3, 4);
+    }
+    _tile_stored(0, sums, 64);
+    amx_b_fold<F>(panel, a, m0, tm[0], b, sums, lanes[0][b % 8]);
+    if (Two) {
+      _tile_stored(1, sums, 64);
+      amx_b_fold<F>(panel, a, m0 + kAmxRows, tm[1], b, sums, lanes[1][b % 8]);
+    }
+  }
+  const __mmask16 cols = static_cast<__mmask16>((1u << n_rows) - 1);
+  for (int i = 0; i < (Two ? 2 : 1); ++i)
+    for (int64_t m = 0; m < tm[i]; ++m) {   // hsum's order
+      auto L = [&](int j) { return _mm512_load_ps(lanes[i][j][m]); };
+      const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L(0), L(4)), _mm512_add_ps(L(2), L(6))),
+                                     _mm512_add_ps(_mm512_add_ps(L(1), L(5)), _mm512_add_ps(L(3), L(7))));
+      _mm512_mask_storeu_ps(y + (m0 + i * kAmxRows + m) * ldy, cols, v);
+    }
+}
+
+template <class F>
+void amx_b_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
+  const int64_t nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
+  amx_panels<TileConfigB>(N, AmxBPanel(nb), [&](AmxBPanel& panel, int64_t n0, int64_t n_rows) {
+    amx_b_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
+    over_tile_pairs(tiles, [&](auto two, int64_t t) {
+      amx_b_tiles<F, decltype(two)::value>(panel, a, t, M, n_rows, y + n0, N);
+    });
   });
 }
 
@@ -1193,6 +1349,12 @@ AmxFn amx_kernel_for(int id) {
     case kQ5_K: return amx_matmul<AvxQ5K>;
     case kQ6_K: return amx_matmul<AvxQ6K>;
     case kIQ4_XS: return amx_matmul<AvxIQ4XS>;
+    case kQ4_0: return amx_b_matmul<AvxQ4_0>;
+    case kQ4_1: return amx_b_matmul<AvxQ4_1>;
+    case kQ5_0: return amx_b_matmul<AvxQ5_0>;
+    case kQ5_1: return amx_b_matmul<AvxQ5_1>;
+    case kQ8_0: return amx_b_matmul<AvxQ8_0>;
+    case kIQ4_NL: return amx_b_matmul<AvxIQ4NL>;
   }
   return nullptr;
 }
@@ -1284,7 +1446,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 #ifdef LOCALPAGED_GGML_AMX
   if (const AmxFn amx = M >= kAmxMinRows ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
     const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
-    amx(quantize_acts(x.data_ptr<float>(), M, K, kSuper, rows), M, wp, stride, N, yp);
+    amx(quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, rows), M, wp, stride, N, yp);
     return y;
   }
 #endif

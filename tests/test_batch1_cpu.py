@@ -114,7 +114,7 @@ def test_verifying_a_draft_equals_the_python_path(tiny_llama, cpu_ext, calls, mo
             assert got == want
         else:   # from 6 rows on, float32 logprobs may differ in the last bit (not yet found where)
             assert max(abs(a - b) for a, b in zip(got[1], want[1])) < 1e-6
-        assert max(calls.rows) > k
+        assert max(calls.rows) > min(k, 8)      # drafts grow to their longest as they are right
 
 
 MARGIN = 0.004     # logits; int4 vs transformers on its dequantized weights: measured < 0.001

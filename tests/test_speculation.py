@@ -16,7 +16,7 @@ import torch
 from engine_helpers import hf_greedy
 from localpaged import LLM, SamplingParams
 from localpaged.core.request import Sequence
-from localpaged.core.speculation import (CONTROL_EVERY, PROBE_EVERY, DraftState, StepCost,
+from localpaged.core.speculation import (CONTROL_EVERY, PRIOR_ROW_COST, PROBE_EVERY, DraftState, StepCost,
                                          propose)
 from localpaged.engine.sampler import _filtered_probs, verify
 
@@ -66,7 +66,8 @@ def cost_of(plain: float, base: float, per_row: float, ds=(2, 6, 3, 5)) -> StepC
 
 def test_the_step_cost_is_fitted_per_draft_row():
     cost = StepCost()
-    assert cost.ratio(4) == 1.0 and [cost.allows() for _ in range(CONTROL_EVERY)].count(False) == 1
+    assert cost.ratio(4) == pytest.approx(1 + 4 * PRIOR_ROW_COST)      # until measured
+    assert [cost.allows() for _ in range(CONTROL_EVERY)].count(False) == 1
     cost.observe(0.010, 0)
     cost.observe(0.030, 4)                                # one draft length seen: no slope yet
     assert cost.ratio(1) == pytest.approx(3.0) and cost.ratio(16) == pytest.approx(3.0)

@@ -32,6 +32,7 @@ NGRAM_MAX, NGRAM_MIN = 4, 2           # the longest and shortest suffix looked u
 SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup searches
 OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
 DECAY = 0.8                           # weight of the past in DraftState's and StepCost's figures
+PRIOR_ROW_COST = 0.25                 # a draft row's cost in plain steps until one is measured
 PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
 CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
 
@@ -132,10 +133,11 @@ class StepCost:
         return self.step % CONTROL_EVERY != 0
 
     def ratio(self, d: int) -> float:
-        """Seconds of a step with d draft rows over a plain one's (1 until both were seen)."""
+        """Seconds of a step with d draft rows over a plain one's (1 + PRIOR_ROW_COST x d until
+        both were seen)."""
         w, wd, wdd, wy, wdy = self.sums
         if not self.plain or w == 0:
-            return 1.0
+            return 1.0 + PRIOR_ROW_COST * d
         spread = w * wdd - wd * wd
         per_row = max(0.0, (w * wdy - wd * wy) / spread) if spread > 0.05 * w * w else 0.0
         base = (wy - per_row * wd) / w
