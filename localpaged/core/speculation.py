@@ -33,6 +33,7 @@ SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup s
 OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
 DECAY = 0.8                           # weight of the past in DraftState's and StepCost's figures
 PRIOR_ROW_COST = 0.25                 # a draft row's cost in plain steps until one is measured
+ROW_DECAY = 0.9                       # weight of the past in StepCost's row cost
 PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
 CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
 
@@ -115,16 +116,18 @@ class DraftState:
 
 @dataclass
 class StepCost:
-    """What a decode step with d draft rows costs in plain decode steps on this machine and model
-    (`ratio(d)`), measured on decode-only steps. A verification runs 1 + d decode rows (on CPU
-    one conversation's through the C++ batch-1 loop, as its plain steps): where reading the
-    weights bounds a step a row costs little, where the arithmetic does (a small model, a CPU's
-    integer multiplies) more, and a verification has a fixed cost of its own. So drafted steps'
-    seconds are fitted as `base + per_row x d` (least squares over exponentially decaying sums;
-    with one d seen so far, no slope), and plain steps' seconds averaged. Every CONTROL_EVERY-th
-    step drafts nothing, so the plain figure stays current whatever the sequences do."""
+    """What a decode step with d draft rows costs in plain decode steps on this machine and model:
+    `ratio(d)` = 1 + row x d, measured on decode-only steps. A verification runs 1 + d decode rows
+    (on CPU one conversation's through the C++ batch-1 loop, as its plain steps): where reading
+    the weights bounds a step a row costs little, where the arithmetic does (a small model, a
+    long context's attention, a CPU's integer multiplies) more. `row` is an exponential average
+    over drafted steps of (seconds / plain - 1) / d (PRIOR_ROW_COST until one is measured), and
+    `plain` one of plain steps' seconds. (A least-squares fit of base + per-row seconds was
+    tried: over a few recent steps of similar d it put a verification's base at 2.5 plain steps,
+    where one row measures ~1.4, and drafts came out too long.) Every CONTROL_EVERY-th step
+    drafts nothing, so the plain figure stays current whatever the sequences do."""
     plain: float | None = None
-    sums: list[float] = field(default_factory=lambda: [0.0] * 5)   # w, w*d, w*d^2, w*y, w*d*y
+    row: float = PRIOR_ROW_COST
     step: int = 0
 
     def allows(self) -> bool:
@@ -133,23 +136,16 @@ class StepCost:
         return self.step % CONTROL_EVERY != 0
 
     def ratio(self, d: int) -> float:
-        """Seconds of a step with d draft rows over a plain one's (1 + PRIOR_ROW_COST x d until
-        both were seen)."""
-        w, wd, wdd, wy, wdy = self.sums
-        if not self.plain or w == 0:
-            return 1.0 + PRIOR_ROW_COST * d
-        spread = w * wdd - wd * wd
-        per_row = max(0.0, (w * wdy - wd * wy) / spread) if spread > 0.05 * w * w else 0.0
-        base = (wy - per_row * wd) / w
-        return max(1.0, (base + per_row * d) / self.plain)
+        """Seconds of a step with d draft rows over a plain one's."""
+        return 1.0 + self.row * d
 
     def observe(self, seconds: float, drafted_rows: int) -> None:
         """A decode step (no prompt work in it) with this many draft rows took `seconds`."""
         if drafted_rows == 0:
             self.plain = seconds if self.plain is None else 0.8 * self.plain + 0.2 * seconds
-            return
-        d = float(drafted_rows)
-        self.sums = [DECAY * s + x for s, x in zip(self.sums, (1.0, d, d * d, seconds, d * seconds))]
+        elif self.plain:
+            row = max(0.0, (seconds / self.plain - 1.0) / drafted_rows)
+            self.row = ROW_DECAY * self.row + (1 - ROW_DECAY) * row
 
 
 @dataclass
