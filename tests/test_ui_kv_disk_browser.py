@@ -41,6 +41,9 @@ def test_the_first_reply_after_a_restart_reads_back_from_disk(app, page):
     open_ready(page, app)
     send(page, 0, LONG)
     wait_text(page, "#chat0", LONG[:40])             # sent (a long message takes a moment)
+    # idle only counts once the reply has begun (its footer has a TTFT): right after the click
+    # the tab may not show its stream yet
+    wait_text(page, "#chat0", "TTFT", timeout=60_000)
     wait_idle(page, 0)
     wait_text(page, "#engine-panel", "Disk tier:")
     app.stop()                                       # the app is killed (SIGTERM)
@@ -48,8 +51,10 @@ def test_the_first_reply_after_a_restart_reads_back_from_disk(app, page):
     open_ready(page, app)
     wait_text(page, "#chat0", LONG[:40])              # the tab came back
     send(page, 0, MORE)
+    # the footer says "from disk" from the reply's first token on, so idle is checked after it: a
+    # Clear while the reply still streams leaves its blocks, saved when it ends (CI, stop 32)
+    wait_text(page, "#chat0", "from disk", timeout=60_000)
     wait_idle(page, 0)
-    wait_text(page, "#chat0", "from disk")
     footer = re.search(r"prefill skipped: (\d+) tokens \((\d+) from disk\)", text(page, "#chat0"))
     assert footer and int(footer.group(2)) > 0 and int(footer.group(2)) <= int(footer.group(1))
     wait_text(page, "#engine-panel", "read back")
