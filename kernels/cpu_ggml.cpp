@@ -1222,11 +1222,11 @@ void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int6
 // exist, and the lanes are summed in hsum's order: the fold of avx_b_rows, so y is bitwise the
 // AVX2 tiles' (tests/test_cpu_ggml.py: a row alone and in a batch, the builds side by side).
 
-// tiles 0-1: int32 sums of x tiles t, t + 1; 2-3: those x tiles (16 rows x 32 bytes); 4: weights
+// per block parity: tiles 0 / 1 int32 sums, 2 / 3 the x tile (16 rows x 32 bytes), 4 / 5 weights
 struct alignas(64) TileConfigB {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {64, 64, 32, 32, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 8};
+  uint16_t colsb[16] = {64, 64, 32, 32, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 8, 8};
 };
 
 // 16 weight rows: per block, their codes as the tiles' B operand, d and coef (F::coef) per row.
@@ -1289,53 +1289,56 @@ inline void amx_b_fold(const AmxBPanel& panel, const Acts& a, int64_t m0, int64_
   }
 }
 
-template <class F, bool Two>
+// Block b's tile product for the x tile at xq (amx_b_tiles' locals): C tile C, through A tile A
+// and B tile Bt (tile numbers are part of the instructions, hence a macro).
+#define LOCALPAGED_AMX_B_PRODUCT(C, A, Bt, b)                    \
+  do {                                                          \
+    _tile_zero(C);                                              \
+    _tile_loadd(Bt, panel.codes.data() + 512 * (b), 64);         \
+    _tile_loadd(A, xq + 32 * (b), K);                           \
+    if constexpr (F::kSigned) _tile_dpbssd(C, A, Bt);           \
+    else _tile_dpbsud(C, A, Bt);                                \
+  } while (0)
+
+// One x tile (rows m0 .. m0 + tm - 1) against a panel: block b + 1's tile product is issued
+// before block b's sums are folded (two sets of tiles, by the block's parity), so the tile unit
+// and the vector units work side by side.
+template <class F>
 void amx_b_tiles(const AmxBPanel& panel, const Acts& a, int64_t t, int64_t M, int64_t n_rows,
                  float* y, int64_t ldy) {
-  const int64_t K = a.K, nb = a.blocks, m0 = t * kAmxRows;
-  const int64_t tm[2] = {std::min(kAmxRows, M - m0), Two ? std::min(kAmxRows, M - m0 - kAmxRows) : 0};
+  const int64_t K = a.K, nb = a.blocks, m0 = t * kAmxRows, tm = std::min(kAmxRows, M - m0);
   alignas(64) int32_t sums[kAmxRows][kAmxRows];
-  alignas(64) float lanes[2][8][kAmxRows][kAmxRows];   // [x tile][lane][row of x][weight row]
-  for (int i = 0; i < (Two ? 2 : 1); ++i)
-    for (auto& lane : lanes[i]) std::memset(lane, 0, tm[i] * sizeof(lane[0]));
+  alignas(64) float lanes[8][kAmxRows][kAmxRows];   // [lane][row of x][weight row]
+  for (auto& lane : lanes) std::memset(lane, 0, tm * sizeof(lane[0]));
   const int8_t* xq = a.q.data() + m0 * K;
+  LOCALPAGED_AMX_B_PRODUCT(0, 2, 4, 0);
   for (int64_t b = 0; b < nb; ++b) {
-    _tile_zero(0);
-    _tile_loadd(4, panel.codes.data() + 512 * b, 64);
-    _tile_loadd(2, xq + 32 * b, K);
-    if constexpr (F::kSigned) _tile_dpbssd(0, 2, 4);
-    else _tile_dpbsud(0, 2, 4);
-    if (Two) {
-      _tile_zero(1);
-      _tile_loadd(3, xq + kAmxRows * K + 32 * b, K);
-      if constexpr (F::kSigned) _tile_dpbssd(1, 3, 4);
-      else _tile_dpbsud(1, 3, 4);
-    }
-    _tile_stored(0, sums, 64);
-    amx_b_fold<F>(panel, a, m0, tm[0], b, sums, lanes[0][b % 8]);
-    if (Two) {
+    if (b % 2 == 0) {
+      if (b + 1 < nb) LOCALPAGED_AMX_B_PRODUCT(1, 3, 5, b + 1);
+      _tile_stored(0, sums, 64);
+    } else {
+      if (b + 1 < nb) LOCALPAGED_AMX_B_PRODUCT(0, 2, 4, b + 1);
       _tile_stored(1, sums, 64);
-      amx_b_fold<F>(panel, a, m0 + kAmxRows, tm[1], b, sums, lanes[1][b % 8]);
     }
+    amx_b_fold<F>(panel, a, m0, tm, b, sums, lanes[b % 8]);
   }
   const __mmask16 cols = static_cast<__mmask16>((1u << n_rows) - 1);
-  for (int i = 0; i < (Two ? 2 : 1); ++i)
-    for (int64_t m = 0; m < tm[i]; ++m) {   // hsum's order
-      auto L = [&](int j) { return _mm512_load_ps(lanes[i][j][m]); };
-      const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L(0), L(4)), _mm512_add_ps(L(2), L(6))),
-                                     _mm512_add_ps(_mm512_add_ps(L(1), L(5)), _mm512_add_ps(L(3), L(7))));
-      _mm512_mask_storeu_ps(y + (m0 + i * kAmxRows + m) * ldy, cols, v);
-    }
+  for (int64_t m = 0; m < tm; ++m) {   // hsum's order
+    auto L = [&](int j) { return _mm512_load_ps(lanes[j][m]); };
+    const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(L(0), L(4)), _mm512_add_ps(L(2), L(6))),
+                                   _mm512_add_ps(_mm512_add_ps(L(1), L(5)), _mm512_add_ps(L(3), L(7))));
+    _mm512_mask_storeu_ps(y + (m0 + m) * ldy, cols, v);
+  }
 }
+
+#undef LOCALPAGED_AMX_B_PRODUCT
 
 template <class F>
 void amx_b_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
   const int64_t nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
   amx_panels<TileConfigB>(N, AmxBPanel(nb), [&](AmxBPanel& panel, int64_t n0, int64_t n_rows) {
     amx_b_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
-    over_tile_pairs(tiles, [&](auto two, int64_t t) {
-      amx_b_tiles<F, decltype(two)::value>(panel, a, t, M, n_rows, y + n0, N);
-    });
+    for (int64_t t = 0; t < tiles; ++t) amx_b_tiles<F>(panel, a, t, M, n_rows, y + n0, N);
   });
 }
 
