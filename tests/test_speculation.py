@@ -17,7 +17,7 @@ from engine_helpers import hf_greedy
 from localpaged import LLM, SamplingParams
 from localpaged.core.request import Sequence
 from localpaged.core.speculation import (CONTROL_EVERY, PRIOR_ROW_COST, PROBE_EVERY, DraftState, StepCost,
-                                         propose)
+                                         propose, propose_from)
 from localpaged.engine.sampler import _filtered_probs, verify
 
 # Prompts whose continuations repeat what they hold (so drafts get accepted), and one that
@@ -64,6 +64,25 @@ def cost_of(row: float, steps: int = 60) -> StepCost:
         d = 2 + i % 8
         cost.observe(0.010 * (1 + row * d), d)
     return cost
+
+
+def test_a_copy_keeps_copying_from_where_it_was():
+    """Lines that share all but one token (a pasted function's `if orders[i]` lines): the latest
+    occurrence of the suffix drafts the line just written again; after a draft copied from
+    position p and had a tokens accepted, the occurrence at or after p + a drafts the next line."""
+    def line(i):
+        return [7, 8, 9, 1, 2, i, 5]
+    prompt = line(10) + line(11) + line(12)
+    tokens = prompt + line(10) + [7, 8, 9, 1, 2]             # the first line copied, the second begun
+    assert propose(tokens, 2) == [10, 5]                     # the latest "8 9 1 2": the reply's own
+    draft, at = propose_from(tokens, 2, after=12)            # was copying the prompt's second line
+    assert (draft, at) == ([11, 5], 12)
+    state = DraftState(k_max=4, draft_at=at)
+    state.update(2, 2)
+    assert state.copy_from == 14                             # the next copy starts after that line
+    more = tokens + [11, 5, 7, 8, 9, 1, 2]
+    assert propose_from(more, 2, after=state.copy_from) == ([12, 5], 19)
+    assert propose_from(tokens, 2, after=100) == ([10, 5], 26)   # none after it: the latest
 
 
 def test_the_step_cost_is_measured_per_draft_row():

@@ -2,7 +2,8 @@
 holds (prompt lookup: its last n tokens found earlier in its prompt or output, and the tokens
 that followed there), for the model to verify in one forward over every draft position.
 
-Owns `propose` (the n-gram lookup), `DraftState` (per sequence: how likely a draft token is
+Owns `propose` / `propose_from` (the n-gram lookup; a copy in progress continues where it
+was), `DraftState` (per sequence: how likely a draft token is
 to be accepted, and so how many to draft, if any), `StepCost` (what a step with d draft rows
 costs here in plain steps) and `Drafter` (which sequences get drafts in a step,
 and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the
@@ -45,31 +46,49 @@ def propose(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] =
     the same prompt; the occurrence nearest to position `near`, the sequence's own output
     length, so a reply lines up with its sibling), then in token_ids' own last SEARCH_WINDOW
     tokens (the latest occurrence); [] when the suffix occurs nowhere."""
+    return propose_from(token_ids, k, sources, near, None, ngram_max, ngram_min)[0]
+
+
+def propose_from(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] = (),
+                 near: int = 0, after: int | None = None, ngram_max: int = NGRAM_MAX,
+                 ngram_min: int = NGRAM_MIN) -> tuple[list[int], int | None]:
+    """`propose`, and where in token_ids the draft was copied from (None: from a source). With
+    `after`, an occurrence in token_ids whose continuation starts at or after that position is
+    taken before the latest one: a reply that copies its prompt in order (a pasted function
+    written out again) keeps copying from where it was, even where the same few tokens occur
+    on many of its lines."""
     if k <= 0 or len(token_ids) <= ngram_min:
-        return []
-    own = np.asarray(token_ids[-SEARCH_WINDOW:], dtype=np.int64)
+        return [], None
+    offset = max(0, len(token_ids) - SEARCH_WINDOW)
+    own = np.asarray(token_ids[offset:], dtype=np.int64)
     texts = [np.asarray(src, dtype=np.int64) for src in sources]
     for n in range(min(ngram_max, len(own) - 1), ngram_min - 1, -1):
         suffix = own[len(own) - n:]
         for text in texts:
-            if draft := _follows(text, suffix, len(text), k, near):
-                return draft
-        if draft := _follows(own, suffix, len(own) - n, k):   # not the suffix itself
-            return draft
-    return []
+            if (found := _follows(text, suffix, len(text), k, near=near))[0]:
+                return found[0], None
+        at = None if after is None else after - offset
+        draft, start = _follows(own, suffix, len(own) - n, k, after=at)   # not the suffix itself
+        if draft:
+            return draft, offset + start
+    return [], None
 
 
-def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int,
-             near: int | None = None) -> list[int]:
+def _follows(text: np.ndarray, pattern: np.ndarray, end: int, k: int, near: int | None = None,
+             after: int | None = None) -> tuple[list[int], int]:
     """Up to k tokens after an occurrence of pattern starting before `end` in text (with a
-    token after it): the one ending nearest to `near`, or the latest."""
+    token after it), and where they start: the occurrence ending nearest to `near`, else the
+    first whose continuation starts at or after `after`, else the latest."""
     n = len(pattern)
     starts = [i for i in np.flatnonzero(text[:max(0, end)] == pattern[0])
               if i + n < len(text) and np.array_equal(text[i:i + n], pattern)]
     if not starts:
-        return []
-    i = min(starts, key=lambda i: abs(i + n - near)) if near is not None else starts[-1]
-    return text[i + n:i + n + k].tolist()
+        return [], 0
+    if near is not None:
+        i = min(starts, key=lambda i: abs(i + n - near))
+    else:
+        i = next((i for i in starts if after is not None and i + n >= after), starts[-1])
+    return text[i + n:i + n + k].tolist(), int(i + n)
 
 
 @dataclass
@@ -86,6 +105,8 @@ class DraftState:
     (one token, cost 1). A sequence that stopped tries one draft every PROBE_EVERY steps, so a
     reply that starts to repeat itself is noticed."""
     k_max: int
+    copy_from: int | None = None      # where in its tokens its drafts copy from next (see propose_from)
+    draft_at: int | None = None       # where the pending draft was copied from
     successes: float = 3.0            # a prior of 3 accepted in 3.5 trials (rate 0.86)
     trials: float = 3.5
     idle_steps: int = 0
@@ -110,6 +131,8 @@ class DraftState:
         """After verification: accepted of drafted tokens were kept."""
         if drafted == 0:
             return
+        if self.draft_at is not None:
+            self.copy_from = self.draft_at + accepted
         self.successes = DECAY * self.successes + accepted
         self.trials = DECAY * self.trials + accepted + (accepted < drafted)
 
@@ -169,8 +192,8 @@ class Drafter:
                     continue
                 state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
                 k = min(state.next_k(self.cost), _room(group, seq))
-                draft = propose(seq.token_ids, k, group.params_for(seq).draft_sources,
-                                near=seq.num_output_tokens)
+                draft, state.draft_at = propose_from(seq.token_ids, k, group.params_for(seq).draft_sources,
+                                                     near=seq.num_output_tokens, after=state.copy_from)
                 seq.token_ids.extend(draft)
                 seq.num_draft_tokens = len(draft)
 
