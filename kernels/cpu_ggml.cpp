@@ -80,7 +80,6 @@
 #include <cstring>
 #include <limits>
 #include <sstream>
-#include <type_traits>
 #include <vector>
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -1189,15 +1188,6 @@ void amx_panels(int64_t N, const Panel& prototype, Fn fn) {
   });
 }
 
-// x's tiles in pairs that share each load of the weights, then the last one alone:
-// fn(std::true_type (a pair) or std::false_type, first tile).
-template <class Fn>
-inline void over_tile_pairs(int64_t tiles, Fn fn) {
-  int64_t t = 0;
-  for (; t + 1 < tiles; t += 2) fn(std::true_type{}, t);
-  if (t < tiles) fn(std::false_type{}, t);
-}
-
 // y = x @ w.T for a K format F, the work split over panels of 16 weight rows.
 template <class F>
 void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
@@ -1207,9 +1197,9 @@ void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int6
   const AmxActs x = amx_acts(a, tiles * kAmxRows, J);
   amx_panels<TileConfig>(N, AmxPanel(nb, J), [&](AmxPanel& panel, int64_t n0, int64_t n_rows) {
     amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
-    over_tile_pairs(tiles, [&](auto two, int64_t t) {
-      amx_tiles<kMins, decltype(two)::value>(panel, x, t, K, nb, M, n_rows, y + n0, N);
-    });
+    int64_t t = 0;   // x's tiles in pairs that share each load of the weights, then one alone
+    for (; t + 1 < tiles; t += 2) amx_tiles<kMins, true>(panel, x, t, K, nb, M, n_rows, y + n0, N);
+    if (t < tiles) amx_tiles<kMins, false>(panel, x, t, K, nb, M, n_rows, y + n0, N);
   });
 }
 

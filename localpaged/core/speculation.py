@@ -5,8 +5,9 @@ that followed there), for the model to verify in one forward over every draft po
 Owns `propose` / `propose_from` (the n-gram lookup; a copy in progress continues where it
 was), `DraftState` (per sequence: how likely a draft token is to be accepted, and so how many
 to draft, if any), `StepCost` (what a step with d draft rows costs here in plain steps) and
-`Drafter` (which sequences get drafts in a step, and how many: `attach`). Verification is the sampler's (engine/sampler.py: verify), the
-bookkeeping the scheduler's and the KV cache manager's; this module only guesses.
+`Drafter` (which sequences get drafts in a step, and how many: `attach`). Verification is the
+sampler's (engine/sampler.py: verify), the bookkeeping the scheduler's and the KV cache
+manager's; this module only guesses.
 
 Invariants:
 - A draft is never trusted: a sequence keeps exactly the tokens decoding without speculation
