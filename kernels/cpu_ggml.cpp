@@ -18,7 +18,10 @@
 //    2 * 128 * 127 < 2^15), then `_mm256_madd_epi16` by the sub-block scales (K formats) or by 1
 //    (pairs summed -> int32). Unsigned codes (<= 63: all but Q8_0, IQ4_NL, IQ4_XS) leave room
 //    for one more pairwise add, so `_mm256_hadd_epi16` joins the products of two 32-element
-//    chunks (or blocks) and one madd serves both; signed codes go through the sign trick,
+//    chunks (or blocks) and one madd serves both. With VNNI (AVX-VNNI or AVX512-VNNI, 256-bit)
+//    `dpbusd` makes the 4-element sums in one instruction, `packs_epi32` joins two chunks' and
+//    `dpwssd` multiplies by the scales and adds: the same integers in fewer micro-ops (batch 8
+//    ~15% faster, batch 1 3-5%, on the SPR VM). Signed codes go through the sign trick,
 //    maddubs(|w|, a * sign(w)). Integer offsets stay integers: Q6_K's q - 32 and Q3_K's q - 4 as
 //    -32 (-4) * sum_i sc_i * sum16_i in the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and
 //    the mins of Q4_1 / Q5_1 as coefficient * (s * sum) in float.
@@ -85,6 +88,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define LOCALPAGED_GGML_AVX2 1
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+#define LOCALPAGED_GGML_VNNI 1   // 256-bit dpbusd / dpwssd (AVX-VNNI, or AVX512-VNNI with VL)
+#endif
 #if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__AVX512BW__) && \
     defined(__AVX512VL__) && defined(__linux__)
 #include <sys/syscall.h>
@@ -521,6 +527,40 @@ inline __m256i iq4_lookup(__m256i idx) {
 // it GCC re-associates a tile's 8 x TM integer sums into trees and spills the partial products.
 inline void keep(__m256i& v) { asm("" : "+x"(v)); }
 
+// The integer products, with or without VNNI (same integers either way; no sum below saturates:
+// a 4-element sum of unsigned codes <= 63, or of |code| <= 127 by |a| <= 127, is below 2^15):
+// dot4: int32 lane i = sum of u[4i .. 4i + 3] * s[4i .. 4i + 3] (u unsigned, s signed bytes).
+inline __m256i dot4(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(LOCALPAGED_GGML_VNNI)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// dot4 of two chunks as int16, in hadd_epi16's order: per 128-bit half, the 4 sums of chunk 0
+// then the 4 of chunk 1. Codes <= 63 only (the 4-element sums must fit int16).
+inline __m256i dot4_pair16(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+#ifdef LOCALPAGED_GGML_VNNI
+  return _mm256_packs_epi32(dot4(u0, s0), dot4(u1, s1));
+#else
+  return _mm256_hadd_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1));
+#endif
+}
+
+// acc + madd_epi16(v, s).
+inline __m256i madd_acc(__m256i acc, __m256i v, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, v, s);
+#elif defined(LOCALPAGED_GGML_VNNI)
+  return _mm256_dpwssd_epi32(acc, v, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(v, s));
+#endif
+}
+
 inline int32_t hsum_epi32(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
@@ -731,9 +771,7 @@ void avx_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
       for (int c = 0; c < 8; c += 2) {
         const __m256i w0 = blk.weights(c), w1 = blk.weights(c + 1), s = scales.pair(c);
         for (int m = 0; m < TM; ++m) {
-          const __m256i p0 = _mm256_maddubs_epi16(w0, load32(x + m * K + 32 * c));
-          const __m256i p1 = _mm256_maddubs_epi16(w1, load32(x + m * K + 32 * c + 32));
-          sum[m] = _mm256_add_epi32(sum[m], _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), s));
+          sum[m] = madd_acc(sum[m], dot4_pair16(w0, load32(x + m * K + 32 * c), w1, load32(x + m * K + 32 * c + 32)), s);
           keep(sum[m]);
         }
       }
@@ -895,16 +933,14 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
         // (<= 4 * 31 * 127), so one madd by 1 serves two blocks
         __m256i pairs[4];
         for (int j = 0; j < 8; j += 2) {
-          const __m256i p0 = _mm256_maddubs_epi16(code(j), load32(xg + 32 * j));
-          const __m256i p1 = _mm256_maddubs_epi16(code(j + 1), load32(xg + 32 * j + 32));
-          pairs[j / 2] = _mm256_madd_epi16(_mm256_hadd_epi16(p0, p1), ones);
+          pairs[j / 2] = _mm256_madd_epi16(dot4_pair16(code(j), load32(xg + 32 * j), code(j + 1), load32(xg + 32 * j + 32)), ones);
         }
         sums = pair_block_sums(pairs);
       } else {
         __m256i dots[8];
         for (int j = 0; j < 8; ++j) {
           const __m256i s = _mm256_load_si256(reinterpret_cast<const __m256i*>(signs[j]));
-          dots[j] = _mm256_madd_epi16(_mm256_maddubs_epi16(code(j), _mm256_sign_epi8(load32(xg + 32 * j), s)), ones);
+          dots[j] = dot4(code(j), _mm256_sign_epi8(load32(xg + 32 * j), s));
         }
         sums = block_sums(dots);
       }
@@ -927,7 +963,7 @@ void avx_b_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_t
       const int64_t r = m0 + m;
       __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + m * K + 32 * b));
       if (F::kSigned) v = _mm256_sign_epi8(v, w);
-      const int32_t sumi = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(uw, v), ones));
+      const int32_t sumi = hsum_epi32(dot4(uw, v));
       float& lane = lanes[m][b % 8];
       lane = std::fma(d * a.d[r * nb + b], static_cast<float>(sumi), lane);
       if (F::kOffset) lane = std::fma(coef, a.dsum32[r * nb + b], lane);
@@ -1474,10 +1510,15 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 }
 
 std::string ggml_kernel_path() {
+#ifdef LOCALPAGED_GGML_AVX2
+  std::string path = "avx2";
+#ifdef LOCALPAGED_GGML_VNNI
+  path += "+vnni";
+#endif
 #ifdef LOCALPAGED_GGML_AMX
-  return amx_ready() ? "avx2+amx" : "avx2";
-#elif defined(LOCALPAGED_GGML_AVX2)
-  return "avx2";
+  if (amx_ready()) path += "+amx";
+#endif
+  return path;
 #else
   return "scalar";
 #endif

@@ -53,8 +53,9 @@ FLAGS = cpu_flags()
 NATIVE_AVX2 = {"avx2", "fma", "f16c"} <= FLAGS
 NATIVE_AMX = {"amx_tile", "amx_int8", "avx512bw", "avx512vl"} <= FLAGS and X86 and tiles_granted()
 BUILDS = ["native", "x86-64"] + (["haswell"] if "avx512f" in FLAGS else [])
-EXPECTED_PATH = {"native": "avx2+amx" if NATIVE_AMX else "avx2" if NATIVE_AVX2 else "scalar",
-                 "x86-64": "scalar", "haswell": "avx2"}
+NATIVE_VNNI = "avx_vnni" in FLAGS or {"avx512_vnni", "avx512vl"} <= FLAGS
+EXPECTED_PATH = {"native": ("avx2" + "+vnni" * NATIVE_VNNI + "+amx" * NATIVE_AMX) if NATIVE_AVX2
+                 else "scalar", "x86-64": "scalar", "haswell": "avx2"}
 K_TYPES = [t for t in TYPES if gguf.GGML_QUANT_SIZES[t][0] == 256]
 
 
