@@ -13,6 +13,9 @@ Workloads (chat-templated by the file's tokenizer):
   (d) a free-form story (little to copy: speculation must not cost much).
 Figures: decode tokens/s (first token to last), tokens, drafted / accepted, and the machine's
 read bandwidth. Writes bench/results/speculative-<time>.json and prints a table.
+--draft-model M adds speculation="draft" (n-grams first, the draft model M where they find
+nothing); --quantization sets the target's weights in our runs (e.g. none: the bundled file's
+weights in float32, a target ~5x the Q4_1 draft's bytes).
 """
 
 from __future__ import annotations
@@ -58,10 +61,12 @@ WORKLOADS = {
 }
 
 
-def ours(path: str, prompts: dict, max_tokens: int, speculation: str) -> dict:
+def ours(path: str, prompts: dict, max_tokens: int, speculation: str, quantization: str = "auto",
+         draft_model: str | None = None) -> dict:
     from localpaged import LLM, SamplingParams
     torch.set_num_threads(THREADS)
-    llm = LLM(path, device="cpu", speculation=speculation, num_kv_blocks=512)
+    llm = LLM(path, device="cpu", speculation=speculation, num_kv_blocks=512,
+              quantization=quantization, draft_model=draft_model)
     llm.generate([prompts["story"][:8]], SamplingParams(max_tokens=4, temperature=0.0))  # warm
     runner = llm.engine.runner
     if getattr(runner, "batch1", None) is not None and hasattr(runner.batch1, "wait"):
@@ -118,9 +123,12 @@ def token_prompts(path: str) -> dict:
 
 
 def table(result: dict) -> str:
-    engines = [k for k in ("ours off", "ours ngram", "llama.cpp", "llama.cpp lookup") if k in result]
-    rows = ["| workload | " + " | ".join(engines) + " | ngram / off | ngram / lookup |",
-            "|---|" + "---:|" * (len(engines) + 2)]
+    engines = [k for k in ("ours off", "ours ngram", "ours draft", "llama.cpp", "llama.cpp lookup")
+               if k in result]
+    draft = "ours draft" in result
+    rows = ["| workload | " + " | ".join(engines) + " | ngram / off | ngram / lookup |"
+            + (" draft / off | draft drafts |" if draft else ""),
+            "|---|" + "---:|" * (len(engines) + 2 + 2 * draft)]
     for name in WORKLOADS:
         vals = [result[e][name]["tok_s"] for e in engines]
         off, on = result["ours off"][name]["tok_s"], result["ours ngram"][name]["tok_s"]
@@ -128,8 +136,13 @@ def table(result: dict) -> str:
         acc = result["ours ngram"][name]
         rows.append(f"| {name} ({acc['accepted']}/{acc['drafted']} drafts) | "
                     + " | ".join(str(v) for v in vals)
-                    + f" | {on / off:.2f}x | " + (f"{on / lookup:.2f}x" if lookup else "-") + " |")
+                    + f" | {on / off:.2f}x | " + (f"{on / lookup:.2f}x" if lookup else "-") + " |"
+                    + (_draft_cells(result["ours draft"][name], off) if draft else ""))
     return "\n".join(rows)
+
+
+def _draft_cells(run: dict, off: float) -> str:
+    return f" {run['tok_s'] / off:.2f}x | {run['accepted']}/{run['drafted']} |"
 
 
 def main(argv=None) -> dict:
@@ -139,6 +152,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="64 tokens per workload")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--quantization", default="auto", help="the target's weights in our runs")
+    ap.add_argument("--draft-model", default=None,
+                    help="also run speculation=draft with this model (same tokenizer)")
     args = ap.parse_args(argv)
     path = args.model or bundled_gguf_path()
     max_tokens = 64 if args.quick else args.max_tokens
@@ -147,8 +163,12 @@ def main(argv=None) -> dict:
               "prompt_tokens": {k: len(v) for k, v in prompts.items()},
               "read_GBps": read_bandwidth(THREADS)}
     print(f"model {path}, read bandwidth {result['read_GBps']} GB/s", flush=True)
-    result["ours off"] = ours(path, prompts, max_tokens, "off")
-    result["ours ngram"] = ours(path, prompts, max_tokens, "ngram")
+    result["quantization"], result["draft_model"] = args.quantization, args.draft_model
+    result["ours off"] = ours(path, prompts, max_tokens, "off", args.quantization)
+    result["ours ngram"] = ours(path, prompts, max_tokens, "ngram", args.quantization)
+    if args.draft_model:
+        result["ours draft"] = ours(path, prompts, max_tokens, "draft", args.quantization,
+                                    args.draft_model)
     if not args.no_llama_cpp:
         try:
             result["llama.cpp"] = llama_cpp(path, prompts, max_tokens, lookup=False)

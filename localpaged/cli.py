@@ -73,8 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--speculation", default=config.default("speculation"),
                    choices=config.SPECULATION,
                    help="speculative decoding: ngram drafts tokens from the conversation itself "
-                        "and verifies them in one step; it pauses itself where it does not pay "
-                        "(default off)")
+                        "and verifies them in one step; draft also asks --draft-model where the "
+                        "conversation holds nothing to copy; it pauses itself where it does not "
+                        "pay (default off)")
+    p.add_argument("--draft-model", default=None, metavar="MODEL",
+                   help="a small model with the same tokenizer (name or path, as --model) that "
+                        "drafts tokens for --speculation draft; it keeps its own KV blocks")
     p.add_argument("--eager", action="store_true",
                    help="decode steps in plain Python: no CUDA graphs (on by default on CUDA), "
                         "no C++ layer loop for one conversation on CPU")
@@ -95,7 +99,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve a non-loopback address WITHOUT a login: anyone who can reach it "
                         "reads and writes your conversations")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.speculation == "draft" and not args.draft_model:
+        p.error("--speculation draft needs --draft-model (a small model with the same tokenizer)")
+    return args
 
 
 def open_data(args: argparse.Namespace):
@@ -140,7 +147,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
         factory = local_factory(args.num_kv_blocks, args.dtype, max_model_len=args.max_model_len,
                                 quantization=args.quantization,
                                 attention_backend=args.attention_backend, enforce_eager=args.eager,
-                                speculation=args.speculation,
+                                speculation=args.speculation, draft_model=args.draft_model,
                                 kv_cache_dtype=args.kv_cache_dtype, **_kv_disk(args, data_dir))
         name, options = memory.start_model(args.model, DEFAULT_MODEL, args.max_model_len)
     if progress is not None:

@@ -16,7 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")  # auto: float32 on CPU, bf1
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # auto: triton on CUDA, cpu on CPU
 BACKGROUND_BATCH = ("auto", "share", "idle")        # auto: share on CUDA, idle on CPU
-SPECULATION = ("off", "ngram")                      # off: one token per step and sequence
+SPECULATION = ("off", "ngram", "draft")             # off: one token per step and sequence
 # auto: the model's dtype; int8: one float32 scale per token and KV head (kernels/kv_quant.py)
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 CHOICES = {"quantization": QUANTIZATION, "preemption_mode": PREEMPTION_MODES,
@@ -64,9 +64,12 @@ class EngineConfig:
     # CPUs a batch row costs about as much as a lone request), "auto": share on CUDA, else idle.
     background_batch: str = "auto"
     # Speculative decoding: "ngram" drafts tokens from each sequence's own prompt and output
-    # (core/speculation.py), up to num_speculative_tokens a step, verified in one forward.
+    # (core/speculation.py), up to num_speculative_tokens a step, verified in one forward;
+    # "draft" also asks draft_model (a small model with the same tokenizer, its own KV blocks:
+    # engine/draft_model.py) where the n-grams find nothing.
     speculation: str = "off"             # SPECULATION
     num_speculative_tokens: int = 16     # the longest draft; DraftState picks each one's length
+    draft_model: str | None = None       # a model name or path, as `model`; for "draft"
     # The KV cache's dtype (KV_CACHE_DTYPES): "auto" the model's; a smaller one holds more
     # tokens in the same memory (the block count from a budget grows), the kernels convert
     # on load (int8: a float32 scale per token and KV head, kernels/kv_quant.py).
@@ -94,6 +97,9 @@ class EngineConfig:
             check_choice(name, getattr(self, name), choices)
         if self.swap_space_gb < 0:
             raise ValueError(f"swap_space_gb must be >= 0, got {self.swap_space_gb}")
+        if self.speculation == "draft" and not self.draft_model:
+            raise ValueError('speculation="draft" needs a draft_model (--draft-model): a small '
+                             'model with the same tokenizer')
         if not 1 <= self.num_speculative_tokens <= 16:
             raise ValueError(f"num_speculative_tokens must be in [1, 16], got "
                              f"{self.num_speculative_tokens}")

@@ -5,7 +5,8 @@ that followed there), for the model to verify in one forward over every draft po
 Owns `propose` / `propose_from` (the n-gram lookup; a copy in progress continues where it
 was), `DraftState` (per sequence: how likely a draft token is to be accepted, and so how many
 to draft, if any), `StepCost` (what a step with d draft rows costs here in plain steps) and
-`Drafter` (which sequences get drafts in a step, and how many: `attach`). Verification is the
+`Drafter` (which sequences get drafts in a step, and how many: `attach`; with a draft model,
+engine/draft_model.py, the sequences whose n-grams find nothing are drafted by it). Verification is the
 sampler's (engine/sampler.py: verify), the bookkeeping the scheduler's and the KV cache
 manager's; this module only guesses.
 
@@ -23,7 +24,9 @@ Invariants:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -34,9 +37,12 @@ SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup s
 OFF_BELOW = 0.2                       # acceptance rate under which a sequence stops drafting
 DECAY = 0.8                           # weight of the past in DraftState's and StepCost's figures
 PRIOR_ROW_COST = 0.25                 # a draft row's cost in plain steps until one is measured
+PRIOR_MODEL_COST = 0.2                # a draft model's token in plain steps until one is measured
 ROW_DECAY = 0.9                       # weight of the past in StepCost's row cost
 PROBE_EVERY = 16                      # steps between drafts of a sequence that stopped
 CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
+NGRAM_SLACK = 0.3                     # n-grams draft unless their rate is this far below the model's
+RETRY_NGRAM = 4                       # ... or they were passed over this many times in a row
 
 
 def propose(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] = (),
@@ -110,6 +116,7 @@ class DraftState:
     successes: float = 3.0            # a prior of 3 accepted in 3.5 trials (rate 0.86)
     trials: float = 3.5
     idle_steps: int = 0
+    passed_over: int = 0              # n-gram drafts found but not used for the draft model's
 
     @property
     def rate(self) -> float:
@@ -120,8 +127,14 @@ class DraftState:
         r = min(self.rate, 1 - 1e-9)
         return (1 - r ** (k + 1)) / (1 - r)
 
-    def next_k(self, cost: StepCost) -> int:
-        gain, k = max((self.expected(k) / cost.ratio(k), k) for k in range(1, self.k_max + 1))
+    def best(self, ratio: Callable[[int], float]) -> tuple[float, int]:
+        """The most expected tokens per unit of cost over draft lengths 1 .. k_max, and that k."""
+        return max((self.expected(k) / ratio(k), k) for k in range(1, self.k_max + 1))
+
+    def next_k(self, cost: StepCost, ratio: Callable[[int], float] | None = None) -> int:
+        """The draft length for this step (0: none), by `ratio` (default cost.ratio: a draft
+        that costs only its verification rows)."""
+        gain, k = self.best(ratio or cost.ratio)
         if gain > 1 and self.rate >= OFF_BELOW:
             return k
         self.idle_steps += 1
@@ -151,6 +164,7 @@ class StepCost:
     drafts nothing, so the plain figure stays current whatever the sequences do."""
     plain: float | None = None
     row: float = PRIOR_ROW_COST
+    model_token: float = PRIOR_MODEL_COST     # a draft model's step per drafted position
     step: int = 0
 
     def allows(self) -> bool:
@@ -162,6 +176,16 @@ class StepCost:
         """Seconds of a step with d draft rows over a plain one's."""
         return 1.0 + self.row * d
 
+    def model_ratio(self, d: int) -> float:
+        """`ratio` of a draft that a draft model guessed: d of its steps on top."""
+        return 1.0 + (self.row + self.model_token) * d
+
+    def observe_model(self, seconds: float, positions: int) -> None:
+        """A draft model's steps for `positions` draft positions took `seconds`."""
+        if self.plain and positions:
+            token = seconds / self.plain / positions
+            self.model_token = ROW_DECAY * self.model_token + (1 - ROW_DECAY) * token
+
     def observe(self, seconds: float, drafted_rows: int) -> None:
         """A decode step (no prompt work in it) with this many draft rows took `seconds`."""
         if drafted_rows == 0:
@@ -171,40 +195,100 @@ class StepCost:
             self.row = ROW_DECAY * self.row + (1 - ROW_DECAY) * row
 
 
+class DraftProposer(Protocol):
+    """A draft model (engine/draft_model.py: DraftModel)."""
+    caught_up: int            # tokens its last `propose` computed to catch up (prompts)
+
+    def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, list[int]]: ...
+
+    def forget(self, seq_ids: list[int]) -> None: ...
+
+
 @dataclass
 class Drafter:
-    """Drafts for the running sequences of a step (EngineConfig.speculation == "ngram")."""
+    """Drafts for the running sequences of a step (EngineConfig.speculation "ngram", or "draft":
+    n-grams first, the draft `model` where they find nothing)."""
     k_max: int
-    states: dict[int, DraftState] = field(default_factory=dict)     # by seq_id
+    model: DraftProposer | None = None
+    states: dict[int, DraftState] = field(default_factory=dict)     # by seq_id: n-gram drafts
+    model_states: dict[int, DraftState] = field(default_factory=dict)   # the draft model's
+    drafting: dict[int, DraftState] = field(default_factory=dict)   # this step's draft's source
     cost: StepCost = field(default_factory=StepCost)
     drafted: int = 0                  # totals over the engine's life (stats, /metrics)
     accepted: int = 0
+    model_seconds: float = 0.0        # the draft model's share of this step
 
     def attach(self, groups: list[SequenceGroup]) -> None:
         """Append a draft to each decoding sequence that can take one, where drafts pay."""
+        self.model_seconds = 0.0
         if not self.cost.allows():
             return
+        wanted: list[tuple[Sequence, int]] = []      # for the draft model
         for group in groups:
             if not eligible(group):
                 continue
             for seq in group.unfinished_seqs():
-                if seq.num_uncomputed_tokens != 1 or seq.num_draft_tokens:
-                    continue
-                state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
-                k = min(state.next_k(self.cost), _room(group, seq))
-                draft, state.draft_at = propose_from(seq.token_ids, k, group.params_for(seq).draft_sources,
-                                                     near=seq.num_output_tokens, after=state.copy_from)
-                seq.token_ids.extend(draft)
-                seq.num_draft_tokens = len(draft)
+                if seq.num_uncomputed_tokens == 1 and not seq.num_draft_tokens:
+                    self._draft(group, seq, wanted)
+        if wanted:
+            self._draft_by_model(wanted)
+
+    def _draft(self, group: SequenceGroup, seq: Sequence, wanted: list[tuple[Sequence, int]]) -> None:
+        state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
+        room, sources = _room(group, seq), group.params_for(seq).draft_sources
+        self.drafting[seq.seq_id] = state
+        if self.model is None:
+            k = min(state.next_k(self.cost), room)
+            draft, state.draft_at = propose_from(seq.token_ids, k, sources, near=seq.num_output_tokens,
+                                                 after=state.copy_from)
+            _append(seq, draft)
+            return
+        # n-grams first (they cost nothing to find) unless their own acceptance is clearly
+        # below the draft model's: each source keeps its own DraftState, so a story's chance
+        # 2-gram matches do not silence the model, nor the model's guesses a copy in progress
+        draft, at = propose_from(seq.token_ids, min(self.k_max, room), sources,
+                                 near=seq.num_output_tokens, after=state.copy_from)
+        by_model = self.model_states.setdefault(seq.seq_id, DraftState(self.k_max))
+        if draft and (state.rate >= by_model.rate - NGRAM_SLACK or state.passed_over >= RETRY_NGRAM):
+            state.passed_over = 0
+            draft = draft[:min(state.next_k(self.cost), room)]
+            state.draft_at = at if draft else None
+            _append(seq, draft)
+            return
+        state.passed_over += bool(draft)
+        self.drafting[seq.seq_id] = by_model
+        if k := min(by_model.next_k(self.cost, self.cost.model_ratio), room):
+            wanted.append((seq, k))
+
+    def _draft_by_model(self, wanted: list[tuple[Sequence, int]]) -> None:
+        start = time.perf_counter()
+        drafts = self.model.propose(wanted)
+        self.model_seconds = time.perf_counter() - start
+        if not self.model.caught_up:       # a prompt read for a new shadow is not a draft's cost
+            self.cost.observe_model(self.model_seconds, max(k for _, k in wanted))
+        for seq, _ in wanted:
+            _append(seq, drafts.get(seq.seq_id, []))
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
-        self.states.setdefault(seq.seq_id, DraftState(self.k_max)).update(drafted, accepted)
+        ngram = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
+        state = self.drafting.pop(seq.seq_id, None) or ngram
+        state.update(drafted, accepted)
+        if state is not ngram and ngram.copy_from is not None:   # a copy moves on under a model's draft
+            ngram.copy_from += accepted + 1
 
     def forget(self, seqs: list[Sequence]) -> None:
         for seq in seqs:
-            self.states.pop(seq.seq_id, None)
+            for states in (self.states, self.model_states, self.drafting):
+                states.pop(seq.seq_id, None)
+        if self.model is not None:
+            self.model.forget([seq.seq_id for seq in seqs])
+
+
+def _append(seq: Sequence, draft: list[int]) -> None:
+    seq.token_ids.extend(draft)
+    seq.num_draft_tokens = len(draft)
 
 
 def eligible(group: SequenceGroup) -> bool:

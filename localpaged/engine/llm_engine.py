@@ -10,7 +10,7 @@ abort and the out-of-memory path finish groups through the same update. The engi
 Names: `block_manager` is the KVCacheManager (block tables, in block ids), or for a model with
 sliding-window layers the HybridKVCacheManager (one per KV-cache group, engine.kv_sizing sizing
 each group's pool); `kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
-with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram) overrides
+with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram | draft) overrides
 `EngineConfig.speculation` for every engine of the process.
 See docs/architecture.md §4 (the life of a request, from make_group to the output).
 """
@@ -39,6 +39,7 @@ from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.core.speculation import Drafter
 from localpaged.engine import kv_sizing, output_processor
 from localpaged.engine.detokenizer import detokenize, start_offsets
+from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
@@ -105,7 +106,8 @@ class LLMEngine:
         # LOCALPAGED_SPECULATION=ngram turns it on for every engine (to run any test suite with it)
         speculation = check_choice("LOCALPAGED_SPECULATION", os.environ.get(
             "LOCALPAGED_SPECULATION", config.speculation), SPECULATION)
-        self.drafter = Drafter(config.num_speculative_tokens) if speculation == "ngram" else None
+        self.drafter = None if speculation == "off" else Drafter(
+            config.num_speculative_tokens, self._draft_model() if speculation == "draft" else None)
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -135,6 +137,17 @@ class LLMEngine:
         if store.usable:
             self.block_manager.attach_disk(DiskTier(store, self.kv_cache))
         return store
+
+    def _draft_model(self) -> DraftModel:
+        """The draft model, with as many KV blocks of its own as the target's group 0 has, its
+        weights as its file has them (quantization "auto": a draft is small and fast)."""
+        c = self.config
+        if not c.draft_model:
+            raise ValueError('speculation "draft" needs a draft model (EngineConfig.draft_model, '
+                             '--draft-model)')
+        return DraftModel(c.draft_model, self.device, self.dtype, c.block_size,
+                          self.kv_plan.num_blocks[0], self.tokenizer, self.model_config.vocab_size,
+                          enforce_eager=c.enforce_eager)
 
     def _max_model_len(self) -> int:
         """The model's context: max_position_embeddings, capped at EngineConfig.max_model_len.
@@ -289,8 +302,9 @@ class LLMEngine:
                 self.drafter.verified(item.seq, drafted, accepted)
             # runner.is_decode as it was at the forward (computed tokens move on in _update)
             decode_only &= item.seq.num_computed_tokens > 0 and item.num_tokens == 1 + drafted
-        if decode_only:
-            self.drafter.cost.observe(seconds, sum(d for d, _ in result.drafts.values()))
+        if decode_only:       # the verification's cost: the draft model's is its own figure
+            self.drafter.cost.observe(seconds - self.drafter.model_seconds,
+                                      sum(d for d, _ in result.drafts.values()))
 
     def _end(self, seq: Sequence, reason: str, detail: str) -> None:
         """Finish seq from outside its own step (abort, out of memory), flushing its text."""
@@ -317,6 +331,8 @@ class LLMEngine:
         stray = (set(self.block_manager.tables) | set(self.block_manager.cpu_tables)) - live
         if stray:
             raise InvariantError(f"sequences {sorted(stray)} hold blocks but are not running")
+        if self.drafter is not None and isinstance(self.drafter.model, DraftModel):
+            self.drafter.model.check()
 
     # ---- introspection ------------------------------------------------------------------------
     @property

@@ -1,0 +1,198 @@
+"""Speculative decoding with a draft model (`speculation="draft"`, engine/draft_model.py): a
+second model with the same tokenizer guesses where the n-grams find nothing, with its own KV
+cache and block tables (shadows of the target's sequences).
+
+The gold standard is decoding without speculation: greedy tokens equal token for token (and
+transformers'), seeded sampling draws the same tokens, preemption by recompute and swap loses
+nothing, with the target's and the draft's block invariants checked after every step
+(debug_checks); a draft whose guesses are rejected gives their blocks back (trim), a finished
+request leaves no draft block held.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_helpers import hf_greedy
+from localpaged import LLM, SamplingParams
+from localpaged.core.config import EngineConfig
+from localpaged.core.speculation import StepCost
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12] * 6, [3, 4, 3, 4, 3, 4, 20, 21, 22] * 3, list(range(30, 80))]
+
+
+@pytest.fixture
+def always_draft(monkeypatch):
+    """Drafting never stops for measured cost (wall time on a shared machine is noise)."""
+    monkeypatch.setattr(StepCost, "observe", lambda *args, **kwargs: None)
+    monkeypatch.setattr(StepCost, "observe_model", lambda *args, **kwargs: None)
+
+
+@pytest.fixture(scope="module")
+def other_llama(tiny_root):
+    """A second tiny model with the same tokenizer and other weights: guesses partly right."""
+    import tiny_models
+    return tiny_models.build("llama-mqa-tied", tiny_root)
+
+
+def greedy(max_tokens: int = 60, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def tokens(outs):
+    return [[o.token_ids for o in out.outputs] for out in outs]
+
+
+def drafting(target: str, draft: str, **engine) -> LLM:
+    return LLM(target, speculation="draft", draft_model=draft, debug_checks=True,
+               record_steps=True, **engine)
+
+
+def draft_blocks_held(llm: LLM) -> int:
+    return llm.engine.drafter.model.blocks.usage().in_use
+
+
+@pytest.mark.parametrize("which", ["itself", "other"])
+def test_greedy_equals_decoding_without_speculation(tiny_llama, other_llama, which, always_draft):
+    draft = tiny_llama if which == "itself" else other_llama
+    base_llm = LLM(tiny_llama, num_kv_blocks=64, record_steps=True)
+    base = base_llm.generate(PROMPTS, greedy())
+    llm = drafting(tiny_llama, draft, num_kv_blocks=64)
+    spec = llm.generate(PROMPTS, greedy())
+    assert tokens(spec) == tokens(base)
+    assert spec[2].outputs[0].token_ids == hf_greedy(tiny_llama, PROMPTS[2], 60)
+    stats = llm.stats()
+    assert 0 < stats.accepted_draft_tokens <= stats.draft_tokens
+    if which == "itself":        # the draft is the target: its guesses are the target's tokens
+        assert stats.accepted_draft_tokens >= 0.9 * stats.draft_tokens
+        assert len(llm.engine.step_records) < len(base_llm.engine.step_records) / 2
+    else:                        # other weights: some guesses rejected, their blocks given back
+        assert stats.accepted_draft_tokens < stats.draft_tokens
+    assert draft_blocks_held(llm) == 0 and not llm.engine.drafter.model.shadows
+
+
+def test_the_draft_model_drafts_where_the_ngrams_find_nothing(tiny_llama, always_draft):
+    """A prompt whose tokens never repeat: n-gram lookup has nothing, the draft model does."""
+    prompt = list(range(100, 160))
+    ngram = LLM(tiny_llama, num_kv_blocks=64, speculation="ngram").generate([prompt], greedy(12))
+    llm = drafting(tiny_llama, tiny_llama, num_kv_blocks=64)
+    out = llm.generate([prompt], greedy(12))
+    assert tokens(out) == tokens(ngram)
+    assert llm.stats().draft_tokens > ngram[0].outputs[0].draft_tokens
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_and_a_full_draft_cache_lose_nothing(tiny_llama, other_llama, mode, always_draft):
+    """14 target blocks preempt; the draft model gets 14 too, too few for three shadows, so
+    shadows are dropped and restarted along the way."""
+    base = LLM(tiny_llama, num_kv_blocks=64).generate(PROMPTS, greedy(80))
+    llm = drafting(tiny_llama, other_llama, num_kv_blocks=14, preemption_mode=mode)
+    spec = llm.generate(PROMPTS, greedy(80))
+    assert llm.stats().num_preemptions > 0
+    assert tokens(spec) == tokens(base)
+    assert llm.stats().accepted_draft_tokens > 0 and draft_blocks_held(llm) == 0
+
+
+def test_seeded_sampling_draws_the_same_tokens(tiny_llama, other_llama, always_draft):
+    """A verification draws each position with the random number plain decoding uses there,
+    so seeded samples are the same tokens with or without a draft model."""
+    params = SamplingParams(max_tokens=40, temperature=0.8, top_p=0.95, seed=7, n=2, ignore_eos=True)
+    base = LLM(tiny_llama, num_kv_blocks=64).generate(PROMPTS, params)
+    llm = drafting(tiny_llama, other_llama, num_kv_blocks=64)
+    assert tokens(llm.generate(PROMPTS, params)) == tokens(base)
+    assert llm.stats().draft_tokens > 0
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(tiny_llama, smollm2_gguf):
+    with pytest.raises(ValueError, match="tokenizer differs from the target"):
+        LLM(tiny_llama, num_kv_blocks=16, speculation="draft", draft_model=smollm2_gguf)
+
+
+def test_draft_speculation_needs_a_draft_model():
+    with pytest.raises(ValueError, match="needs a draft_model"):
+        EngineConfig(model="m", speculation="draft")
+
+
+def test_a_shadow_rolled_back_drafts_as_a_fresh_one(other_llama):
+    """After a verification that rejected every guess (the target's own token instead), the
+    shadow's next draft equals what a draft model that never saw the guesses drafts: their K/V
+    are no longer read, and the blocks only they filled are given back."""
+    import torch
+    from transformers import AutoTokenizer
+    from localpaged.core.request import Sequence
+    from localpaged.engine.draft_model import DraftModel
+
+    def draft_model():    # blocks of 4 tokens
+        return DraftModel(other_llama, torch.device("cpu"), torch.float32, 4, 64,
+                          AutoTokenizer.from_pretrained(other_llama), 512)
+
+    used = draft_model()
+    seq = Sequence(list(range(30, 45)), 15, 0, None)
+    guesses = used.propose([(seq, 8)])[seq.seq_id]
+    shadow = used.shadows[seq.seq_id].seqs[0]
+    assert len(guesses) == 8 and shadow.num_computed_tokens == 15 + 7   # the last guess: not yet
+    assert len(used.blocks.tables[shadow.seq_id]) == 6                  # 22 computed tokens' slots
+    seq.token_ids.append((guesses[0] + 1) % 512)                         # the target disagrees
+    again = used.propose([(seq, 2)])[seq.seq_id]
+    assert shadow.token_ids[:16] == seq.token_ids and shadow.num_computed_tokens == 16 + 1
+    assert len(used.blocks.tables[shadow.seq_id]) == 5                  # 17 computed tokens' slots
+    used.check()
+    alone = Sequence(seq.token_ids, 16, 0, None)
+    assert again == draft_model().propose([(alone, 2)])[alone.seq_id]
+    used.forget([seq.seq_id])
+    used.check()
+    assert used.blocks.usage().in_use == 0
+
+
+class FakeDraftModel:
+    """Guesses `guess` tokens; records what it was asked."""
+    caught_up = 0
+
+    def __init__(self, guess: list[int]) -> None:
+        self.guess, self.asked, self.forgotten = guess, [], []
+
+    def propose(self, wanted):
+        self.asked.append([k for _, k in wanted])
+        return {seq.seq_id: self.guess[:k] for seq, k in wanted}
+
+    def forget(self, seq_ids):
+        self.forgotten += seq_ids
+
+
+def decoding_group(tokens: list[int], prompt_len: int):
+    from localpaged.core.request import Sequence, SequenceGroup
+    seq = Sequence(tokens, prompt_len, 0, None)
+    seq.num_computed_tokens = len(tokens) - 1
+    return SequenceGroup("r", None, tokens[:prompt_len], greedy(200), [seq], max_model_len=4096), seq
+
+
+def test_ngrams_first_the_model_where_they_fail_and_each_source_keeps_its_rate():
+    """An n-gram match drafts while n-grams keep up with the model; once their own acceptance is
+    far below the model's, the model drafts, n-grams being retried every RETRY_NGRAM passes; a
+    copy's pointer moves on under the model's drafts; forget reaches the model."""
+    from localpaged.core.speculation import NGRAM_SLACK, RETRY_NGRAM, Drafter
+    model = FakeDraftModel([70, 71, 72, 73])
+    drafter = Drafter(4, model)
+    group, seq = decoding_group([1, 2, 3, 4, 5, 9, 9, 9, 2, 3], 9)      # "2 3" occurred: n-grams
+    drafter.attach([group])
+    assert seq.token_ids[10:] == [4, 5, 9, 9] and model.asked == []
+    seq.drop_drafts()
+    drafter.verified(seq, 4, 0)                                        # all rejected
+    for _ in range(3):
+        drafter.verified(seq, 4, 0)
+    assert drafter.states[seq.seq_id].rate < drafter.model_states[seq.seq_id].rate - NGRAM_SLACK
+    drafter.states[seq.seq_id].copy_from = 3
+    seq.num_draft_tokens = 0
+    for step in range(RETRY_NGRAM):
+        drafter.cost.step = 1                                          # not a control step
+        drafter.attach([group])
+        assert seq.token_ids[10:] == [70, 71, 72, 73][:seq.num_draft_tokens]
+        seq.drop_drafts()
+        drafter.verified(seq, 4, 4)
+    assert len(model.asked) == RETRY_NGRAM
+    assert drafter.states[seq.seq_id].copy_from == 3 + RETRY_NGRAM * 5
+    drafter.cost.step = 1
+    drafter.attach([group])                                            # passed over 4 times: retried
+    assert len(model.asked) == RETRY_NGRAM and seq.token_ids[10] != 70
+    drafter.forget([seq])
+    assert model.forgotten == [seq.seq_id] and seq.seq_id not in drafter.model_states
