@@ -4,6 +4,9 @@ file and the same prompt token ids, greedy, one conversation at a time.
 
     PYTHONPATH=<llama-cpp-python's site> python bench/speculative.py [--model F.gguf] [--quick]
 
+`--model inflated`: the 1B-class file of bench/inflated_model.py (SmolLM2's function at 1.5B
+parameters' bytes, Q4_K_M), made once; a 1B-class model whose replies copy what a real model's do.
+
 Workloads (chat-templated by the file's tokenizer):
   (a) code edit: a pasted 60-line function, "rename `total` to `running_sum`, add a docstring";
   (b) summary of a pasted page;
@@ -148,7 +151,8 @@ def _draft_cells(run: dict, off: float) -> str:
 def main(argv=None) -> dict:
     from localpaged.runner.loader import bundled_gguf_path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled SmolLM2)")
+    ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled SmolLM2), or "
+                    "inflated (bench/inflated_model.py)")
     ap.add_argument("--max-tokens", type=int, default=200)
     ap.add_argument("--quick", action="store_true", help="64 tokens per workload")
     ap.add_argument("--no-llama-cpp", action="store_true")
@@ -156,6 +160,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--draft-model", default=None,
                     help="also run speculation=draft with this model (same tokenizer)")
     args = ap.parse_args(argv)
+    if args.model == "inflated":
+        import inflated_model
+        args.model = str(inflated_model.ensure())
     path = args.model or bundled_gguf_path()
     max_tokens = 64 if args.quick else args.max_tokens
     prompts = token_prompts(path)
