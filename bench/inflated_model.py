@@ -27,7 +27,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from real_model import CACHE, LCP_MISSING, bundled_tokenizer, import_llama_cpp, quantize  # noqa: E402
+from real_model import (CACHE, LCP_MISSING, add_tokenizer, bundled_tokenizer,  # noqa: E402
+                        import_llama_cpp, quantize)
 
 NAME = "smollm2-135m-inflated-1.5b"
 SRC = dict(hidden=576, heads=9, kv_heads=3, ffn=1536)
@@ -113,18 +114,7 @@ def write_f16(dst: Path) -> None:
     w.add_layer_norm_rms_eps(eps)
     w.add_vocab_size(int(meta["llama.vocab_size"]))
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
-    w.add_tokenizer_model(tok["ggml.model"])
-    w.add_tokenizer_pre(tok["ggml.pre"])
-    w.add_token_list(list(tok["ggml.tokens"]))
-    w.add_token_types(list(tok["ggml.token_type"]))
-    w.add_token_merges(list(tok["ggml.merges"]))
-    w.add_bos_token_id(tok["ggml.bos_token_id"])
-    w.add_eos_token_id(tok["ggml.eos_token_id"])
-    w.add_unk_token_id(tok["ggml.unknown_token_id"])
-    w.add_pad_token_id(tok["ggml.padding_token_id"])
-    w.add_add_bos_token(bool(tok["ggml.add_bos_token"]))
-    w.add_add_space_prefix(bool(tok["ggml.add_space_prefix"]))
-    w.add_chat_template(tok["chat_template"])
+    add_tokenizer(w, tok, list(tok["ggml.tokens"]), list(tok["ggml.token_type"]))
     for name, data in tensors.items():
         w.add_tensor(name, data)
     w.write_header_to_file()

@@ -130,6 +130,23 @@ def bundled_tokenizer() -> dict:
         "ggml.padding_token_id", "ggml.add_bos_token", "ggml.add_space_prefix", "chat_template")}
 
 
+def add_tokenizer(w, tok: dict, tokens: list[str], types: list[int]) -> None:
+    """The bundled tokenizer's metadata (`bundled_tokenizer`) into a GGUFWriter, with this token
+    list and types (the bundled ones, or padded to a larger vocabulary)."""
+    w.add_tokenizer_model(tok["ggml.model"])
+    w.add_tokenizer_pre(tok["ggml.pre"])
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(list(tok["ggml.merges"]))
+    w.add_bos_token_id(tok["ggml.bos_token_id"])
+    w.add_eos_token_id(tok["ggml.eos_token_id"])
+    w.add_unk_token_id(tok["ggml.unknown_token_id"])
+    w.add_pad_token_id(tok["ggml.padding_token_id"])
+    w.add_add_bos_token(bool(tok["ggml.add_bos_token"]))
+    w.add_add_space_prefix(bool(tok["ggml.add_space_prefix"]))
+    w.add_chat_template(tok["chat_template"])
+
+
 def tensor_plan(spec: dict) -> list[tuple[str, tuple[int, ...], str]]:
     """(llama.cpp name, numpy shape (rows, cols), kind) in llama.cpp's order for qwen2."""
     h, f, v = spec["hidden"], spec["ffn"], spec["vocab"]
@@ -180,18 +197,7 @@ def write_f16(path: Path, spec: dict) -> None:
     w.add_layer_norm_rms_eps(spec["rms_eps"])
     w.add_vocab_size(spec["vocab"])
     w.add_file_type(int(gguf.LlamaFileType.MOSTLY_F16))
-    w.add_tokenizer_model(tok["ggml.model"])
-    w.add_tokenizer_pre(tok["ggml.pre"])
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(list(tok["ggml.merges"]))
-    w.add_bos_token_id(tok["ggml.bos_token_id"])
-    w.add_eos_token_id(tok["ggml.eos_token_id"])
-    w.add_unk_token_id(tok["ggml.unknown_token_id"])
-    w.add_pad_token_id(tok["ggml.padding_token_id"])
-    w.add_add_bos_token(bool(tok["ggml.add_bos_token"]))
-    w.add_add_space_prefix(bool(tok["ggml.add_space_prefix"]))
-    w.add_chat_template(tok["chat_template"])
+    add_tokenizer(w, tok, tokens, types)
     plan = tensor_plan(spec)
     for name, shape, kind in plan:
         dtype = np.float16 if kind == "w" else np.float32
