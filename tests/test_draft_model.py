@@ -196,3 +196,22 @@ def test_ngrams_first_the_model_where_they_fail_and_each_source_keeps_its_rate()
     assert len(model.asked) == RETRY_NGRAM and seq.token_ids[10] != 70
     drafter.forget([seq])
     assert model.forgotten == [seq.seq_id] and seq.seq_id not in drafter.model_states
+
+
+def test_the_app_speculates_from_the_conversation_by_default(tiny_llama, tmp_path):
+    """`python app.py` drafts with n-grams unless told otherwise; the Python engine does not."""
+    from localpaged import cli
+    base = ["--model", tiny_llama, "--data-dir", str(tmp_path / "data"), "--num-kv-blocks", "32",
+            "--kv-disk-gb", "0"]
+
+    def drafter(*extra):
+        app, ctl, models, store = cli.build(cli.parse_args([*base, *extra]))
+        try:
+            return models.backend.engine._engine.drafter
+        finally:
+            models.backend.engine.shutdown()
+            store.close()
+            app.state.instance_lock.release()
+    assert drafter() is not None and drafter().model is None
+    assert drafter("--speculation", "off") is None
+    assert LLM(tiny_llama, num_kv_blocks=16).engine.drafter is None
