@@ -66,7 +66,6 @@ class DraftModel:
         self.shadows: dict[int, SequenceGroup] = {}    # by the target's seq_id
         self.verified: dict[int, int] = {}             # shadow tokens that are its target's
         self.caught_up = 0            # prompt tokens the last propose computed (not a draft's cost)
-        self.weights_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         logger.info("draft model ready: %s, %d KV blocks of %d tokens", loaded.source.description,
                     num_blocks, block_size)
 
