@@ -167,33 +167,41 @@ def decoding_group(tokens: list[int], prompt_len: int):
 
 
 def test_ngrams_first_the_model_where_they_fail_and_each_source_keeps_its_rate():
-    """An n-gram match drafts while n-grams keep up with the model; once their own acceptance is
-    far below the model's, the model drafts, n-grams being retried every RETRY_NGRAM passes; a
-    copy's pointer moves on under the model's drafts; forget reaches the model."""
-    from localpaged.core.speculation import NGRAM_SLACK, RETRY_NGRAM, Drafter
+    """A sequence's first model draft comes after MODEL_AFTER steps without an n-gram match (the
+    model then reads the whole prompt); an n-gram match drafts while n-grams keep up with the
+    model; once their own acceptance is far below the model's, the model drafts, n-grams being
+    retried every RETRY_NGRAM passes; a copy's pointer moves on under the model's drafts; forget
+    reaches the model."""
+    from localpaged.core.speculation import MODEL_AFTER, NGRAM_SLACK, RETRY_NGRAM, Drafter
     model = FakeDraftModel([70, 71, 72, 73])
     drafter = Drafter(4, model)
-    group, seq = decoding_group([1, 2, 3, 4, 5, 9, 9, 9, 2, 3], 9)      # "2 3" occurred: n-grams
-    drafter.attach([group])
-    assert seq.token_ids[10:] == [4, 5, 9, 9] and model.asked == []
-    seq.drop_drafts()
-    drafter.verified(seq, 4, 0)                                        # all rejected
-    for _ in range(3):
-        drafter.verified(seq, 4, 0)
-    assert drafter.states[seq.seq_id].rate < drafter.model_states[seq.seq_id].rate - NGRAM_SLACK
-    drafter.states[seq.seq_id].copy_from = 3
-    seq.num_draft_tokens = 0
-    for step in range(RETRY_NGRAM):
+    group, seq = decoding_group(list(range(1, 11)), 9)                # nothing repeats
+
+    def step(accepted: int) -> list[int]:
         drafter.cost.step = 1                                          # not a control step
         drafter.attach([group])
-        assert seq.token_ids[10:] == [70, 71, 72, 73][:seq.num_draft_tokens]
+        draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
         seq.drop_drafts()
-        drafter.verified(seq, 4, 4)
-    assert len(model.asked) == RETRY_NGRAM
-    assert drafter.states[seq.seq_id].copy_from == 3 + RETRY_NGRAM * 5
-    drafter.cost.step = 1
-    drafter.attach([group])                                            # passed over 4 times: retried
-    assert len(model.asked) == RETRY_NGRAM and seq.token_ids[10] != 70
+        if draft:
+            drafter.verified(seq, len(draft), min(accepted, len(draft)))
+        return draft
+    assert [step(4) for _ in range(MODEL_AFTER - 1)] == [[]] * (MODEL_AFTER - 1) and not model.asked
+    assert step(4)[:2] == [70, 71] and len(model.asked) == 1
+    seq.token_ids[-2:] = [2, 3]                                        # "2 3" occurred: n-grams
+    assert step(0) == [4, 5, 6, 7] and len(model.asked) == 1           # tried first, all rejected
+    for _ in range(3):
+        drafter.states[seq.seq_id].update(4, 0)                        # and three more such drafts
+    assert drafter.states[seq.seq_id].rate < drafter.model_states[seq.seq_id].rate - NGRAM_SLACK
+    asked = len(model.asked)
+    drafter.states[seq.seq_id].copy_from = 3
+    moved = 0
+    for _ in range(RETRY_NGRAM):                                       # the model drafts
+        draft = step(4)
+        assert draft[:2] == [70, 71]
+        moved += len(draft) + 1                                        # all kept, and one more
+    assert len(model.asked) == asked + RETRY_NGRAM
+    assert drafter.states[seq.seq_id].copy_from == 3 + moved
+    assert step(0)[0] != 70 and len(model.asked) == asked + RETRY_NGRAM   # n-grams retried
     drafter.forget([seq])
     assert model.forgotten == [seq.seq_id] and seq.seq_id not in drafter.model_states
 

@@ -43,6 +43,8 @@ PROBE_EVERY = 16                      # steps between drafts of a sequence that 
 CONTROL_EVERY = 8                     # every 8th step drafts nothing (StepCost's plain figure)
 NGRAM_SLACK = 0.3                     # n-grams draft unless their rate is this far below the model's
 RETRY_NGRAM = 4                       # ... or they were passed over this many times in a row
+MODEL_AFTER = 3                       # steps in a row without an n-gram match before a sequence's
+                                      # first draft-model draft (which reads its whole prompt)
 
 
 def propose(token_ids: list[int], k: int, sources: tuple[tuple[int, ...], ...] = (),
@@ -117,6 +119,7 @@ class DraftState:
     trials: float = 3.5
     idle_steps: int = 0
     passed_over: int = 0              # n-gram drafts found but not used for the draft model's
+    misses: int = 0                   # steps in a row in which n-grams found nothing
 
     @property
     def rate(self) -> float:
@@ -248,8 +251,12 @@ class Drafter:
         # 2-gram matches do not silence the model, nor the model's guesses a copy in progress
         draft, at = propose_from(seq.token_ids, min(self.k_max, room), sources,
                                  near=seq.num_output_tokens, after=state.copy_from)
-        by_model = self.model_states.setdefault(seq.seq_id, DraftState(self.k_max))
-        if draft and (state.rate >= by_model.rate - NGRAM_SLACK or state.passed_over >= RETRY_NGRAM):
+        state.misses = 0 if draft else state.misses + 1
+        by_model = self.model_states.get(seq.seq_id)
+        if by_model is None and state.misses >= MODEL_AFTER:   # the model reads the prompt once
+            by_model = self.model_states[seq.seq_id] = DraftState(self.k_max)
+        if by_model is None or draft and (state.rate >= by_model.rate - NGRAM_SLACK
+                                          or state.passed_over >= RETRY_NGRAM):
             state.passed_over = 0
             draft = draft[:min(state.next_k(self.cost), room)]
             state.draft_at = at if draft else None
