@@ -223,3 +223,21 @@ def test_the_app_speculates_from_the_conversation_by_default(tiny_llama, tmp_pat
     assert drafter() is not None and drafter().model is None
     assert drafter("--speculation", "off") is None
     assert LLM(tiny_llama, num_kv_blocks=16).engine.drafter is None
+
+
+def test_the_app_loads_a_model_whose_tokenizer_its_draft_model_does_not_share(tiny_llama,
+                                                                               smollm2_gguf, caplog):
+    """--draft-model is fixed at the start, a model picked later may have another tokenizer: the
+    load succeeds, drafting from n-grams only, and says so in the log."""
+    from localpaged.ui.models.logic import LocalFactory
+    factory = LocalFactory(num_kv_blocks=16, engine_options={"speculation": "draft",
+                                                             "draft_model": smollm2_gguf})
+    with caplog.at_level("WARNING"):
+        backend = factory(tiny_llama, lambda *args: None)
+    try:
+        drafter = backend.engine._engine.drafter
+        assert drafter is not None and drafter.model is None
+        assert any("tokenizer differs" in r.getMessage() and "n-gram drafts only" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        backend.engine.shutdown()

@@ -164,10 +164,14 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+class DraftTokenizerMismatch(ValueError):
+    """The draft model's tokenizer is not the target's (the app then drafts from n-grams only)."""
+
+
 def check_same_tokenizer(name: str, draft, target) -> None:
     """A draft model must map text to the same token ids as the target: its guesses are ids."""
     if draft.get_vocab() != target.get_vocab():
         d, t = len(draft.get_vocab()), len(target.get_vocab())
-        raise ValueError(f"draft model {name}: its tokenizer differs from the target model's "
+        raise DraftTokenizerMismatch(f"draft model {name}: its tokenizer differs from the target model's "
                          f"({d:,} vs {t:,} tokens, or the same count with other ids); a draft "
                          f"model must share the target's tokenizer")

@@ -227,7 +227,6 @@ class LocalFactory:
                  fraction: Callable[[float], None] | None = None) -> ChatBackend:
         from localpaged.chat.backend import LocalChatBackend
         from localpaged.engine.async_engine import AsyncEngine
-        from localpaged.engine.llm import LLM
         from localpaged.runner.loader import reporting_progress
         def loading(done: float, what: str) -> None:
             progress("loading", f"{what} · {int(done * 100)}%")
@@ -243,12 +242,25 @@ class LocalFactory:
             kwargs["max_model_len"] = max_model_len
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         with reporting_progress(loading):
-            llm = LLM(name, **kwargs)
+            llm = _engine(name, kwargs)
         loading(0.99, "KV cache allocated")
         if not getattr(llm.tokenizer, "chat_template", None):
             log.warning("%s has no chat template: using ChatML", name)
             llm.tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         return LocalChatBackend(AsyncEngine(llm.engine))
+
+
+def _engine(name: str, kwargs: dict):
+    """LLM(name, **kwargs); a --draft-model whose tokenizer is not this model's (a model picked
+    in the app after the start) is left out with a warning, drafting from n-grams only, rather
+    than failing the load."""
+    from localpaged.engine.draft_model import DraftTokenizerMismatch
+    from localpaged.engine.llm import LLM
+    try:
+        return LLM(name, **kwargs)
+    except DraftTokenizerMismatch as exc:
+        log.warning("%s: loading %s with n-gram drafts only", exc, name)
+        return LLM(name, **{**kwargs, "speculation": "ngram", "draft_model": None})
 
 
 def local_factory(num_kv_blocks: int | None = None, dtype: str = default("dtype"),
