@@ -7,3 +7,4 @@ from localpaged.core.speculation import StepCost
 
 def pytest_configure(config):
     StepCost.observe = lambda *args, **kwargs: None
+    StepCost.observe_model = lambda *args, **kwargs: None

@@ -241,3 +241,19 @@ def test_the_app_loads_a_model_whose_tokenizer_its_draft_model_does_not_share(ti
                    for r in caplog.records)
     finally:
         backend.engine.shutdown()
+
+
+def test_a_shadow_whose_guesses_the_target_kept_by_other_means_drafts_on(other_llama):
+    """The target kept the model's first guesses through n-gram drafts since (the shadow already
+    computed them): the shadow computes its last token again for the next guess's logits."""
+    import torch
+    from transformers import AutoTokenizer
+    from localpaged.core.request import Sequence
+    from localpaged.engine.draft_model import DraftModel
+    model = DraftModel(other_llama, torch.device("cpu"), torch.float32, 4, 64,
+                       AutoTokenizer.from_pretrained(other_llama), 512)
+    seq = Sequence(list(range(30, 45)), 15, 0, None)
+    guesses = model.propose([(seq, 8)])[seq.seq_id]
+    seq.token_ids += guesses[:3]                       # all three already computed by the shadow
+    assert model.propose([(seq, 2)])[seq.seq_id] == guesses[3:5]
+    model.check()

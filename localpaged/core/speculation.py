@@ -31,6 +31,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from localpaged.core.request import Sequence, SequenceGroup
+from localpaged.core.sampling_params import INTERACTIVE
 
 NGRAM_MAX, NGRAM_MIN = 4, 2           # the longest and shortest suffix looked up
 SEARCH_WINDOW = 4096                  # tokens back from the end that a lookup searches
@@ -226,8 +227,8 @@ class Drafter:
         self.model_seconds = 0.0
         if not self.cost.allows():
             return
-        wanted: list[tuple[Sequence, int]] = []      # for the draft model
-        for group in groups:
+        wanted: list[tuple[Sequence, int]] = []      # for the draft model, interactive first
+        for group in sorted(groups, key=lambda g: g.priority != INTERACTIVE):
             if not eligible(group):
                 continue
             for seq in group.unfinished_seqs():

@@ -18,12 +18,14 @@ Invariants:
 - The draft model never touches the target's blocks, steps or random numbers: a draft is only
   ever a guess, verified by the target (engine/sampler.py: verify), so the target's output is
   what it is without speculation, greedy or sampled.
-- Out of draft blocks, a sequence gets a shorter draft (or none) and loses its shadow; nothing
-  else changes.
+- Out of draft blocks, the shadows of sequences not drafting this step give theirs back (least
+  recently drafting first); if that is not enough, a sequence gets a shorter draft (or none)
+  and loses its shadow. Nothing else changes.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import torch
@@ -66,6 +68,9 @@ class DraftModel:
         self.shadows: dict[int, SequenceGroup] = {}    # by the target's seq_id
         self.verified: dict[int, int] = {}             # shadow tokens that are its target's
         self.caught_up = 0            # prompt tokens the last propose computed (not a draft's cost)
+        self.last_used: dict[int, int] = {}           # by the target's seq_id: when it last drafted
+        self._clock = itertools.count()
+        self._order: dict[int, int] = {}   # this call's sequences, in the order asked (first first)
         logger.info("draft model ready: %s, %d KV blocks of %d tokens", loaded.source.description,
                     num_blocks, block_size)
 
@@ -73,6 +78,9 @@ class DraftModel:
     def propose(self, wanted: list[tuple[Sequence, int]]) -> dict[int, list[int]]:
         """Up to k greedy tokens of the draft model after each target sequence's tokens, by the
         target's seq_id (fewer where the draft's blocks run out)."""
+        self._order = {seq.seq_id: i for i, (seq, _) in enumerate(wanted)}
+        for sid in self._order:
+            self.last_used[sid] = next(self._clock)
         active = [(seq.seq_id, k) for seq, k in wanted if k > 0 and self._sync(seq)]
         drafts: dict[int, list[int]] = {sid: [] for sid, _ in active}
         self.caught_up = 0
@@ -96,6 +104,7 @@ class DraftModel:
         for sid in seq_ids:
             group = self.shadows.pop(sid, None)
             self.verified.pop(sid, None)
+            self.last_used.pop(sid, None)
             if group is not None:
                 self.blocks.free(group.seqs[0])
 
@@ -118,6 +127,9 @@ class DraftModel:
         shadow, verified = group.seqs[0], self.verified[seq.seq_id]
         common = verified + _common_prefix(shadow.token_ids[verified:shadow.num_computed_tokens],
                                            tokens[verified:])
+        # the last token is computed again even where the shadow's guesses already hold it (the
+        # target kept them by n-gram drafts since): its logits are the next guess's
+        common = min(common, len(tokens) - 1)
         shadow.num_computed_tokens = common
         self.blocks.trim(shadow, common)          # the rejected guesses' slots and blocks
         shadow.token_ids = list(tokens)
@@ -130,7 +142,7 @@ class DraftModel:
         group = SequenceGroup(f"draft-{seq.seq_id}", None, shadow.token_ids,
                               SamplingParams(temperature=0.0), [shadow], set(), self.max_model_len)
         hits = self.blocks.find_cached_prefix(shadow)
-        if not self.blocks.allocate_slots(shadow, 0, hits):
+        if not self._allocate(seq.seq_id, shadow, 0, hits):
             return False
         self.shadows[seq.seq_id] = group
         self.verified[seq.seq_id] = len(seq.token_ids)
@@ -141,14 +153,28 @@ class DraftModel:
         once it has caught up); a shadow whose blocks do not fit is dropped."""
         items = []
         for sid, _ in active:
-            group = self.shadows[sid]
+            if (group := self.shadows.get(sid)) is None:    # given back to an earlier one
+                continue
             shadow = group.seqs[0]
             n = min(shadow.num_uncomputed_tokens, PROMPT_CHUNK)
-            if len(shadow.token_ids) >= self.max_model_len or not self.blocks.allocate_slots(shadow, n):
+            if len(shadow.token_ids) >= self.max_model_len or not self._allocate(sid, shadow, n):
                 self.forget([sid])
                 continue
             items.append(ScheduledSeq(group, shadow, n))
         return items
+
+    def _allocate(self, sid: int, shadow: Sequence, n: int, hits: list | None = None) -> bool:
+        """Slots for n more tokens of sid's shadow. When the draft's blocks run out, others give
+        theirs back: first the shadows of sequences that did not ask for a draft this call
+        (preempted, waiting, drafting from n-grams), least recently drafting first, then those
+        asked for after this one (the Drafter asks for interactive requests first)."""
+        mine = self._order.get(sid, len(self._order))
+        while not self.blocks.allocate_slots(shadow, n, hits):
+            others = [s for s in self.shadows if s != sid and self._order.get(s, len(self._order)) >= mine]
+            if not others:
+                return False
+            self.forget([min(others, key=lambda s: (s in self._order, self.last_used.get(s, -1)))])
+        return True
 
     @staticmethod
     def _target_of(group: SequenceGroup) -> int:

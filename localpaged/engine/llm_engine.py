@@ -11,7 +11,9 @@ Names: `block_manager` is the KVCacheManager (block tables, in block ids), or fo
 sliding-window layers the HybridKVCacheManager (one per KV-cache group, engine.kv_sizing sizing
 each group's pool); `kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
 with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram | draft) overrides
-`EngineConfig.speculation` for every engine of the process.
+`EngineConfig.speculation` for every engine of the process, and LOCALPAGED_DRAFT_MODEL its
+`draft_model` ("self": each engine's own model, where its layers all attend fully; to run a
+test suite with draft-model speculation).
 See docs/architecture.md §4 (the life of a request, from make_group to the output).
 """
 
@@ -138,14 +140,19 @@ class LLMEngine:
             self.block_manager.attach_disk(DiskTier(store, self.kv_cache))
         return store
 
-    def _draft_model(self) -> DraftModel:
+    def _draft_model(self) -> DraftModel | None:
         """The draft model, with as many KV blocks of its own as the target's group 0 has, its
         weights as its file has them (quantization "auto": a draft is small and fast)."""
         c = self.config
-        if not c.draft_model:
+        name = os.environ.get("LOCALPAGED_DRAFT_MODEL") or c.draft_model
+        if name == "self":
+            if self.model.kv_groups.has_window:      # a draft attends fully: n-grams only
+                return None
+            name = c.model
+        if not name:
             raise ValueError('speculation "draft" needs a draft model (EngineConfig.draft_model, '
                              '--draft-model)')
-        return DraftModel(c.draft_model, self.device, self.dtype, c.block_size,
+        return DraftModel(name, self.device, self.dtype, c.block_size,
                           self.kv_plan.num_blocks[0], self.tokenizer, self.model_config.vocab_size,
                           enforce_eager=c.enforce_eager)
 
