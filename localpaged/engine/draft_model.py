@@ -173,8 +173,15 @@ class DraftModel:
             others = [s for s in self.shadows if s != sid and self._order.get(s, len(self._order)) >= mine]
             if not others:
                 return False
-            self.forget([min(others, key=lambda s: (s in self._order, self.last_used.get(s, -1)))])
+            self.forget([min(others, key=self._give_back_order)])
         return True
+
+    def _give_back_order(self, sid: int) -> tuple[int, int]:
+        """Sorts first the shadow that gives its blocks back first: not asked for this call,
+        least recently drafting; then asked for, the last asked first."""
+        if sid not in self._order:
+            return 0, self.last_used.get(sid, -1)
+        return 1, -self._order[sid]
 
     @staticmethod
     def _target_of(group: SequenceGroup) -> int:
