@@ -257,3 +257,21 @@ def test_a_shadow_whose_guesses_the_target_kept_by_other_means_drafts_on(other_l
     seq.token_ids += guesses[:3]                       # all three already computed by the shadow
     assert model.propose([(seq, 2)])[seq.seq_id] == guesses[3:5]
     model.check()
+
+
+def test_background_work_is_not_drafted_while_interactive_work_runs_and_it_idles():
+    """With "idle" background batching a background group does not run beside interactive ones,
+    so it gets no draft then (the draft model would guess for nothing); with "share" it does."""
+    from localpaged.core.sampling_params import BACKGROUND
+    from localpaged.core.speculation import MODEL_AFTER, Drafter
+    for idle, drafted in ((True, [1]), (False, [1, 2])):
+        model = FakeDraftModel([70, 71, 72])
+        drafter = Drafter(4, model, background_idle=idle)
+        fg, fg_seq = decoding_group(list(range(1, 11)), 9)
+        bg, bg_seq = decoding_group(list(range(21, 31)), 9)
+        bg.priority = BACKGROUND
+        for _ in range(MODEL_AFTER):
+            drafter.cost.step = 1
+            drafter.attach([bg, fg])                  # the background group listed first
+        asked = [seq.seq_id for seq in (fg_seq, bg_seq) if seq.num_draft_tokens]
+        assert len(asked) == len(drafted) and asked[0] == fg_seq.seq_id, idle

@@ -214,6 +214,9 @@ class Drafter:
     n-grams first, the draft `model` where they find nothing)."""
     k_max: int
     model: DraftProposer | None = None
+    # background work runs only in steps without interactive work (Scheduler's "idle"
+    # batching): while interactive groups run, background ones get no draft (it would be dropped)
+    background_idle: bool = False
     states: dict[int, DraftState] = field(default_factory=dict)     # by seq_id: n-gram drafts
     model_states: dict[int, DraftState] = field(default_factory=dict)   # the draft model's
     drafting: dict[int, DraftState] = field(default_factory=dict)   # this step's draft's source
@@ -228,8 +231,9 @@ class Drafter:
         if not self.cost.allows():
             return
         wanted: list[tuple[Sequence, int]] = []      # for the draft model, interactive first
+        busy = self.background_idle and any(g.priority == INTERACTIVE for g in groups)
         for group in sorted(groups, key=lambda g: g.priority != INTERACTIVE):
-            if not eligible(group):
+            if not eligible(group) or busy and group.priority != INTERACTIVE:
                 continue
             for seq in group.unfinished_seqs():
                 if seq.num_uncomputed_tokens == 1 and not seq.num_draft_tokens:

@@ -109,7 +109,8 @@ class LLMEngine:
         speculation = check_choice("LOCALPAGED_SPECULATION", os.environ.get(
             "LOCALPAGED_SPECULATION", config.speculation), SPECULATION)
         self.drafter = None if speculation == "off" else Drafter(
-            config.num_speculative_tokens, self._draft_model() if speculation == "draft" else None)
+            config.num_speculative_tokens, self._draft_model() if speculation == "draft" else None,
+            background_idle=not shares)
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
