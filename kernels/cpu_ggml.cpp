@@ -77,6 +77,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -1015,22 +1016,27 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
 // on the SPR VM: 512-bit dpbusd moves ~1.4x the products of two 256-bit ones.
 constexpr int64_t kWideRows = 8;
 
+// Which of the widened int16 scales each int16 lane of pair p's packed sums takes: 128-bit lane i
+// holds 4 x scale(chunk 4p + i / 2, half i % 2), then 4 x scale(chunk 4p + 2 + i / 2, half i % 2).
+template <class F>
+constexpr std::array<int16_t, 64> wide_scale_picks() {
+  std::array<int16_t, 64> idx{};
+  for (int p = 0; p < 2; ++p)
+    for (int i = 0; i < 4; ++i)
+      for (int t = 0; t < 8; ++t) {
+        const int chunk = 4 * p + i / 2 + (t < 4 ? 0 : 2), half = i % 2;
+        idx[32 * p + 8 * i + t] = static_cast<int16_t>(F::kScalePer == 32 ? chunk : 2 * chunk + half);
+      }
+  return idx;
+}
+
 template <class F>
 struct WideScales {
   __m512i s[2];   // for the pairs (W0, W1) and (W2, W3)
   explicit WideScales(__m128i sc) {
-    // int16 scale k at lane 8 * (k / 4) .. of the widened scales; lane picks for pair p:
-    // 128-bit lane i: 4 x scale(chunk 4p + i / 2, half i % 2), 4 x scale(chunk 4p + 2 + i / 2, ...)
+    alignas(64) static constexpr std::array<int16_t, 64> kPicks = wide_scale_picks<F>();
     const __m512i wide = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(sc));
-    for (int p = 0; p < 2; ++p) {
-      alignas(64) int16_t idx[32];
-      for (int i = 0; i < 4; ++i)
-        for (int t = 0; t < 8; ++t) {
-          const int chunk = 4 * p + i / 2 + (t < 4 ? 0 : 2), half = i % 2;
-          idx[8 * i + t] = static_cast<int16_t>(F::kScalePer == 32 ? chunk : 2 * chunk + half);
-        }
-      s[p] = _mm512_permutexvar_epi16(_mm512_load_si512(idx), wide);
-    }
+    for (int p = 0; p < 2; ++p) s[p] = _mm512_permutexvar_epi16(_mm512_load_si512(kPicks.data() + 32 * p), wide);
   }
 };
 
@@ -1048,6 +1054,8 @@ void wide_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_
     __m256i sums[kWideRows], mins[kWideRows];
     const __m256i off = F::kOffset != 0 ? _mm256_mullo_epi16(_mm256_cvtepi8_epi16(blk.sc), _mm256_set1_epi16(-F::kOffset))
                                         : _mm256_setzero_si256();
+    __m256i mn = _mm256_setzero_si256();
+    if constexpr (F::kMins != 0) mn = mins16(blk);
     for (int m = 0; m < kWideRows; ++m) {
       sums[m] = mins[m] = _mm256_setzero_si256();
       if (m >= TM) continue;
@@ -1061,7 +1069,7 @@ void wide_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_
       }
       sums[m] = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
       if constexpr (F::kOffset != 0) sums[m] = _mm256_add_epi32(sums[m], _mm256_madd_epi16(off, s16));
-      if constexpr (F::kMins != 0) mins[m] = _mm256_madd_epi16(mins16(blk), s16);
+      if constexpr (F::kMins != 0) mins[m] = _mm256_madd_epi16(mn, s16);
     }
     alignas(32) float da[kWideRows] = {};
     for (int m = 0; m < TM; ++m) da[m] = a.d[(m0 + m) * nb + b];

@@ -46,9 +46,8 @@ PROMPT_CHUNK = 1024          # tokens of one shadow computed in one forward when
 
 class DraftModel:
     def __init__(self, name: str, device: torch.device, dtype: torch.dtype, block_size: int,
-                 num_blocks: int, tokenizer, vocab_size: int, quantization: str = "auto",
-                 enforce_eager: bool = False) -> None:
-        loaded = loader.load(name, device, dtype, None, quantization)
+                 num_blocks: int, tokenizer, vocab_size: int, enforce_eager: bool = False) -> None:
+        loaded = loader.load(name, device, dtype, None, "auto")   # its file's format: small, fast
         check_same_tokenizer(name, loaded.tokenizer, tokenizer)
         self.model, mc = loaded.model, loaded.config
         if self.model.kv_groups.has_window:
@@ -203,8 +202,9 @@ class DraftTokenizerMismatch(ValueError):
 
 def check_same_tokenizer(name: str, draft, target) -> None:
     """A draft model must map text to the same token ids as the target: its guesses are ids."""
-    if draft.get_vocab() != target.get_vocab():
-        d, t = len(draft.get_vocab()), len(target.get_vocab())
-        raise DraftTokenizerMismatch(f"draft model {name}: its tokenizer differs from the target model's "
-                         f"({d:,} vs {t:,} tokens, or the same count with other ids); a draft "
-                         f"model must share the target's tokenizer")
+    d, t = draft.get_vocab(), target.get_vocab()
+    if d != t:
+        raise DraftTokenizerMismatch(
+            f"draft model {name}: its tokenizer differs from the target model's ({len(d):,} vs "
+            f"{len(t):,} tokens, or the same count with other ids); a draft model must share the "
+            f"target's tokenizer")
