@@ -29,7 +29,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from machine import write_results  # noqa: E402
 from test_ui_browser import (App, browser_page, configure, long_context_model,  # noqa: E402
-                             wait_idle, wait_text)
+                             renderer_cpu_s, wait_idle, wait_text)
 
 from localpaged.ui.store import DB_FILENAME, Store  # noqa: E402
 
@@ -55,16 +55,6 @@ def seed_store(data_dir: Path) -> None:
     (data_dir / "ui_state.json").write_text(json.dumps({"open": cids, "current": cids[0]}))
 
 
-def renderer_cpu_s(page) -> float:
-    """CPU seconds the browser's renderer processes have used so far."""
-    cdp = page.context.browser.new_browser_cdp_session()
-    try:
-        procs = cdp.send("SystemInfo.getProcessInfo")["processInfo"]
-    finally:
-        cdp.detach()
-    return sum(p["cpuTime"] for p in procs if p["type"] == "renderer")
-
-
 def cpu_share(page, seconds: float) -> float:
     """The renderers' CPU time over the next `seconds` of wall time, as a share of one core."""
     before, t0 = renderer_cpu_s(page), time.monotonic()
@@ -85,22 +75,33 @@ def stop_received_at(app, cid: int, after: int) -> float:
     raise AssertionError(f"the server never logged the stop of conversation {cid}")
 
 
+def send(page, i: int, text: str) -> None:
+    """Send `text` in tab i (its box can be typed in while the tab is shown)."""
+    page.click(f"#tab{i}-button")
+    page.fill(f"#msg{i} textarea", text)
+    page.click(f"#send{i}")
+
+
 def measure(app, page) -> dict:
     page.goto(app.url)
     for i in range(N_TABS):
         wait_text(page, f"#tab{i}-button", f"Session {i + 1}", timeout=180_000)
     wait_text(page, "#engine-panel", "In use", timeout=180_000)
     wait_text(page, "#chat0", "derivation")
-    page.wait_for_timeout(3000)                              # the first screen settles
+    for i in range(N_TABS):        # a short reply in each tab, as in a real session: Gradio
+        page.click(f"#tab{i}-button")      # keeps every input of every event that ended,
+        configure(page, i, app, temperature=0, max_tokens=16)  # and goes over them per chunk
+        send(page, i, "A short question")
+        wait_idle(page, i)
+    page.click("#tab0-button")
+    page.wait_for_timeout(3000)                              # the screen settles
     idle = cpu_share(page, 10)
 
     for i in range(N_TABS):                                  # long replies, so all four stream
         page.click(f"#tab{i}-button")
-        configure(page, i, app, temperature=0, max_tokens=4000)
-    for i in range(N_TABS):                     # a tab's box can be typed in while it is shown
-        page.click(f"#tab{i}-button")
-        page.fill(f"#msg{i} textarea", f"One more question for session {i + 1}")
-        page.click(f"#send{i}")
+        configure(page, i, app, max_tokens=4000)
+    for i in range(N_TABS):
+        send(page, i, f"One more question for session {i + 1}")
     page.click("#tab0-button")
     page.wait_for_function("(n) => [...Array(n).keys()].every(i => document.querySelector("
                            "'#tab' + i + '-button').innerText.startsWith('●'))", arg=N_TABS)

@@ -171,6 +171,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
     from localpaged.api.guard import guard_app
     from localpaged.ui.app import CSS, THEME, build_demo, ui_routes
     from localpaged.ui.controller import ChatController
+    from localpaged.ui.page_head import add_early_script
     app = _api_app(args, backend)
     models = ModelManager(factory, backend=backend, served=getattr(app.state, "served", None))
     ctl = ChatController(store, lambda: models.backend, state_file=data_dir / "ui_state.json")
@@ -181,6 +182,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
     app.include_router(ui_routes(ctl))                 # before Gradio takes "/"
     app = gr.mount_gradio_app(app, demo, path="/", theme=THEME, css=CSS,
                               footer_links=[], server_name=args.host, server_port=args.port)
+    add_early_script(app)                              # the page's first script (page_head.py)
     guard_app(app, _guard_policy(args))
     app.state.instance_lock = lock
     log.info("conversations in %s", store.path)

@@ -237,10 +237,48 @@ def test_chat_app_end_to_end(app, page):
         raise
 
 
+# Counts the animation frames the page is granted (installed before the page's own scripts, so
+# it sits behind ui/page_head.py's early script, which refuses Gradio's status trackers' frames).
+COUNT_FRAMES_JS = """(() => { const frame = window.requestAnimationFrame.bind(window);
+  window.__lpFrames = 0;
+  window.requestAnimationFrame = (cb) => { window.__lpFrames++; return frame(cb); }; })()"""
+
+
+def renderer_cpu_s(page) -> float:
+    """CPU seconds the browser's renderer processes have used so far (DevTools)."""
+    cdp = page.context.browser.new_browser_cdp_session()
+    try:
+        procs = cdp.send("SystemInfo.getProcessInfo")["processInfo"]
+    finally:
+        cdp.detach()
+    return sum(p["cpuTime"] for p in procs if p["type"] == "renderer")
+
+
+def idle_cost(page, seconds: float = 5.0, tries: int = 3) -> tuple[int, float]:
+    """(animation frames asked for, renderer CPU as a share of one core) over the quietest of
+    `tries` stretches of `seconds` (the first may still hold the first screen's last work)."""
+    best = None
+    for _ in range(tries):
+        frames, cpu, t0 = page.evaluate("window.__lpFrames"), renderer_cpu_s(page), \
+            time.monotonic()
+        page.wait_for_timeout(seconds * 1000)
+        got = (page.evaluate("window.__lpFrames") - frames,
+               (renderer_cpu_s(page) - cpu) / (time.monotonic() - t0))
+        best = got if best is None or got[1] < best[1] else best
+    return best
+
+
 def walk_through(app, page) -> None:
     t0 = time.monotonic()
+    page.add_init_script(COUNT_FRAMES_JS)
     open_app(page, app)
     shot(page, "01-open")
+
+    # The idle page costs nothing: no animation frame (Gradio's loader left a status timer
+    # asking for 60 a second: page_head.py) and at most 2% of a core (issue 25; 9.6% before).
+    frames, share = idle_cost(page)
+    print(f"idle page: {frames} frames, {100 * share:.1f}% of a core")
+    assert frames == 0 and share <= 0.02, (frames, share)
 
     # Send, watch it stream, stop it. The HTML and script in the message stay text.
     configure(page, 0, app, temperature=0, max_tokens=30000)    # greedy: the same run every time

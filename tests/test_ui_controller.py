@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import threading
+from types import SimpleNamespace
 
 import pytest
 from step_gate import StepGate, shared_step
@@ -21,6 +22,7 @@ from localpaged.ui import markdown, render
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
 from localpaged.ui.store import Store
+from localpaged.ui.turns import BACKGROUND_S, FOREGROUND_S, Turn
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 24}
@@ -62,6 +64,21 @@ def test_send_streams_and_saves(ctl):
     assert reply.stats["generated_tokens"] == 24 and reply.stats["ttft_s"] > 0
     assert reply.sampling["temperature"] == 0.0
     assert ctl.store.get_conversation(cid).title.startswith(P1[:10])
+
+
+def test_a_reply_in_the_background_waits_until_shown_or_done():
+    """The pause between two redraws of a reply: in the background (BACKGROUND_S, no redraw)
+    it lasts until the tab is shown (asked again every FOREGROUND_S) or the reply is done."""
+    for end in ("shown", "done"):
+        turn, shown = SimpleNamespace(done=False), threading.Event()
+        pause = threading.Thread(target=Turn._pause, args=(turn, lambda: FOREGROUND_S
+                                 if shown.is_set() else BACKGROUND_S))
+        pause.start()
+        pause.join(0.5)
+        assert pause.is_alive()                        # no redraw while in the background
+        shown.set() if end == "shown" else setattr(turn, "done", True)
+        pause.join(2.0)
+        assert not pause.is_alive(), end
 
 
 def test_regenerate_keeps_siblings_and_skips_prefill(ctl):

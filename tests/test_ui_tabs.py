@@ -16,6 +16,7 @@ from localpaged.ui.chat.events import NOTHING_TO_REGENERATE, ChatEvents
 from localpaged.ui.controller import ChatController
 from localpaged.ui.settings.logic import SAMPLING_KEYS
 from localpaged.ui.tabs import events as tab_events
+from localpaged.ui.values import KEEP
 from localpaged.ui.tabs.events import FULL, TabSet
 from localpaged.ui.tabs.logic import OpenTabsFile
 from localpaged.ui.tabs.view import N_SLOTS
@@ -138,4 +139,6 @@ def test_regenerate_on_an_empty_chat_says_why(ctl, toasts):
     run(ctl.send(cid, "hello"))
     steps = list(ev.regenerate([cid], 0, None, "Be brief.", *FIELDS))
     assert toasts == [NOTHING_TO_REGENERATE]
-    assert "Reply 2 of 2" in steps[-1].sel_md
+    # a stream's updates carry only what changed: the last label it sent is the one shown
+    assert "Reply 2 of 2" in [s.sel_md for s in steps if s.sel_md is not KEEP][-1]
+    assert all(s.tab is KEEP for s in steps[1:-1])     # the tab's ● label: at start and end only

@@ -13,7 +13,7 @@ from localpaged.ui.chat.view import ChatTabUI, TabValues, build_chat_tab
 from localpaged.ui.compare.view import CompareValues, build_compare
 from localpaged.ui.settings.logic import SAMPLING_KEYS
 from localpaged.ui.tabs.view import N_SLOTS, PageUI, PageValues
-from localpaged.ui.values import KEEP, flatten, outputs
+from localpaged.ui.values import KEEP, changes, flatten, outputs
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +86,17 @@ def test_nested_values_cannot_be_kept_wholesale(page):
     ui, _ = page
     with pytest.raises(TypeError, match="PageValues.chat"):
         ui.flatten(PageValues(chat=KEEP))
+
+
+def test_changes_keeps_only_what_differs():
+    before = TabValues(tab=gr.Tab(label="● Chat", visible=True), chatbot=[{"role": "user",
+                       "content": "hi"}], sel_md="Reply 1 of 1", sel=1)
+    same_tab = TabValues(tab=gr.Tab(label="● Chat", visible=True), chatbot=[{"role": "user",
+                         "content": "hi!"}], sel_md="Reply 1 of 1", sel=1)
+    step = changes(before, same_tab)
+    assert step.tab is KEEP and step.sel_md is KEEP and step.sel is KEEP    # unchanged: kept
+    assert step.chatbot == same_tab.chatbot and step.msg is KEEP            # changed: sent
+    ended = changes(same_tab, TabValues(tab=gr.Tab(label="Chat", visible=True), sel=1))
+    assert ended.tab.constructor_args["label"] == "Chat" and ended.sel is KEEP
+    assert changes(None, before) is before                                  # the first: all
+    assert changes(before, TabValues(sel=1.0)).sel == 1.0      # 1 and 1.0 are not the same value

@@ -78,6 +78,9 @@ def ui_routes(ctl: ChatController):
 def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
     tabset = TabSet(ctl)
     with gr.Blocks(title="localpaged", fill_width=True) as demo:
+        # First in the page's tree: the page looks every event's progress target up by a
+        # depth-first search from the root on each streamed chunk (queues.py)
+        marker = gr.HTML(visible=False, elem_id="lp-progress")
         slots, current = gr.State([None] * N_SLOTS), gr.State(0)
         header = build_header(models)
         with gr.Row(elem_id="lp-body", equal_height=False):
@@ -111,7 +114,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))
         wire_engine_panel(loaded)
-        wire_model_picker(picker, page, models)
+        wire_model_picker(picker, page, models, loaded)
         wire_kv_disk(kv_disk, page, KVDiskActions(ctl.store, ctl.backend))
-        quiet_progress(demo, gr.HTML(visible=False, elem_id="lp-progress"))
+        quiet_progress(demo, marker)
     return demo

@@ -18,6 +18,7 @@ While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, t
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -33,11 +34,11 @@ from .store.retry import until_saved
 log = logging.getLogger(__name__)
 
 STORE_WRITE_INTERVAL_S = 1.0
-# How often a streaming reply is redrawn on the page: the selected tab's ten times a second, a
-# tab in the background once a second (its ● mark and the text when the user comes back).
-# Every redraw costs the page a Gradio update of the whole chat; four tabs at 10/s kept a core
-# busy.
-FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
+# How often a streaming reply is redrawn on the page: the selected tab's ten times a second; a
+# tab in the background not at all until it is shown (no one sees it: its ● mark is set when
+# the reply starts and cleared when it ends) or the reply ends. Every redraw costs the page a
+# Gradio update of the whole chat; four tabs at 10/s kept a core busy.
+FOREGROUND_S, BACKGROUND_S = 0.1, math.inf
 BUSY = "this conversation is still generating: stop it or wait"
 
 
@@ -106,10 +107,11 @@ class Turn:
 
     def updates(self, interval: float | Callable[[], float] = FOREGROUND_S) -> Iterator["Turn"]:
         """Yield self whenever it changed, at most every `interval` s (a callable is asked
-        before each pause, so a reply whose tab went to the background slows down), and a
-        last time once done. Nothing is yielded while nothing changed: an unchanged reply
-        costs the page nothing. Until the first text arrives there is no throttle: the first
-        token shows as soon as the engine step that sampled it ends."""
+        again every FOREGROUND_S of the pause, so a reply whose tab goes to the background
+        slows down and one brought to the front redraws at once), and a last time as soon as
+        it is done. Nothing is yielded while nothing changed: an unchanged reply costs the page
+        nothing. Until the first text arrives there is no throttle: the first token shows as
+        soon as the engine step that sampled it ends."""
         seen = -1
         while True:
             with self._cond:
@@ -119,7 +121,17 @@ class Turn:
             if done:
                 return
             if self._first_token:
-                time.sleep(interval() if callable(interval) else interval)
+                self._pause(interval if callable(interval) else lambda: interval)
+
+    def _pause(self, interval: Callable[[], float]) -> None:
+        """Sleep until `interval()` s have passed since the call (asked every FOREGROUND_S) or
+        the turn is done."""
+        start = time.monotonic()
+        while not self.done:
+            left = interval() - (time.monotonic() - start)
+            if left <= 0:
+                return
+            time.sleep(min(left, FOREGROUND_S))
 
     # ---- the turn's thread ----------------------------------------------------------------
     def _run(self) -> None:

@@ -56,3 +56,22 @@ def outputs(ui: Any, values_type: type) -> list:
 def flatten(ui: Any, values: Any) -> list:
     """The list Gradio expects for `outputs(ui, type(values))`."""
     return [gr.skip() if v is KEEP else v for _, v in _walk(ui, values)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two values would show the same: a component update by its arguments."""
+    if isinstance(a, gr.blocks.Block) or isinstance(b, gr.blocks.Block):
+        return type(a) is type(b) and a.constructor_args == b.constructor_args
+    return type(a) is type(b) and a == b
+
+
+def changes(before: Any, after: Any) -> Any:
+    """`after` with every field that `before` (values of the same type, or None) already set
+    to the same value left at KEEP: a stream of updates sends only what changed, so the page
+    redraws nothing twice (an unchanged tab label, for one, re-renders the whole tab)."""
+    if before is None:
+        return after
+    return dataclasses.replace(after, **{
+        f.name: KEEP for f in dataclasses.fields(after)
+        if getattr(after, f.name) is not KEEP and _same(getattr(before, f.name),
+                                                        getattr(after, f.name))})

@@ -33,6 +33,7 @@ from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
 from ..turns import redraw_interval
+from ..values import changes
 from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
@@ -80,11 +81,10 @@ class ChatEvents:
         first = self.chat(cid)
         first.msg, first.ask = "", gr.Column(visible=False)
         yield first
-        last = first
-        for last in self._follow(cid, turn):
-            yield last
-        # the last update again with the dialog closed: a page that fell behind the stream
+        yield from self._follow(cid, turn)
+        # the whole tab again with the dialog closed: a page that fell behind the stream
         # may have been handed only the latest of the updates above
+        last = self.chat(cid)
         last.ask = gr.Column(visible=False)
         yield last
 
@@ -132,10 +132,15 @@ class ChatEvents:
         yield from self._follow(cid, turn)
 
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
+        """The tab's values as the turn streams: each update only what changed since the
+        last (the tab's label, for one, only when the reply starts and ends)."""
+        shown = None
         for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
-            yield self.chat(cid)
+            now = self.chat(cid)
+            yield changes(shown, now)
+            shown = now
 
     def stop(self, slots: list, i: int) -> None:
         if slots[i] is not None:

@@ -118,6 +118,10 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
                                   visible=True),
                        chatbot=render.chat_messages(view),
                        sel_md=render.selection_label(view, sel), sel=sel)
+    # The gauge follows the chat here, in the handler that changed it, rather than through an
+    # event on the Chatbot's change: that was a round trip per streamed chunk. A streaming
+    # reply keeps the gauge it had (an opened tab shows it empty) until the reply ends.
+    values.gauge = gauge_value(ctl, cid) if not view.busy else GAUGE_EMPTY if settings else KEEP
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
@@ -125,7 +129,6 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
         values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy
-        values.gauge = GAUGE_EMPTY if view.busy else gauge_value(ctl, cid)
     return values
 
 

@@ -2,8 +2,9 @@
 Continue, and the first screen (the cursor starts in the message box, which is first in the tab
 order). The gauge follows the draft as the user types (the message box's `.change`, with the
 trigger_mode "always_last" of every quick event: keystrokes that arrive while a count runs
-collapse into one, a debounce that never drops the last one), and every change of the chat (a
-reply streamed, a branch switched, a tab opened), skipped while the conversation is generating.
+collapse into one, a debounce that never drops the last one); a change of the chat (a reply
+ended, a branch switched, a tab opened) brings the gauge in the same update (chat/view.py
+`tab_values`), counted without the draft, which the next keystroke adds again.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def wire_context(ui, page, events: ContextEvents) -> None:
     gauge_in = [slots, ui.msg, ui.system, ui.sampling[SAMPLING_KEYS.index("max_tokens")]]
 
     ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
-    for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, ui.chatbot.change,
-                    gauge_in[-1].input):
+    # (the chat's own changes bring their gauge with them: chat/view.py tab_values)
+    for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, gauge_in[-1].input):
         trigger(gauge, gauge_in, ui.gauge, **QUICK)
     ui.policy.input(lambda c, p: events.set_policy(c, i, p), [slots, ui.policy], None,
                     **QUICK).then(gauge, gauge_in, ui.gauge, **QUICK)

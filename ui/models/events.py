@@ -106,8 +106,13 @@ class ModelEvents:
         yield literal(download_status(job)), self.models.catalog.rows(context)
 
 
-def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager) -> None:
+def wire_model_picker(ui: ModelPickerUI, page: Page, models: ModelManager, page_loaded) -> None:
+    """The model panel's events; `page_loaded` (the page's load event) fills the model list.
+    Not a callable value on the Dataframe: Gradio attaches that load event after the page's
+    events are built, with its own progress on the table, whose "pending" status then kept
+    an animation frame loop running on the idle page."""
     ev = ModelEvents(models)
+    page_loaded.then(lambda: ev.rows(models.context_length), None, ui.models, **QUICK)
     loaded = ui.load.click(ev.load, [ui.name, ui.quantization, ui.context],
                            [ui.status, ui.header], **GEN)
     loaded.then(page.handler(page.tabs.titles), page.ui.slots, page.ui.outputs(), **QUICK)

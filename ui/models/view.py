@@ -69,8 +69,7 @@ def build_model_panel(models: ModelManager, header_html: gr.HTML) -> ModelPicker
         load = gr.Button("Load model", elem_id="model-load", size="sm")
         status_md = gr.Markdown(models.status(), elem_id="model-status")
         with gr.Accordion("On this machine", open=True, elem_id="model-local"):
-            table = gr.Dataframe(value=lambda: catalog.rows(models.context_length),
-                                 headers=LOCAL_HEADERS, datatype="str", interactive=False,
+            table = gr.Dataframe(headers=LOCAL_HEADERS, datatype="str", interactive=False,
                                  wrap=True, max_height=260, elem_id="model-list")
             with gr.Row():
                 folder = gr.Textbox(placeholder="/path/to/gguf/folder", show_label=False,
