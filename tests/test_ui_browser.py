@@ -288,6 +288,13 @@ def walk_through(app, page) -> None:
     page.wait_for_function("n => document.querySelector('#chat0').innerText.length > n + 20",
                            arg=first)
     shot(page, "02-streaming")
+    # The chat keeps its end in view as the reply grows (tabs/events.py FOLLOW_JS; the Chatbot's
+    # own autoscroll is off): without it the chat would stay at its top.
+    log = "document.querySelector('#chat0 [role=log]')"
+    page.wait_for_function(f"() => {{ const l = {log}; return l && l.scrollHeight > "
+                           "l.clientHeight + 200; }", timeout=60_000)
+    page.wait_for_function(f"() => {{ const l = {log}; return l.scrollHeight - l.scrollTop - "
+                           "l.clientHeight < 100; }", timeout=5_000)
     t_stop = time.monotonic()
     page.click("#stop0")
     wait_text(page, "#chat0", "stopped")

@@ -17,6 +17,7 @@ say). The turn outlives the event (see turns.py).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 import gradio as gr
@@ -33,12 +34,16 @@ from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
 from ..turns import redraw_interval
-from ..values import changes
+from ..values import KEEP, changes
 from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
 
-QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
+QUEUE_WAIT_S = 600.0
+# A streaming reply's tab label (its ● mark) is sent when it changes and again at most this
+# often: sent only at the start, it was at times not shown on the page (test_ui_browser's two
+# tabs streaming at once), and every label update costs the page a pass over the whole tab.
+LABEL_AGAIN_S = 1.0        # the longest a message sent during a reply waits for it to end
 NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
                          "Regenerate then writes a new reply beside the last one.")
 
@@ -134,12 +139,17 @@ class ChatEvents:
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
         """The tab's values as the turn streams: each update only what changed since the
         last (the tab's label, for one, only when the reply starts and ends)."""
-        shown = None
+        shown, label_at = None, 0.0
         for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
             now = self.chat(cid)
-            yield changes(shown, now)
+            step = changes(shown, now)
+            if step.tab is KEEP and time.monotonic() - label_at >= LABEL_AGAIN_S:
+                step.tab = now.tab                 # the label again, now and then (see above)
+            if step.tab is not KEEP:
+                label_at = time.monotonic()
+            yield step
             shown = now
 
     def stop(self, slots: list, i: int) -> None:

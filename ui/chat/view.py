@@ -140,7 +140,10 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
         # its inline edit and copy buttons, which would edit or copy that HTML (Edit and Copy in
         # the toolbar take the stored text). KaTeX typesets only what markdown.py marked as math
         # (MATH_DELIMITERS), with Gradio's defaults: trust off, errors shown as text.
+        # autoscroll off: tabs/events.py FOLLOW_JS keeps a chat at its end without forcing a
+        # layout per streamed chunk
         chatbot = gr.Chatbot(elem_id=f"chat{i}", height="62vh", min_height=360, show_label=False,
+                             autoscroll=False,
                              buttons=[], sanitize_html=True, allow_tags=False,
                              render_markdown=False, layout="bubble",
                              latex_delimiters=markdown.MATH_DELIMITERS,

@@ -201,6 +201,33 @@ SCROLL_JS = """() => { if (window.__lpScroll) return; window.__lpScroll = true;
 }"""
 
 
+# Keeps a chat at its end while a reply grows, if the user was there (within NEAR pixels), as
+# the Chatbot's own autoscroll did (it is off: chat/view.py). That one read the chat's layout
+# on every update of its value, which forced a layout per streamed chunk; here a ResizeObserver
+# on the chat's messages says when they grew, after the frame's own layout, and a passive scroll
+# listener notes whether the user is at the end. A chat's scroller (`.lp-chat [role=log]`) is
+# looked for at load and after each click (a tab switch mounts another chat).
+FOLLOW_JS = """() => { if (window.__lpFollow) return; window.__lpFollow = true;
+  const NEAR = 100, seen = new WeakSet();
+  const follow = (log) => {
+    seen.add(log);
+    let atEnd = true;
+    log.addEventListener('scroll', () => {
+      atEnd = log.scrollHeight - log.scrollTop - log.clientHeight < NEAR; }, {passive: true});
+    const grew = new ResizeObserver(() => { if (atEnd) log.scrollTop = log.scrollHeight; });
+    const watch = () => [...log.children].forEach((c) => grew.observe(c));
+    watch();
+    new MutationObserver(watch).observe(log, {childList: true});
+  };
+  const scan = () => document.querySelectorAll('.lp-chat [role=log]').forEach((log) => {
+    if (!seen.has(log)) follow(log); });
+  scan();
+  document.addEventListener('click', () => { setTimeout(scan, 300); setTimeout(scan, 1500); },
+                            true);
+}"""
+
+
 def wire_scroll(loaded) -> None:
-    """After the page's load (the tabs restored): its scroll back, and kept from then on."""
-    loaded.then(None, None, None, js=SCROLL_JS)
+    """After the page's load (the tabs restored): its scroll back, and kept from then on; a
+    chat follows its growing reply (FOLLOW_JS)."""
+    loaded.then(None, None, None, js=SCROLL_JS).then(None, None, None, js=FOLLOW_JS)
