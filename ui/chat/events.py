@@ -39,11 +39,11 @@ from .view import ChatTabUI, TabValues, ask_text, tab_values
 
 log = logging.getLogger(__name__)
 
-QUEUE_WAIT_S = 600.0
+QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
 # A streaming reply's tab label (its ● mark) is sent when it changes and again at most this
 # often: sent only at the start, it was at times not shown on the page (test_ui_browser's two
 # tabs streaming at once), and every label update costs the page a pass over the whole tab.
-LABEL_AGAIN_S = 1.0        # the longest a message sent during a reply waits for it to end
+LABEL_AGAIN_S = 1.0
 NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
                          "Regenerate then writes a new reply beside the last one.")
 
@@ -138,7 +138,7 @@ class ChatEvents:
 
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
         """The tab's values as the turn streams: each update only what changed since the
-        last (the tab's label, for one, only when the reply starts and ends)."""
+        last (the tab's label when it changes, and again every LABEL_AGAIN_S)."""
         shown, label_at = None, 0.0
         for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:

@@ -105,6 +105,11 @@ class ChatTabUI:
         return flatten(self, values)
 
 
+def tab_update(view) -> gr.Tab:
+    """The tab of a shown conversation: its label (● while it generates), visible."""
+    return gr.Tab(label=render.tab_label(view.conversation, view.busy), visible=True)
+
+
 def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
                settings: bool = True) -> TabValues:
     """Tab values for conversation cid (a hidden tab for None); `sel` (default: the last
@@ -114,8 +119,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     view = ctl.view(cid)
     sel = len(view.path) - 1 if sel is None or sel >= len(view.path) else sel
     sel = None if sel < 0 else sel
-    values = TabValues(tab=gr.Tab(label=render.tab_label(view.conversation, view.busy),
-                                  visible=True),
+    values = TabValues(tab=tab_update(view),
                        chatbot=render.chat_messages(view),
                        sel_md=render.selection_label(view, sel), sel=sel)
     # The gauge follows the chat here, in the handler that changed it, rather than through an

@@ -15,7 +15,7 @@ from typing import Any
 import gradio as gr
 
 from .. import render
-from ..chat.view import TabValues, tab_values
+from ..chat.view import TabValues, tab_update, tab_values
 from ..controller import ChatController
 from ..queues import GEN, QUICK
 from ..toasts import warn
@@ -102,7 +102,7 @@ class TabSet:
 
     def titles(self, slots: list) -> PageValues:
         """Every open tab's label (after a rename or a first message)."""
-        return PageValues(chat=[TabValues(tab=tab_values(self.ctl, c, settings=False).tab)
+        return PageValues(chat=[TabValues(tab=tab_update(self.ctl.view(c)))
                                 if c is not None else TabValues() for c in slots])
 
     def listing(self, query: str, slots: list, current: int) -> Any:
