@@ -1,7 +1,7 @@
 """The page's tab set without a browser (ui/tabs/events.py, ui/tabs/logic.py, Regenerate in
-ui/chat/events.py): tabs past the old four open in tabs of their own, a full set says so and
-replaces nothing, the selected tab is remembered across reloads and restarts, and Regenerate on
-an empty chat says why it does nothing."""
+ui/chat/events.py): tabs past the old four open in tabs of their own, tabs past the page's
+N_SLOTS stay open under More tabs (only Close closes), the selected tab is remembered across
+reloads and restarts, and Regenerate on an empty chat says why it does nothing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from localpaged.ui.controller import ChatController
 from localpaged.ui.settings.logic import SAMPLING_KEYS
 from localpaged.ui.tabs import events as tab_events
 from localpaged.ui.values import KEEP
-from localpaged.ui.tabs.events import FULL, TabSet
+from localpaged.ui.tabs.events import TabSet, moved
 from localpaged.ui.tabs.logic import OpenTabsFile
 from localpaged.ui.tabs.view import N_SLOTS
 from localpaged.ui.values import KEEP
@@ -40,7 +40,7 @@ def ctl(backend, tmp_path):
 @pytest.fixture
 def toasts(monkeypatch):
     said: list[str] = []
-    monkeypatch.setattr(tab_events, "warn", said.append)
+    monkeypatch.setattr(tab_events, "info", said.append)
     monkeypatch.setattr(chat_events, "warn", said.append)
     monkeypatch.setattr(chat_events, "info", said.append)
     return said
@@ -73,26 +73,45 @@ def test_a_fifth_and_a_tenth_tab_open_beside_the_others(ctl, toasts):
     assert ctl.open_tabs() == [c for c in slots if c is not None]
 
 
-def test_a_full_tab_set_says_so_and_replaces_nothing(ctl, toasts):
+def more_tabs(out) -> list[int]:
+    """The conversations listed under More tabs in a PageValues."""
+    return [cid for _, cid in out.more.constructor_args["choices"]]
+
+
+def test_tabs_past_the_shown_ones_stay_open_under_more_tabs(ctl, toasts, monkeypatch):
     tabs = TabSet(ctl)
     slots, current = open_n(tabs, N_SLOTS)
-    conversations = len(ctl.search())
-    out = tabs.new(slots, 3)
-    assert toasts == [FULL] and out.slots == slots and out.current == 3
-    assert len(ctl.search()) == conversations                  # no chat made that no tab shows
-    other = ctl.new_conversation().id                          # e.g. picked in the sidebar
-    out = tabs.open(slots, 3, other)
-    assert toasts == [FULL, FULL] and out.slots == slots and other not in out.slots
-    # A fork lands in the sidebar, and says so, instead of taking someone's tab.
-    turn = ctl.send(slots[3], "hello")
-    run(turn)
-    forked = ChatEvents(ctl, tabs).fork(slots, 3, 3, None)
-    assert forked.slots == slots and "close one to open it" in toasts[-1]
-    # Closing one makes room, and the next one opens there.
-    freed = tabs.close(slots, 7)
-    assert freed.slots[7] is None and freed.current == 8       # the tab to its right
-    again = tabs.open(freed.slots, freed.current, other)
-    assert again.slots[7] == other and again.current == 7
+    shown = list(slots)
+    with monkeypatch.context() as m:                 # a reply running in the leftmost tab
+        m.setattr(ctl, "busy", lambda cid: cid == shown[0])
+        out = tabs.new(slots, 3)
+    [new] = [c for c in out.slots if c not in shown]
+    # The leftmost other tab without a running reply gives its slot; it is still open.
+    assert out.slots[1] == new and out.current == 1 and out.chat[1].chatbot is not KEEP
+    assert out.slots[0] == shown[0] and more_tabs(out) == [shown[1]]
+    assert toasts == [moved(ctl.conversation(shown[1]).title)]
+    assert set(ctl.open_tabs()) == set(shown) | {new} and ctl.open_tabs()[-1] == shown[1]
+    for n in range(3):                               # as many as the user opens
+        out = tabs.new(out.slots, out.current)
+    assert len(ctl.open_tabs()) == N_SLOTS + 4 and len(more_tabs(out)) == 4
+    # A pick in More tabs (the same handler as the sidebar's) shows it again, another moves.
+    slots, current = out.slots, out.current
+    out = tabs.open(slots, current, shown[1])
+    assert shown[1] in out.slots and shown[1] not in more_tabs(out)
+    assert len(more_tabs(out)) == 4 and out.slots[out.current] == shown[1]
+    # A fork opens in a tab too, and says so.
+    run(ctl.send(shown[1], "hello"))
+    forked = ChatEvents(ctl, tabs).fork(out.slots, out.current, out.current, None)
+    assert forked.slots[forked.current] not in out.slots and len(more_tabs(forked)) == 5
+    # Only Close closes: the tab is gone from the open tabs, the ones under More stay.
+    listed = more_tabs(forked)
+    closed = tabs.close(forked.slots, 7)
+    assert closed.slots[7] is None and forked.slots[7] not in ctl.open_tabs()
+    assert more_tabs(closed) == listed and len(ctl.open_tabs()) == N_SLOTS + 4   # 11 shown
+    # A restart shows the open tabs in order, the selected one again.
+    back = TabSet(ctl).restore()                     # the freed slot shows the first of More
+    assert [c for c in back.slots if c] == [c for c in closed.slots if c] + listed[:1]
+    assert more_tabs(back) == listed[1:] and back.slots[back.current] == closed.slots[closed.current]
 
 
 def test_the_selected_tab_comes_back_after_a_reload_and_a_restart(ctl, backend, tmp_path):

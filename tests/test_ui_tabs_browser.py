@@ -1,5 +1,6 @@
 """In Chromium: the loading page at start-up turning into the chat page by itself, Regenerate on
-an empty chat saying why, a fifth and a tenth tab (and a full tab set saying so), and a reload
+an empty chat saying why, a fifth, a tenth and a thirteenth tab (past the page's twelve, under
+More tabs, and shown again from there), and a reload
 that comes back to the tab and the scroll position the user was on. One app for the module,
 started by the first test while the browser watches (screenshots: artifacts/ui/tabs-*.png).
 """
@@ -83,7 +84,7 @@ def test_regenerate_on_an_empty_chat_says_why(page):
     shot(page, "tabs-03-regenerate-empty")
 
 
-def test_a_fifth_and_a_tenth_tab_open_and_a_full_set_says_so(page):
+def test_a_fifth_a_tenth_and_a_thirteenth_tab_open(page):
     assert visible_tabs(page) == 1, page.errors
     for n in range(2, N_SLOTS + 1):
         page.click("#new-chat")
@@ -92,10 +93,23 @@ def test_a_fifth_and_a_tenth_tab_open_and_a_full_set_says_so(page):
         if n == 10:
             assert page.locator("#tab4-button").is_visible()
             shot(page, "tabs-04-ten-tabs")
-    page.click("#new-chat")
-    page.get_by_text(f"All {N_SLOTS} tabs are in use").first.wait_for()
+    page.click("#new-chat")                            # the 13th: tab 1 moves to More tabs
+    page.get_by_text("moved to More tabs").first.wait_for()
+    more = page.locator("#lp-more")
+    more.get_by_text("More tabs (1)").wait_for()
     assert visible_tabs(page) == N_SLOTS
-    shot(page, "tabs-05-full")
+    page.wait_for_function("() => document.querySelector('#tab0-button')"
+                           ".getAttribute('aria-selected') === 'true'")
+    shot(page, "tabs-05-more")
+    choose = more.locator("input")                     # shown again, tab 2 moves there
+    choose.click()
+    page.get_by_role("option", name="New chat").wait_for(state="visible")
+    choose.fill("New chat")                            # the list animates: choose by typing
+    choose.press("Enter")
+    page.wait_for_function("() => document.querySelector('#tab1-button')"
+                           ".getAttribute('aria-selected') === 'true'")
+    more.get_by_text("More tabs (1)").wait_for()
+    assert visible_tabs(page) == N_SLOTS
 
 
 def test_a_reload_comes_back_to_the_tab_and_its_scroll(page):

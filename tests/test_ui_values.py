@@ -25,8 +25,8 @@ def page():
             chats = [build_chat_tab(i, sels[i]) for i in range(N_SLOTS)]
             with gr.Tab("compare"):
                 cmp = build_compare()
-        radio, search = gr.Radio(), gr.Textbox()
-    return PageUI(slots, current, tabs, chats, radio, search), cmp
+        radio, search, more = gr.Radio(), gr.Textbox(), gr.Dropdown()
+    return PageUI(slots, current, tabs, chats, radio, search, more), cmp
 
 
 def _is_skip(v) -> bool:

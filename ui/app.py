@@ -89,6 +89,8 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                 build_help()
             with gr.Column(scale=4, min_width=520, elem_id="lp-main"):
                 sels = [gr.State(None) for _ in range(N_SLOTS)]   # not inside gr.Tabs
+                more = gr.Dropdown(label="More tabs", choices=[], value=None, visible=False,
+                                   elem_id="lp-more", interactive=True)
                 with gr.Tabs(elem_id="lp-tabs", overflow_behavior="wrap") as tabs:
                     chats = [build_chat_tab(i, sels[i]) for i in range(N_SLOTS)]
                     with gr.Tab("⚖ Compare", id="compare", elem_id="tab-compare") as cmp_tab:
@@ -98,7 +100,8 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                 kv_disk = build_kv_disk()
                 picker = build_model_panel(models, header)
 
-        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query), tabset)
+        page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query, more),
+                    tabset)
         chat_events = ChatEvents(ctl, tabset)
         context_events = ContextEvents(ctl, chat_events)
         for ui in chats:                       # first: they add their followers to the page
@@ -107,6 +110,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         loaded = demo.load(page.handler(tabset.restore), None, page.ui.outputs(), **QUICK)
         loaded.then(**page.listing_event())
         page.follow_all(loaded)
+        page.wire_more()
         wire_first_screen(loaded)
         wire_sibling_clicks(loaded)
         wire_keyboard(loaded)

@@ -208,10 +208,6 @@ class ChatEvents:
         except USER_ERRORS as exc:
             warn(why(exc))
             return self.tabset.open(slots, current, None)
-        if not self.tabset.has_room(slots):
-            info("Forked into a new conversation, listed on the left: every tab is in use, so "
-                 "close one to open it.")
-            return self.tabset.open(slots, current, None)
         info("Forked into a new conversation: it is open in a new tab.")
         return self.tabset.open(slots, current, conv.id)
 

@@ -1,7 +1,13 @@
 """The handlers that change the page's tab set, each returning `PageValues` (view.py): restore on
-page load, open (from the sidebar, a fork, a compare pick), new, close, select, and the sidebar's
-list of conversations, which follows the current tab. `Page` wires them: the tab set bound to
-the page's components, which every feature's wiring is given.
+page load, open (from the sidebar, a fork, a compare pick, the "More tabs" list), new, close,
+select, and the sidebar's list of conversations, which follows the current tab. `Page` wires
+them: the tab set bound to the page's components, which every feature's wiring is given.
+
+Open tabs are as many as the user opens; only ✕ Close tab closes one. The page shows N_SLOTS of
+them: past that, an opening tab takes the slot of the leftmost other tab without a running
+reply (else the leftmost other), which moves to "More tabs" and stays open there (its reply
+runs on; a pick shows it again, the same way). The open tabs are saved in order, the shown
+first, so a restart shows the same tabs and lists the same more.
 
 A reload comes back where the user was: the selected tab from the server (`layout` and
 `select_tab` save it with the open tabs), the scroll of the page and of the shown chat from the
@@ -18,11 +24,13 @@ from .. import render
 from ..chat.view import TabValues, tab_update, tab_values
 from ..controller import ChatController
 from ..queues import GEN, QUICK
-from ..toasts import warn
+from ..toasts import info
 from .view import N_SLOTS, PageUI, PageValues
 
-FULL = (f"All {N_SLOTS} tabs are in use: close one (✕ Close tab) to open another. Every "
-        "conversation stays in the list on the left.")
+
+def moved(title: str) -> str:
+    return (f"{N_SLOTS} tabs are shown, so “{title}” moved to More tabs (above the tabs): it is "
+            "still open there.")
 
 
 class TabSet:
@@ -32,67 +40,84 @@ class TabSet:
         self.ctl = ctl
 
     def restore(self) -> PageValues:
-        """On page load: the tabs open before (across reloads and restarts), the one selected
-        last selected again."""
-        cids = self.ctl.open_tabs()[:N_SLOTS]
+        """On page load: the tabs open before (across reloads and restarts), the first N_SLOTS
+        shown (with the one selected last), the one selected last selected again."""
+        cids = self.ctl.open_tabs()
         if not cids:
             convs = self.ctl.search()
             cids = [convs[0].id if convs else self.ctl.new_conversation().id]
-        slots = cids + [None] * (N_SLOTS - len(cids))
-        last = self.ctl.current_tab()
+        shown, last = cids[:N_SLOTS], self.ctl.current_tab()
+        if last is not None and last not in shown:
+            shown[-1] = last
+        slots = shown + [None] * (N_SLOTS - len(shown))
         return self.layout(slots, slots.index(last) if last in slots else 0,
                            changed=range(N_SLOTS))
 
-    @staticmethod
-    def has_room(slots: list) -> bool:
-        return None in (slots or [None])
-
     def open(self, slots: list, current: int, cid: int | None,
              refresh: bool = False) -> PageValues:
-        """Show conversation cid: its tab if open (re-read if `refresh`), else a free tab; with
-        every tab taken, nothing changes and a toast says why (no open tab is ever replaced)."""
+        """Show conversation cid: its tab if shown (re-read if `refresh`), else a free slot, else
+        the slot of another open tab, which moves to More tabs (`_make_room`)."""
         slots = list(slots or [None] * N_SLOTS)
         if cid is None:
             return self.layout(slots, current, changed=())
         if cid in slots:
             i = slots.index(cid)
             return self.layout(slots, i, changed=[i] if refresh else ())
-        if not self.has_room(slots):
-            warn(FULL)
-            return self.layout(slots, current, changed=())
-        i = slots.index(None)
+        i = slots.index(None) if None in slots else self._make_room(slots, current)
         slots[i] = cid
         return self.layout(slots, i, changed=[i])
 
+    def _make_room(self, slots: list, current: int) -> int:
+        """The slot an opening tab takes when all are shown: the leftmost tab other than the
+        current one without a running reply, else the leftmost other one. Its conversation stays
+        open (layout lists it under More tabs) and a toast says where it went."""
+        others = [j for j in range(len(slots)) if j != current]
+        idle = [j for j in others if not self.ctl.busy(slots[j])]
+        j = (idle or others)[0]
+        info(moved(self.ctl.conversation(slots[j]).title))
+        return j
+
     def new(self, slots: list, current: int) -> PageValues:
-        if not self.has_room(slots):             # no conversation made that no tab could show
-            warn(FULL)
-            return self.layout(list(slots), current, changed=())
         return self.open(slots, current, self.ctl.new_conversation().id)
 
     def close(self, slots: list, i: int) -> PageValues:
         slots = list(slots)
-        if slots[i] is not None:
-            self.ctl.stop(slots[i])
-            self.ctl.prepared.cancel(slots[i])      # alternatives still being prepared go
+        closed = slots[i]
+        if closed is not None:
+            self.ctl.stop(closed)
+            self.ctl.prepared.cancel(closed)        # alternatives still being prepared go
         slots[i] = None
         if not any(slots):
             slots[i] = self.ctl.new_conversation().id        # never an empty page
         visible = [j for j, c in enumerate(slots) if c is not None]
         after = [j for j in visible if j > i]                # the tab right of it, else left
-        return self.layout(slots, after[0] if after else visible[-1], changed=[i])
+        return self.layout(slots, after[0] if after else visible[-1], changed=[i], closed=closed)
 
-    def layout(self, slots: list, current: int, changed) -> PageValues:
-        """After a change of tabs: the tabs in `changed` re-read, the others kept."""
-        self.ctl.save_open_tabs([c for c in slots if c is not None], slots[current])
+    def layout(self, slots: list, current: int, changed, closed: int | None = None) -> PageValues:
+        """After a change of tabs: the tabs in `changed` re-read, the others kept; the open
+        tabs saved (`closed` no longer among them) and the ones not shown listed."""
+        more = self._save(slots, current, closed)
         chat = [tab_values(self.ctl, slots[i]) if i in changed else TabValues()
                 for i in range(N_SLOTS)]
         return PageValues(slots=slots, current=current, tabs=gr.Tabs(selected=f"slot{current}"),
-                          chat=chat, conversations=gr.Radio(value=slots[current]))
+                          chat=chat, conversations=gr.Radio(value=slots[current]),
+                          more=self._more(more))
+
+    def _save(self, slots: list, current: int, closed: int | None = None) -> list[int]:
+        """Saves the open tabs, the shown ones first, and returns the others (More tabs)."""
+        shown = [c for c in slots if c is not None]
+        more = [c for c in self.ctl.open_tabs() if c not in shown and c != closed]
+        self.ctl.save_open_tabs(shown + more, slots[current])
+        return more
+
+    def _more(self, cids: list[int]) -> gr.Dropdown:
+        choices = [(render.tab_label(self.ctl.conversation(c), self.ctl.busy(c)), c) for c in cids]
+        return gr.Dropdown(choices=choices, value=None, visible=bool(cids),
+                           label=f"More tabs ({len(cids)})")
 
     def select_tab(self, slots: list, i: int) -> PageValues:
         """The user picked tab i: remembered, so a reload comes back to it."""
-        self.ctl.save_open_tabs([c for c in slots if c is not None], slots[i])
+        self._save(slots, i)
         return PageValues(current=i, conversations=gr.Radio(value=slots[i]))
 
     def refresh_chats(self, slots: list) -> PageValues:
@@ -140,6 +165,12 @@ class Page:
     def follow_all(self, event) -> None:
         for fn, out in self.followers:
             event.then(fn, self.ui.slots, out, **GEN)
+
+    def wire_more(self) -> None:
+        """A pick in More tabs shows that tab (another moves there if every slot is in use)."""
+        ui = self.ui
+        self.follow_all(ui.more.input(self.handler(self.tabs.open), [ui.slots, ui.current, ui.more],
+                                      ui.outputs(), **QUICK))
 
 
 # Runs once after the page's load put the tabs back (and selected the saved one). Restores the

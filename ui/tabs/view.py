@@ -6,10 +6,11 @@ tabs' `TabValues` nested), mapped to outputs by `values.py`.
 The chat tabs are a pool made when the page is built (chat/view.py says why: a Chatbot does not
 keep its value across `gr.render` re-renders, and every page-level handler writes into the tabs'
 components from outside any render). A conversation takes a free slot when it opens and gives
-it back when its tab is closed; a tab is never replaced by another. N_SLOTS bounds how many are
-open at once: past it, opening one says so (tabs/events.py) and opens nothing. Each slot costs
-the page about 75 components and 120 KB of config, so the pool is as large as people keep tabs
-open, not larger.
+it back when its tab is closed. Open tabs are not bounded by the pool: past N_SLOTS shown, an
+opening tab takes the slot of another open tab, which stays open under "More tabs" (`more`,
+tabs/events.py says which one moves) until it is shown again or closed; only ✕ Close tab closes.
+Each slot costs the page about 75 components and 120 KB of config, so the pool is as large as
+people keep tabs in view, not larger.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class PageValues:
     tabs: Any = KEEP                  # gr.Tabs(selected=...)
     chat: list[TabValues] = field(default_factory=lambda: [TabValues() for _ in range(N_SLOTS)])
     conversations: Any = KEEP         # the sidebar's list (gr.Radio)
+    more: Any = KEEP                  # the open tabs not shown (gr.Dropdown)
 
 
 @dataclass
@@ -42,6 +44,7 @@ class PageUI:
     chat: list[ChatTabUI]
     conversations: gr.Radio
     search: gr.Textbox
+    more: gr.Dropdown
 
     def outputs(self) -> list:
         return outputs(self, PageValues)
