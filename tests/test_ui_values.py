@@ -52,7 +52,7 @@ def test_a_tab_value_lands_on_its_component(page):
 def test_page_values_nest_each_tab(page):
     ui, _ = page
     comps = ui.outputs()
-    assert len(comps) == 3 + sum(len(c.outputs()) for c in ui.chat) + 1
+    assert len(comps) == 3 + sum(len(c.outputs()) for c in ui.chat) + 2   # the list, More tabs
     chat = [TabValues() for _ in range(N_SLOTS)]
     chat[3].sel_md = "third"
     flat = ui.flatten(PageValues(slots=[1, None, None, 2], chat=chat))
