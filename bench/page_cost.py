@@ -2,138 +2,27 @@
 
     python bench/page_cost.py
 
-
-The app starts on a store that already holds an hour-like session: four conversations of ten
-messages each (forty in all), long replies with code and LaTeX, all four open as tabs. Then:
-  - idle: the renderer processes' CPU time (DevTools' SystemInfo.getProcessInfo) over a quiet
-    stretch, as a share of one core (the issue's goal: 2%);
-  - four tabs streaming at once (goal: 50%);
-  - Stop, clicked while the four stream: the time until the server logs it (the click's wall
-    time in the page against the server's log line; one machine, one clock; goal: 200 ms).
-The tiny model's replies are noise; this measures the page, not the words. Writes
+tests/browser_cost.py's `measure` (idle after a short reply in each tab, four tabs streaming,
+Stop's time to the server) on its seeded hour-like session of forty messages; the tiny model's
+replies are noise: this measures the page, not the words. tests/test_ui_page_cost.py asserts
+the goals (idle 2%, streaming 50%, Stop 200 ms) on the same measure. Writes
 bench/results/page-cost-<time>.json with the load average beside the figures.
 """
 
 from __future__ import annotations
 
-import json
-import re
-import time
-from datetime import datetime
-from pathlib import Path
-
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from browser_cost import measure_session  # noqa: E402
 from machine import write_results  # noqa: E402
-from test_ui_browser import (App, browser_page, configure, long_context_model,  # noqa: E402
-                             renderer_cpu_s, wait_idle, wait_text)
-
-from localpaged.ui.store import DB_FILENAME, Store  # noqa: E402
-
-N_TABS, MESSAGES_PER_TAB = 4, 10
-REPLY = ("Here is the derivation. For a geometric series $\\sum_{k=0}^{n} r^k = \\frac{1 - r^{n+1}}"
-         "{1 - r}$, and in display form\n\n$$\\int_0^1 x^2\\,dx = \\frac{1}{3}$$\n\n"
-         "```python\ndef total(r, n):\n    return sum(r ** k for k in range(n + 1))\n```\n\n"
-         + "A longer paragraph that keeps the reply the size a real one has. " * 12)
-
-
-def seed_store(data_dir: Path) -> None:
-    """Four conversations of MESSAGES_PER_TAB messages, open as the tabs, the first selected."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    store, cids = Store(data_dir / DB_FILENAME), []
-    for n in range(N_TABS):
-        conv = store.create_conversation(title=f"Session {n + 1}")
-        parent = None
-        for m in range(MESSAGES_PER_TAB):
-            role = "user" if m % 2 == 0 else "assistant"
-            text = f"Question {m // 2 + 1} about series?" if role == "user" else REPLY
-            parent = store.add_message(conv.id, parent, role, text).id
-        cids.append(conv.id)
-    (data_dir / "ui_state.json").write_text(json.dumps({"open": cids, "current": cids[0]}))
-
-
-def cpu_share(page, seconds: float) -> float:
-    """The renderers' CPU time over the next `seconds` of wall time, as a share of one core."""
-    before, t0 = renderer_cpu_s(page), time.monotonic()
-    page.wait_for_timeout(seconds * 1000)
-    return (renderer_cpu_s(page) - before) / (time.monotonic() - t0)
-
-
-def stop_received_at(app, cid: int, after: int) -> float:
-    """The wall time of the server's log line for the stop of conversation `cid` (the log's
-    lines past offset `after`)."""
-    pattern = re.compile(r"^(\S+ \S+) .*stop of conversation (\d+) received", re.M)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for stamp, got in pattern.findall(app.log.read_text()[after:]):
-            if int(got) == cid:
-                return datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        time.sleep(0.05)                  # a polling interval, under a deadline
-    raise AssertionError(f"the server never logged the stop of conversation {cid}")
-
-
-def send(page, i: int, text: str) -> None:
-    """Send `text` in tab i (its box can be typed in while the tab is shown)."""
-    page.click(f"#tab{i}-button")
-    page.fill(f"#msg{i} textarea", text)
-    page.click(f"#send{i}")
-
-
-def measure(app, page) -> dict:
-    page.goto(app.url)
-    for i in range(N_TABS):
-        wait_text(page, f"#tab{i}-button", f"Session {i + 1}", timeout=180_000)
-    wait_text(page, "#engine-panel", "In use", timeout=180_000)
-    wait_text(page, "#chat0", "derivation")
-    for i in range(N_TABS):        # a short reply in each tab, as in a real session: Gradio
-        page.click(f"#tab{i}-button")      # keeps every input of every event that ended,
-        configure(page, i, app, temperature=0, max_tokens=16)  # and goes over them per chunk
-        send(page, i, "A short question")
-        wait_idle(page, i)
-    page.click("#tab0-button")
-    page.wait_for_timeout(3000)                              # the screen settles
-    idle = cpu_share(page, 10)
-
-    for i in range(N_TABS):                                  # long replies, so all four stream
-        page.click(f"#tab{i}-button")
-        configure(page, i, app, max_tokens=4000)
-    for i in range(N_TABS):
-        send(page, i, f"One more question for session {i + 1}")
-    page.click("#tab0-button")
-    page.wait_for_function("(n) => [...Array(n).keys()].every(i => document.querySelector("
-                           "'#tab' + i + '-button').innerText.startsWith('●'))", arg=N_TABS)
-    streaming = cpu_share(page, 8)
-
-    offset = len(app.log.read_text())
-    clicked = page.evaluate("() => { const t = Date.now() / 1000; "
-                            "document.querySelector('#stop0').click(); return t; }")
-    cid = json.loads((app.data_dir / "ui_state.json").read_text())["open"][0]
-    latency = stop_received_at(app, cid, offset) - clicked
-    for i in range(1, N_TABS):
-        page.evaluate(f"() => document.querySelector('#stop{i}').click()")
-    for i in range(N_TABS):
-        wait_idle(page, i)
-    return {"idle_core_share": idle, "streaming_4_tabs_core_share": streaming,
-            "stop_to_server_s": latency}
 
 
 def main() -> None:
-    root = tempfile.mkdtemp(prefix="page-cost-")
-    data_dir = Path(root) / "data"
-    seed_store(data_dir)
-    app = App(long_context_model(root), data_dir, Path(root) / "app.log")
-    app.data_dir = data_dir
-    app.start(900)
-    pages = browser_page("page-cost-*.png")
-    try:
-        page = next(pages)
-        page.set_default_timeout(180_000)
-        result = measure(app, page)
-    finally:
-        app.stop()
+    result = measure_session(Path(tempfile.mkdtemp(prefix="page-cost-")), start_timeout=900)
     result["load_average_1min"] = os.getloadavg()[0]
     print(f"idle {100 * result['idle_core_share']:.1f}% · 4 tabs streaming "
           f"{100 * result['streaming_4_tabs_core_share']:.1f}% of a core · Stop reached the "
