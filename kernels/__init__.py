@@ -3,4 +3,26 @@
 ``reference`` holds the plain-torch versions (the CPU path and the ground truth); ``triton_ops``
 holds the Triton versions with the same names and signatures. Nothing is imported here so that
 the CPU path never needs Triton: import the submodule you want.
+
+This folder is the package ``localpaged.kernels`` (pyproject's package-dir). Where the
+repository's root is on sys.path (`python app.py`, `python -m pytest` or `python -c` run from
+it) it is also found as a bare ``kernels``, a name that belongs to PyPI's `kernels` (Hugging
+Face's kernel hub, which transformers >= 5.25 imports): imported under that name, this module
+loads that package in its own place, so that both are what their importers expect.
 """
+
+if __name__ == "kernels":
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    _root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    _path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _root]
+    _spec = importlib.machinery.PathFinder.find_spec("kernels", _path)
+    if _spec is None or _spec.loader is None:
+        raise ImportError("No module named 'kernels' (the folder kernels/ here is localpaged.kernels)",
+                          name="kernels")
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["kernels"] = _module     # the import system hands out what sys.modules holds
+    _spec.loader.exec_module(_module)

@@ -167,6 +167,29 @@ def test_python_app_py_serves_the_loading_page_then_the_chat(tiny_llama, tmp_pat
     assert not (tmp_path / "data" / "conversations.db-wal").exists()
 
 
+def test_the_repository_root_on_sys_path_shadows_no_package():
+    """Run from the repository's root (`python app.py`, `python -m pytest`), its folder
+    kernels/ (our localpaged.kernels) is also found as a bare `kernels`, PyPI's package of that
+    name, which transformers >= 5.25 imports: that import gets PyPI's package (or, where it is
+    not installed, an ImportError), and ours stays localpaged.kernels."""
+    code = ("import importlib.metadata as m, json, localpaged.kernels.reference as ours\n"
+            "try:\n    import kernels; found = kernels.__file__\n"
+            "except ImportError as e:\n    found = 'ImportError: ' + str(e)\n"
+            "try:\n    m.version('kernels'); installed = True\n"
+            "except m.PackageNotFoundError:\n    installed = False\n"
+            "import transformers.integrations.hub_kernels\n"
+            "print(json.dumps([found, installed, ours.__file__]))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found, installed, ours = json.loads(out.stdout.splitlines()[-1])
+    assert Path(ours) == REPO / "kernels" / "reference.py"
+    if installed:
+        assert "site-packages" in found and not found.startswith(str(REPO / "kernels")), found
+    else:
+        assert found.startswith("ImportError"), found
+
+
 def test_a_model_that_cannot_load_stops_the_app(tmp_path):
     rc = subprocess.run([sys.executable, str(REPO / "app.py"), "--model", str(tmp_path / "none"),
                          "--data-dir", str(tmp_path / "data"), "--port", str(_free_port())],
