@@ -24,7 +24,8 @@ from machine import write_results  # noqa: E402
 def main() -> None:
     result = measure_session(Path(tempfile.mkdtemp(prefix="page-cost-")), start_timeout=900)
     result["load_average_1min"] = os.getloadavg()[0]
-    print(f"idle {100 * result['idle_core_share']:.1f}% · 4 tabs streaming "
+    print(f"idle {100 * result['idle_core_share']:.1f}% (median; mean "
+          f"{100 * result['idle_core_share_mean']:.1f}%) · 4 tabs streaming "
           f"{100 * result['streaming_4_tabs_core_share']:.1f}% of a core · Stop reached the "
           f"server in {1000 * result['stop_to_server_s']:.0f} ms")
     write_results("page-cost", result)

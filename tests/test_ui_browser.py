@@ -48,7 +48,7 @@ class App:
     """The app as a user runs it: `python app.py ...` in a subprocess."""
 
     def __init__(self, model: str, data_dir: Path, log: Path) -> None:
-        self.port, self.log = _free_port(), log
+        self.port, self.log, self.data_dir = _free_port(), log, data_dir
         self.cmd = [sys.executable, str(REPO / "app.py"), "--model", model, "--data-dir",
                     str(data_dir), "--port", str(self.port), "--num-kv-blocks", "2560"]
         self.url = f"http://127.0.0.1:{self.port}/"
@@ -218,14 +218,25 @@ def shown_tab(page) -> int | None:
 def open_app(page, app) -> None:
     for attempt in range(3):
         try:
-            page.goto(app.url)
-            break
+            page.goto(app.url, wait_until="commit")   # the page's own state is waited on
+            break                                      # below (a load event once took 30 s+)
         except Exception as e:     # playwright's Error: an old page of the app, seeing the
             # server come back after a restart, reloaded itself under our navigation
             if "interrupted by another navigation" not in str(e) or attempt == 2:
                 raise
     page.wait_for_function(f"({SHOWN_TAB_JS})() !== null", timeout=60_000)
     wait_text(page, "#engine-panel", "In use")
+
+
+# Sets window.__lpBothMarked once both tab labels show the streaming mark (●) at the same
+# moment, watched on every change of either label: the tiny model (with drafts from the prompt)
+# writes ~1,300 tokens a second, so replies of 1,200 tokens were at times both over before a
+# poll looked, or one over before the other's follower began (hence 4,000 tokens each here).
+BOTH_MARKED_JS = """() => { window.__lpBothMarked = false;
+  const tabs = ['#tab0-button', '#tab1-button'].map((s) => document.querySelector(s));
+  const look = () => { if (tabs.every((b) => b.innerText.startsWith('●'))) window.__lpBothMarked = true; };
+  tabs.forEach((b) => new MutationObserver(look).observe(b, {subtree: true, childList: true,
+                                                             characterData: true})); }"""
 
 
 # ---- the walk-through --------------------------------------------------------------------
@@ -361,18 +372,18 @@ def walk_through(app, page) -> None:
     shot(page, "08-compare-picked")
 
     # A second tab; both generate at once (both sends go out in the same instant).
-    configure(page, 0, app, temperature=0, max_tokens=1200)
+    configure(page, 0, app, temperature=0, max_tokens=4000)
     page.click("#new-chat")
     page.wait_for_selector("#msg1 textarea", state="visible")
-    configure(page, 1, app, temperature=0, max_tokens=1200)
+    configure(page, 1, app, temperature=0, max_tokens=4000)
     page.fill("#msg1 textarea", "Tab two is talking")
     page.click("#tab0-button")
     page.wait_for_selector("#msg0 textarea", state="visible")
     page.fill("#msg0 textarea", "Tab one is talking")
+    page.evaluate(BOTH_MARKED_JS)      # the tiny model's replies can end within a second
     page.evaluate("() => { document.querySelector('#send1').click(); "
                   "document.querySelector('#send0').click(); }")
-    page.wait_for_function("() => ['#tab0-button', '#tab1-button'].every(s => "
-                           "document.querySelector(s).innerText.startsWith('●'))")
+    page.wait_for_function("() => window.__lpBothMarked")
     shot(page, "09-two-tabs-streaming")
     wait_idle(page, 0)
     wait_idle(page, 1)
@@ -416,8 +427,10 @@ def walk_through(app, page) -> None:
     check_restored(page, on)
     shot(page, "12-reloaded")
 
-    # Restart the app: everything is still there, on the tab last shown.
+    # Restart the app: everything is still there, on the tab last shown (once the server saved
+    # that tab as the selected one: the click's event may still be on its way).
     on = shown_tab(page)
+    saved_as_selected(app, on)
     app.stop()
     app.start()
     open_app(page, app)
@@ -426,6 +439,21 @@ def walk_through(app, page) -> None:
     assert page.evaluate("window.__pwned") is None        # no toast or panel ran the HTML
     assert not page.errors, page.errors
     print(f"walk-through took {time.monotonic() - t0:.0f} s")   # reported, not asserted
+
+
+def saved_as_selected(app, i: int, timeout: float = 30.0) -> None:
+    """Wait until the server's saved tabs (ui_state.json: the shown ones first, in order) have
+    tab i's conversation as the selected one."""
+    deadline, state = time.monotonic() + timeout, None
+    while True:
+        try:
+            state = json.loads((app.data_dir / "ui_state.json").read_text())
+            if state["open"][i] == state["current"]:
+                return
+        except (OSError, ValueError, KeyError, IndexError):
+            pass                                    # not written yet, or mid-write
+        assert time.monotonic() < deadline, f"tab {i} was never saved as the selected one: {state}"
+        time.sleep(0.1)
 
 
 def check_restored(page, on: int) -> None:

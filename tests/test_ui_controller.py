@@ -67,15 +67,16 @@ def test_send_streams_and_saves(ctl):
 
 
 def test_a_reply_in_the_background_waits_until_shown_or_done():
-    """The pause between two redraws of a reply: in the background (BACKGROUND_S, no redraw)
-    it lasts until the tab is shown (asked again every FOREGROUND_S) or the reply is done."""
+    """The pause between two redraws of a reply: in the background it lasts BACKGROUND_S (a
+    second: the follower then sends the tab's label only), less if the tab is shown (asked
+    again every FOREGROUND_S) or the reply is done."""
     for end in ("shown", "done"):
         turn, shown = SimpleNamespace(done=False), threading.Event()
         pause = threading.Thread(target=Turn._pause, args=(turn, lambda: FOREGROUND_S
                                  if shown.is_set() else BACKGROUND_S))
         pause.start()
         pause.join(0.5)
-        assert pause.is_alive()                        # no redraw while in the background
+        assert BACKGROUND_S >= 1.0 and pause.is_alive()    # no redraw while in the background
         shown.set() if end == "shown" else setattr(turn, "done", True)
         pause.join(2.0)
         assert not pause.is_alive(), end

@@ -6,6 +6,7 @@ reloads and restarts, and Regenerate on an empty chat says why it does nothing."
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from tiny_models import build
@@ -160,3 +161,31 @@ def test_regenerate_on_an_empty_chat_says_why(ctl, toasts):
     assert toasts == [NOTHING_TO_REGENERATE]
     # a stream's updates carry only what changed: the last label it sent is the one shown
     assert "Reply 2 of 2" in [s.sel_md for s in steps if s.sel_md is not KEEP][-1]
+
+
+def test_a_reply_in_a_tab_not_shown_sends_its_label_only(ctl, monkeypatch):
+    """While its tab is not the selected one, a streaming reply's follower sends the tab's ●
+    label (again every LABEL_AGAIN_S during the turn's first LABEL_AGAIN_FOR_S: a label sent
+    once was at times lost) and not the chat, which is redrawn once the tab is shown or the
+    reply ends."""
+    shown, hidden = ctl.new_conversation().id, ctl.new_conversation().id
+    run(ctl.send(hidden, "hello"))
+    ctl.save_open_tabs([shown, hidden], shown)
+    monkeypatch.setattr(chat_events, "LABEL_AGAIN_S", 0.0)
+    ticks = [SimpleNamespace(done=False, error=None) for _ in range(3)]
+    turn = SimpleNamespace(updates=lambda interval: iter(ticks + [SimpleNamespace(done=True, error=None)]))
+
+    def follow():
+        return list(ChatEvents(ctl, TabSet(ctl))._follow(hidden, turn))
+    steps = follow()
+    assert steps[0].chatbot is not KEEP                        # the first update: all of it
+    for step in steps[1:3]:
+        assert step.tab is not KEEP and step.chatbot is KEEP and step.sel_md is KEEP
+    assert len(steps) == 4                                     # the end: what changed since
+    monkeypatch.setattr(chat_events, "LABEL_AGAIN_FOR_S", 0.0)
+    assert len(follow()) == 2                                  # past the first seconds: none
+    ctl.save_open_tabs([shown, hidden], hidden)                # shown: the chat again
+    monkeypatch.setattr(chat_events, "LABEL_AGAIN_FOR_S", 5.0)
+    steps = follow()
+    assert len(steps) == 4 and all(step.tab is not KEEP for step in steps)
+    assert steps[1].chatbot is KEEP                            # unchanged since the first

@@ -2,7 +2,7 @@
 
 Generation events of every tab share one concurrency group with room for many at once, so
 conversations stream side by side (in one engine batch); stop, switch and the rest are quick
-events of their own. The streaming text (with its ▌ cursor and the tab's ● mark) is the
+events of their own (those of the tab set one at a time: TABS). The streaming text (with its ▌ cursor and the tab's ● mark) is the
 progress indicator, so Gradio's own is hidden.
 
 A quick event clicked again while it still runs runs once more when it ends ("always_last"):
@@ -29,6 +29,10 @@ GEN = {"concurrency_id": "generate", "concurrency_limit": 16, "show_progress": "
        "api_visibility": "private"}
 QUICK = {"concurrency_id": "quick", "concurrency_limit": 8, "show_progress": "hidden",
          "api_visibility": "private", "trigger_mode": "always_last"}
+# The events that change the tab set (select, new, open, close, fork) run one at a time, in the
+# order they came: each saves the open tabs and the selected one, and two tab clicks a moment
+# apart, run side by side, saved in either order (a reload then came back to the earlier tab).
+TABS = {**QUICK, "concurrency_id": "tabs", "concurrency_limit": 1}
 
 
 def quiet_progress(demo: gr.Blocks, marker: gr.components.Component) -> None:

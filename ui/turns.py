@@ -18,7 +18,6 @@ While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, t
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,11 +33,12 @@ from .store.retry import until_saved
 log = logging.getLogger(__name__)
 
 STORE_WRITE_INTERVAL_S = 1.0
-# How often a streaming reply is redrawn on the page: the selected tab's ten times a second; a
-# tab in the background not at all until it is shown (no one sees it: its ● mark is set when
-# the reply starts and cleared when it ends) or the reply ends. Every redraw costs the page a
-# Gradio update of the whole chat; four tabs at 10/s kept a core busy.
-FOREGROUND_S, BACKGROUND_S = 0.1, math.inf
+# How often a streaming reply wakes its follower: the selected tab's ten times a second (a
+# redraw each); a tab in the background once a second, and its follower then sends only the
+# tab's label (chat/events.py `_follow`: the ● mark, which sent only at the start was at times
+# lost when two replies started at once) until it is shown or the reply ends. Every redraw
+# costs the page a Gradio update of the whole chat; four tabs at 10/s kept a core busy.
+FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
 BUSY = "this conversation is still generating: stop it or wait"
 
 
@@ -333,10 +333,15 @@ class TurnRegistry:
             hook(wait)
 
 
+def shown(selected: Callable[[], int | None], conversation_id: int) -> bool:
+    """Whether the tab of `conversation_id` is the selected one (`selected()`: the selected
+    tab's conversation, None when unknown: then every tab counts as shown)."""
+    return selected() in (None, conversation_id)
+
+
 def redraw_interval(selected: Callable[[], int | None], conversation_id: int) -> Callable[[], float]:
     """`Turn.updates`' interval for a reply of `conversation_id`: FOREGROUND_S while its tab is
-    the selected one (`selected()`: the selected tab's conversation, None when unknown), else
-    BACKGROUND_S."""
+    shown, else BACKGROUND_S."""
     def interval() -> float:
-        return FOREGROUND_S if selected() in (None, conversation_id) else BACKGROUND_S
+        return FOREGROUND_S if shown(selected, conversation_id) else BACKGROUND_S
     return interval

@@ -27,25 +27,42 @@ from ..edit_preview.events import wire_edit_cost
 from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
-from ..queues import GEN, QUICK
+from ..queues import GEN, QUICK, TABS
 from ..settings.events import wire_presets, wire_settings
 from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
-from ..turns import redraw_interval
+from ..turns import redraw_interval, shown as is_shown
 from ..values import KEEP, changes
-from .view import ChatTabUI, TabValues, ask_text, tab_values
+from .view import ChatTabUI, TabValues, ask_text, tab_update, tab_values
 
 log = logging.getLogger(__name__)
 
 QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
-# A streaming reply's tab label (its ● mark) is sent when it changes and again at most this
-# often: sent only at the start, it was at times not shown on the page (test_ui_browser's two
-# tabs streaming at once), and every label update costs the page a pass over the whole tab.
-LABEL_AGAIN_S = 1.0
+# A streaming reply's tab label (its ● mark) is sent when it changes and, during the turn's
+# first LABEL_AGAIN_FOR_S, again every LABEL_AGAIN_S, shown or not: sent only at the start, it
+# was at times not shown on the page (test_ui_browser's two tabs starting at once, the one in the
+# background too). Not for longer: every label update costs the page a pass over the whole tab
+# (four tabs streaming, each label once a second, took the page past half a core).
+LABEL_AGAIN_S, LABEL_AGAIN_FOR_S = 1.0, 5.0
 NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
                          "Regenerate then writes a new reply beside the last one.")
+
+
+class _LabelRepeats:
+    """When a streaming reply's tab label goes out again: every LABEL_AGAIN_S during the turn's
+    first LABEL_AGAIN_FOR_S (see there)."""
+
+    def __init__(self) -> None:
+        self.start, self.last = time.monotonic(), -LABEL_AGAIN_S
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        return now - self.last >= LABEL_AGAIN_S and now - self.start < LABEL_AGAIN_FOR_S
+
+    def sent(self) -> None:
+        self.last = time.monotonic()
 
 
 class ChatEvents:
@@ -138,17 +155,22 @@ class ChatEvents:
 
     def _follow(self, cid: int, turn) -> Iterator[TabValues]:
         """The tab's values as the turn streams: each update only what changed since the
-        last (the tab's label when it changes, and again every LABEL_AGAIN_S)."""
-        shown, label_at = None, 0.0
+        last (the label when it changes, and again now and then: LABEL_AGAIN_S); while the tab
+        is not shown, its label only (the chat is redrawn once shown, or at the end)."""
+        shown, label = None, _LabelRepeats()
         for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
+            if shown is not None and not t.done and not is_shown(self.ctl.current_tab, cid):
+                if label.due():
+                    label.sent()
+                    yield TabValues(tab=tab_update(self.ctl.view(cid)))
+                continue
             now = self.chat(cid)
             step = changes(shown, now)
-            if step.tab is KEEP and time.monotonic() - label_at >= LABEL_AGAIN_S:
-                step.tab = now.tab                 # the label again, now and then (see above)
-            if step.tab is not KEEP:
-                label_at = time.monotonic()
+            if step.tab is not KEEP or label.due():
+                step.tab = now.tab
+                label.sent()
             yield step
             shown = now
 
@@ -319,12 +341,12 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     ui.edit_save.click(edit, [slots, ui.sel, ui.edit_box, *settings], out, **GEN)
     ui.edit_cancel.click(lambda: ui.flatten(hidden), None, out, **QUICK)
     forked = ui.fork.click(page.handler(lambda c, cur, sel: events.fork(c, cur, i, sel)),
-                           [slots, current, ui.sel], page.ui.outputs(), **QUICK)
+                           [slots, current, ui.sel], page.ui.outputs(), **TABS)
     page.refresh_after(forked)
     ui.close.click(page.handler(lambda c: events.tabset.close(c, i)), slots, page.ui.outputs(),
-                   **QUICK)
+                   **TABS)
     ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
-                  page.ui.outputs(), **QUICK)
+                  page.ui.outputs(), **TABS)
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
     wire_delete_branch(ui, page, DeleteBranchEvents(events.ctl))
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)

@@ -11,7 +11,7 @@ import gradio as gr
 
 from ..markdown import literal
 from ..controller import ChatController
-from ..queues import QUICK
+from ..queues import QUICK, TABS
 from ..tabs.events import Page
 from ..tabs.view import PageValues
 from ..toasts import USER_ERRORS, error, info, warn, why
@@ -136,8 +136,8 @@ def wire_sidebar(side: SidebarUI, page: Page, ev: SidebarEvents) -> None:
     def open_hit(slot_cids, cur, evt: gr.SelectData) -> list:
         return page.ui.flatten(ev.open_hit(slot_cids, cur, evt.value))
 
-    page.refresh_after(side.new.click(page.handler(page.tabs.new), [slots, current], out, **QUICK))
-    page.follow_all(side.conversations.select(open_selected, [slots, current], out, **QUICK))
+    page.refresh_after(side.new.click(page.handler(page.tabs.new), [slots, current], out, **TABS))
+    page.follow_all(side.conversations.select(open_selected, [slots, current], out, **TABS))
     filters = [side.search, side.archived, side.tag]
     for box in (side.search, side.archived, side.tag):
         box.change(ev.query, filters, [side.query, side.hits], **QUICK).then(

@@ -23,7 +23,7 @@ import gradio as gr
 from .. import render
 from ..chat.view import TabValues, tab_update, tab_values
 from ..controller import ChatController
-from ..queues import GEN, QUICK
+from ..queues import GEN, QUICK, TABS
 from ..toasts import info
 from .view import N_SLOTS, PageUI, PageValues
 
@@ -170,7 +170,7 @@ class Page:
         """A pick in More tabs shows that tab (another moves there if every slot is in use)."""
         ui = self.ui
         self.follow_all(ui.more.input(self.handler(self.tabs.open), [ui.slots, ui.current, ui.more],
-                                      ui.outputs(), **QUICK))
+                                      ui.outputs(), **TABS))
 
 
 # Runs once after the page's load put the tabs back (and selected the saved one). Restores the
