@@ -428,9 +428,13 @@ def walk_through(app, page) -> None:
     shot(page, "12-reloaded")
 
     # Restart the app: everything is still there, on the tab last shown (once the server saved
-    # that tab as the selected one: the click's event may still be on its way).
+    # that tab as the selected one: the click's event may still be on its way). The page is
+    # closed first, as a user would: left open, its requests (the panel's long poll, Gradio's
+    # streams, retrying while the server is gone) once held the navigation to the new server
+    # without an answer for 30 s (a CI run; Chromium keeps 6 connections per host).
     on = shown_tab(page)
     saved_as_selected(app, on)
+    page.goto("about:blank")
     app.stop()
     app.start()
     open_app(page, app)
