@@ -116,8 +116,8 @@ def measure(app, page) -> dict:
         page.evaluate(f"() => document.querySelector('#stop{i}').click()")
     for i in range(N_TABS):
         wait_idle(page, i)
-    return {"idle_core_share": idle, "idle_core_share_mean": idle_mean, "streaming_4_tabs_core_share": streaming,
-            "stop_to_server_s": latency}
+    return {"idle_core_share": idle, "idle_core_share_mean": idle_mean,
+            "streaming_4_tabs_core_share": streaming, "stop_to_server_s": latency}
 
 
 def measure_session(root: Path, start_timeout: float) -> dict:
@@ -126,7 +126,6 @@ def measure_session(root: Path, start_timeout: float) -> dict:
     data_dir = root / "data"
     seed_store(data_dir)
     app = App(long_context_model(str(root)), data_dir, root / "app.log")
-    app.data_dir = data_dir
     app.start(start_timeout)
     pages = browser_page("page-cost-*.png")
     try:

@@ -24,8 +24,10 @@ from pathlib import Path
 
 import pytest
 from conftest import _require_part as require_part
+from tiny_chat import poll
 
 from localpaged.ui.store import DB_FILENAME
+from localpaged.ui.tabs.logic import OpenTabsFile
 
 pytestmark = pytest.mark.slow
 
@@ -185,7 +187,7 @@ def configure(page, i: int, app, **values) -> None:
 
 def saved(app, sql: str, check, timeout: float = 30.0):
     """Poll the app's store (read-only) until check(rows) holds; returns the rows."""
-    db = Path(app.cmd[app.cmd.index("--data-dir") + 1]) / DB_FILENAME
+    db = app.data_dir / DB_FILENAME
     deadline = time.monotonic() + timeout
     while True:
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -448,16 +450,9 @@ def walk_through(app, page) -> None:
 def saved_as_selected(app, i: int, timeout: float = 30.0) -> None:
     """Wait until the server's saved tabs (ui_state.json: the shown ones first, in order) have
     tab i's conversation as the selected one."""
-    deadline, state = time.monotonic() + timeout, None
-    while True:
-        try:
-            state = json.loads((app.data_dir / "ui_state.json").read_text())
-            if state["open"][i] == state["current"]:
-                return
-        except (OSError, ValueError, KeyError, IndexError):
-            pass                                    # not written yet, or mid-write
-        assert time.monotonic() < deadline, f"tab {i} was never saved as the selected one: {state}"
-        time.sleep(0.1)
+    tabs = OpenTabsFile(app.data_dir / "ui_state.json")     # the app's own reader
+    poll(lambda: tabs.read()[i:i + 1] == [tabs.read_current()], timeout,
+         f"tab {i} saved as the selected one")
 
 
 def check_restored(page, on: int) -> None:

@@ -173,7 +173,13 @@ def test_a_reply_in_a_tab_not_shown_sends_its_label_only(ctl, monkeypatch):
     ctl.save_open_tabs([shown, hidden], shown)
     monkeypatch.setattr(chat_events, "LABEL_AGAIN_S", 0.0)
     ticks = [SimpleNamespace(done=False, error=None) for _ in range(3)]
-    turn = SimpleNamespace(updates=lambda interval: iter(ticks + [SimpleNamespace(done=True, error=None)]))
+
+    def updates(interval):           # as Turn.updates: the interval asked between two ticks
+        for tick in ticks:
+            yield tick
+            interval()
+        yield SimpleNamespace(done=True, error=None)
+    turn = SimpleNamespace(updates=updates)
 
     def follow():
         return list(ChatEvents(ctl, TabSet(ctl))._follow(hidden, turn))

@@ -2,8 +2,8 @@
 
 Generation events of every tab share one concurrency group with room for many at once, so
 conversations stream side by side (in one engine batch); stop, switch and the rest are quick
-events of their own (those of the tab set one at a time: TABS). The streaming text (with its ▌ cursor and the tab's ● mark) is the
-progress indicator, so Gradio's own is hidden.
+events of their own (those of the tab set one at a time: TABS). The streaming text (with its ▌
+cursor and the tab's ● mark) is the progress indicator, so Gradio's own is hidden.
 
 A quick event clicked again while it still runs runs once more when it ends ("always_last"):
 Gradio's default ("once") drops that click without a word, so a second "+ New chat" made a

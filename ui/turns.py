@@ -333,15 +333,15 @@ class TurnRegistry:
             hook(wait)
 
 
-def shown(selected: Callable[[], int | None], conversation_id: int) -> bool:
-    """Whether the tab of `conversation_id` is the selected one (`selected()`: the selected
-    tab's conversation, None when unknown: then every tab counts as shown)."""
-    return selected() in (None, conversation_id)
-
-
-def redraw_interval(selected: Callable[[], int | None], conversation_id: int) -> Callable[[], float]:
+class RedrawInterval:
     """`Turn.updates`' interval for a reply of `conversation_id`: FOREGROUND_S while its tab is
-    shown, else BACKGROUND_S."""
-    def interval() -> float:
-        return FOREGROUND_S if shown(selected, conversation_id) else BACKGROUND_S
-    return interval
+    the selected one (`selected()`: the selected tab's conversation, None when unknown: then
+    every tab counts as shown), else BACKGROUND_S. `shown` is the last call's answer (True
+    before the first), for the follower: the selected tab is read once per call, not again."""
+
+    def __init__(self, selected: Callable[[], int | None], conversation_id: int) -> None:
+        self.selected, self.conversation_id, self.shown = selected, conversation_id, True
+
+    def __call__(self) -> float:
+        self.shown = self.selected() in (None, self.conversation_id)
+        return FOREGROUND_S if self.shown else BACKGROUND_S

@@ -17,6 +17,7 @@ say). The turn outlives the event (see turns.py).
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator
 
@@ -33,7 +34,7 @@ from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..toasts import USER_ERRORS, info, warn, why
-from ..turns import redraw_interval, shown as is_shown
+from ..turns import RedrawInterval
 from ..values import KEEP, changes
 from .view import ChatTabUI, TabValues, ask_text, tab_update, tab_values
 
@@ -55,7 +56,7 @@ class _LabelRepeats:
     first LABEL_AGAIN_FOR_S (see there)."""
 
     def __init__(self) -> None:
-        self.start, self.last = time.monotonic(), -LABEL_AGAIN_S
+        self.start, self.last = time.monotonic(), -math.inf      # never sent yet
 
     def due(self) -> bool:
         now = time.monotonic()
@@ -158,10 +159,11 @@ class ChatEvents:
         last (the label when it changes, and again now and then: LABEL_AGAIN_S); while the tab
         is not shown, its label only (the chat is redrawn once shown, or at the end)."""
         shown, label = None, _LabelRepeats()
-        for t in turn.updates(redraw_interval(self.ctl.current_tab, cid)):
+        interval = RedrawInterval(self.ctl.current_tab, cid)
+        for t in turn.updates(interval):
             if t.done and t.error:
                 warn(f"Generation stopped: {t.error}")
-            if shown is not None and not t.done and not is_shown(self.ctl.current_tab, cid):
+            if shown is not None and not t.done and not interval.shown:
                 if label.due():
                     label.sent()
                     yield TabValues(tab=tab_update(self.ctl.view(cid)))
