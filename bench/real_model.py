@@ -430,6 +430,7 @@ def child_ours(spec: dict) -> dict:
         batch1 = getattr(llm.engine.runner, "batch1", None)
         if batch1 is not None and hasattr(batch1, "wait"):
             batch1.wait()                       # the C++ decode loop (built once per machine)
+        del batch1                              # holds the model: the next load's peak on top
         result["loads"].append(_load_entry(path, cached, time.perf_counter() - start,
                                            constructor_seconds=round(constructed, 2),
                                            parts_seconds={k: round(v, 2) for k, v in parts.items()}))

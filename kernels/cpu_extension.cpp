@@ -24,6 +24,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("ggml_kernel_path", &ggml_kernel_path);
   m.def("ggml_supported", &ggml_supported);
+  m.def("ggml_interleave", &ggml_interleave, "GGUF rows -> the interleaved layout of 8 rows (x8), into out",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("ggml_interleaved_types", &ggml_interleaved_types);
+  m.def("ggml_interleaved_flag", &ggml_interleaved_flag);
   m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,

@@ -160,6 +160,8 @@ constexpr int64_t kScalarTileRows = 16;
 constexpr int64_t kGroupBytes = 64 * 1024;   // weights per group of rows: stays in L2
 constexpr int64_t kPrefetchBytes = 8192;     // how far ahead a row's weights are asked for
 constexpr int64_t kPrefetchNear = 2048;      // batch 1: into L1 this far ahead, into L2 at kPrefetchBytes
+constexpr int64_t kX8 = 8;                   // rows per group of the interleaved layout (x8)
+constexpr int64_t kInterleaved = 1 << 8;     // type_id flag: w is in the x8 layout
 
 // Batch 1 streams its weights from DRAM: the lines of [p, p + bytes) are asked for twice as the
 // loop goes, into L2 kPrefetchBytes ahead (prefetcht2) and into L1 kPrefetchNear ahead
@@ -277,6 +279,88 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows
   });
   return a;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interleaved rows ("x8", the layout of a decode step): the CPU keeps Q4_K and Q6_K matrices
+// whose N is a multiple of 8 with each group of 8 rows' blocks side by side, so that batch 1
+// reads one linear stream and every 32-byte load holds 4 codes of each of the 8 rows: lane r of
+// each integer product is row r's (dpbusd against 4 codes of x broadcast), with no horizontal
+// sums and one float epilogue for 8 rows. Group g holds the bytes of rows 8g .. 8g + 7 (the
+// tensor keeps its [N, row_bytes] shape): blocks in order, block b's 8 x kBytes bytes as the
+// rows' 4-byte units interleaved, unit u of row r at 4 (8u + r), and a trailing 2-byte unit
+// (Q6_K's d) at 32 (kBytes / 4) + 2r. The same bytes, moved (ggml_interleave; the layout in torch
+// is kernels/ggml_reference.py's interleave), so every other path reads a group back into GGUF
+// rows (x8_rows) and runs as before: y is bitwise the same in either layout. The integers are the
+// other paths' (sumi, summ per block and row, exact) and each lane folds them in their order.
+
+#ifdef LOCALPAGED_GGML_AVX2
+// The 8x8 transpose of dwords, in place: v[i]'s dword j <-> v[j]'s dword i.
+inline void transpose8(__m256i* v) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int j = 0; j < 2; ++j) {
+      u[i + 2 * j] = _mm256_unpacklo_epi64(t[i + j], t[i + j + 2]);
+      u[i + 2 * j + 1] = _mm256_unpackhi_epi64(t[i + j], t[i + j + 2]);
+    }
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x20);
+    v[i + 4] = _mm256_permute2x128_si256(u[i], u[i + 4], 0x31);
+  }
+}
+
+#endif
+
+// Group-blocks <-> rows: `groups` groups of 8 rows, each of nb blocks of `bytes`; rows at `rows`
+// (row r of group g at rows + (8g + r) * row_bytes), groups at `x8` (the same offsets).
+// to_x8: rows -> x8, else back.
+void x8_move(uint8_t* rows, uint8_t* x8, int64_t groups, int64_t nb, int64_t bytes, bool to_x8) {
+  const int64_t row_bytes = nb * bytes, units = bytes / 4;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* row = rows + g * kX8 * row_bytes + b * bytes;   // row r at row + r * row_bytes
+      uint8_t* grp = x8 + g * kX8 * row_bytes + b * kX8 * bytes;
+      int64_t u = 0;
+#ifdef LOCALPAGED_GGML_AVX2
+      for (; u + 8 <= units; u += 8) {   // 8 units of 8 rows: one transpose
+        __m256i v[8];
+        for (int i = 0; i < 8; ++i)
+          v[i] = to_x8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + i * row_bytes + 4 * u))
+                        : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + 32 * (u + i)));
+        transpose8(v);
+        for (int i = 0; i < 8; ++i)
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(to_x8 ? grp + 32 * (u + i) : row + i * row_bytes + 4 * u), v[i]);
+      }
+#endif
+      for (int r = 0; r < kX8; ++r) {
+        for (int64_t k = u; k < units; ++k)
+          to_x8 ? std::memcpy(grp + 4 * (8 * k + r), row + r * row_bytes + 4 * k, 4)
+                : std::memcpy(row + r * row_bytes + 4 * k, grp + 4 * (8 * k + r), 4);
+        if (bytes % 4)
+          to_x8 ? std::memcpy(grp + 32 * units + 2 * r, row + r * row_bytes + 4 * units, 2)
+                : std::memcpy(row + r * row_bytes + 4 * units, grp + 32 * units + 2 * r, 2);
+      }
+    }
+}
+
+// The GGUF rows [n0, n0 + n_rows) of a matrix in the x8 layout (n0, n_rows multiples of 8, or
+// n_rows up to N), in `scratch`; w in GGUF rows: a pointer into w.
+const uint8_t* x8_rows(const uint8_t* w, int64_t stride, bool x8, int64_t n0, int64_t n_rows,
+                       int64_t nb, int64_t bytes, std::vector<uint8_t>& scratch) {
+  if (!x8) return w + n0 * stride;
+  scratch.resize(n_rows * nb * bytes);
+  x8_move(scratch.data(), const_cast<uint8_t*>(w) + n0 * stride, n_rows / kX8, nb, bytes, false);
+  return scratch.data();
+}
+
+// Rows [m0, m0 + tm) of x (tm <= kX8Rows) against one group of 8 weight rows in the x8 layout:
+// y[m * ldy + r]; `prefetch`: the group's lines are to be asked for ahead (its first pass).
+using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t tm, bool prefetch,
+                      float* y, int64_t ldy);
+constexpr int64_t kX8Rows = 4;
 
 // One tile: rows [m0, m0 + tm) of x against weight row `row`, results to y[m * ldy].
 using TileFn = void (*)(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y,
@@ -546,15 +630,18 @@ inline void keep(__m256i& v) { asm("" : "+x"(v)); }
 // The integer products, with or without VNNI (same integers either way; no sum below saturates:
 // a 4-element sum of unsigned codes <= 63, or of |code| <= 127 by |a| <= 127, is below 2^15):
 // dot4: int32 lane i = sum of u[4i .. 4i + 3] * s[4i .. 4i + 3] (u unsigned, s signed bytes).
-inline __m256i dot4(__m256i u, __m256i s) {
+// dot4_acc: acc + dot4(u, s), one dpbusd with VNNI.
+inline __m256i dot4_acc(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
 #elif defined(LOCALPAGED_GGML_VNNI)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+  return _mm256_dpbusd_epi32(acc, u, s);
 #else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
 }
+
+inline __m256i dot4(__m256i u, __m256i s) { return dot4_acc(_mm256_setzero_si256(), u, s); }
 
 // dot4 of two chunks as int16, in hadd_epi16's order: per 128-bit half, the 4 sums of chunk 0
 // then the 4 of chunk 1. Codes <= 63 only (the 4-element sums must fit int16).
@@ -1005,6 +1092,223 @@ void avx_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* 
   }
 }
 
+
+// The x8 batch-1 loops' prefetch, as prefetch_ahead with nearer distances: into L1 1 KB ahead,
+// into L2 4 KB ahead. On the SPR VM (2 threads, Q4_K 8960x1536 streamed, interleaved A/B runs)
+// 22.7-22.8 GB/s against 19.7-21.3 for prefetch_ahead's 2 KB / 8 KB, 20.7-21.3 for none.
+inline void x8_prefetch(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) {
+    __builtin_prefetch(p + o + 1024, 0, 3);
+    __builtin_prefetch(p + o + 4096, 0, 1);
+  }
+}
+
+inline __m256i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Lane r: sum_i byte_i(dword r of v) * k_i, bytes unsigned or (Signed) signed, k4 the int16
+// k_0 .. k_3 in every 64 bits. Exact in int32.
+template <bool Signed>
+inline __m256i dword_dot(__m256i v, __m256i k4) {
+  const __m256i ext = Signed ? _mm256_cmpgt_epi8(_mm256_setzero_si256(), v) : _mm256_setzero_si256();
+  const __m256i lo = _mm256_madd_epi16(_mm256_unpacklo_epi8(v, ext), k4);   // rows 0, 1 | 4, 5
+  const __m256i hi = _mm256_madd_epi16(_mm256_unpackhi_epi8(v, ext), k4);   // rows 2, 3 | 6, 7
+  return _mm256_hadd_epi32(lo, hi);
+}
+
+// Byte k of every dword lane, as int32 (unsigned, or Signed: sign-extended).
+template <bool Signed>
+inline __m256i dword_byte(__m256i v, int k) {
+  if constexpr (Signed) return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * k), 24);
+  return _mm256_and_si256(_mm256_srli_epi32(v, 8 * k), _mm256_set1_epi32(0xFF));
+}
+
+// acc (lane r: row r) + d_r * s * sumi_r: the other paths' fold (d: d, or -dmin with summ).
+inline __m256 x8_fold(__m256 acc, __m256 d, float s, __m256i sumi) {
+  return _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(s)), _mm256_cvtepi32_ps(sumi), acc);
+}
+
+// Q4_K group-block: units 0 (d | dmin << 16), 1-3 (the 12 scale bytes), 4 + t (qs bytes 4t ..
+// 4t + 3: low nibbles elements 64j + 4(t % 8) + 0..3 of sub-block 2j, j = t / 8; high nibbles
+// the same + 32, sub-block 2j + 1). Its scales, mins, d and -dmin, lane r = row r.
+struct X8Q4K {
+  static constexpr int64_t kBytes = kX8 * 144;
+  __m256i sc[2], mn[2];   // bytes of each lane: scales 0-3 / 4-7, mins 0-3 / 4-7 (AvxQ4K's picks)
+  __m256 d, neg_dmin;
+  explicit X8Q4K(const uint8_t* g) {
+    const __m256i w0 = load32(g + 32), w1 = load32(g + 64), w2 = load32(g + 96);
+    const __m256i six = _mm256_set1_epi32(0x3F3F3F3F), four = _mm256_set1_epi32(0x0F0F0F0F),
+                  top = _mm256_set1_epi32(0x30303030);
+    sc[0] = _mm256_and_si256(w0, six);
+    sc[1] = _mm256_or_si256(_mm256_and_si256(w2, four), _mm256_and_si256(_mm256_srli_epi32(w0, 2), top));
+    mn[0] = _mm256_and_si256(w1, six);
+    mn[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), four),
+                            _mm256_and_si256(_mm256_srli_epi32(w1, 2), top));
+    // [d0..3 dmin0..3 | d4..7 dmin4..7] -> [d0..7 | dmin0..7]
+    const __m256i dd = load32(g);
+    const __m256i halves = _mm256_permute4x64_epi64(
+        _mm256_packus_epi32(_mm256_and_si256(dd, _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(dd, 16)), 0xD8);
+    d = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
+    neg_dmin = _mm256_xor_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)), _mm256_set1_ps(-0.0f));
+  }
+  __m256i scale(int j) const { return dword_byte<false>(sc[j / 4], j % 4); }
+  // sum_j mn_j * (x's sum over sub-block j), from the block's 16 sums of 16 values of x
+  __m256i summ(const int16_t* s16) const {
+    // per 128-bit half [xs0..3, xs0..3 | xs4..7, xs4..7]
+    const __m256i xs = _mm256_hadd_epi16(load32(reinterpret_cast<const uint8_t*>(s16)), _mm256_setzero_si256());
+    return _mm256_add_epi32(dword_dot<false>(mn[0], _mm256_permute4x64_epi64(xs, 0x00)),
+                            dword_dot<false>(mn[1], _mm256_permute4x64_epi64(xs, 0xAA)));
+  }
+};
+
+// One row of x (batch 1): the 32 loads of a block feed 8 chains of products, one per sub-block.
+void x8_q4k_one(const uint8_t* g, const Acts& a, int64_t m0, float* y) {
+  const __m256i low = bytes(0x0F);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b, g += X8Q4K::kBytes) {
+    x8_prefetch(g, X8Q4K::kBytes);
+    const int8_t* x = a.q.data() + m0 * a.K + b * kSuper;
+    __m256i s[8];   // lane r: row r's codes . x over sub-block j
+    for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_si256();
+#pragma GCC unroll 32
+    for (int i = 0; i < 32; ++i) {   // sub-blocks in turn
+      const int t = 8 * (i % 4) + i / 4, j = t / 8, e = 64 * j + 4 * (t % 8);
+      const __m256i w = load32(g + 128 + 32 * t);
+      s[2 * j] = dot4_acc(s[2 * j], _mm256_and_si256(w, low), bcast4(x + e));
+      s[2 * j + 1] = dot4_acc(s[2 * j + 1], _mm256_and_si256(_mm256_srli_epi16(w, 4), low), bcast4(x + e + 32));
+    }
+    const X8Q4K blk(g);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 8; ++j) sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(s[j], blk.scale(j)));
+    const float da = a.d[m0 * a.blocks + b];
+    acc = x8_fold(acc, blk.d, da, sumi);
+    acc = x8_fold(acc, blk.neg_dmin, da, blk.summ(a.sum16.data() + m0 * a.K / 16 + 16 * b));
+  }
+  _mm256_storeu_ps(y, acc);
+}
+
+// TM rows of x (2-4): each load feeds the TM rows; sub-block pairs in turn.
+template <int TM>
+void x8_q4k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, float* y, int64_t ldy) {
+  const __m256i low = bytes(0x0F);
+  __m256 acc[TM];
+  for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b, g += X8Q4K::kBytes) {
+    if (prefetch) x8_prefetch(g, X8Q4K::kBytes);
+    const int8_t* x = a.q.data() + m0 * a.K + b * kSuper;
+    const X8Q4K blk(g);
+    __m256i sumi[TM];
+    for (int m = 0; m < TM; ++m) sumi[m] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i lo[TM], hi[TM];
+      for (int m = 0; m < TM; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        const __m256i w = load32(g + 128 + 32 * (8 * j + q));
+        const __m256i wl = _mm256_and_si256(w, low), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        for (int m = 0; m < TM; ++m) {
+          lo[m] = dot4_acc(lo[m], wl, bcast4(x + m * a.K + 64 * j + 4 * q));
+          hi[m] = dot4_acc(hi[m], wh, bcast4(x + m * a.K + 64 * j + 32 + 4 * q));
+        }
+      }
+      const __m256i sl = blk.scale(2 * j), sh = blk.scale(2 * j + 1);
+      for (int m = 0; m < TM; ++m)
+        sumi[m] = _mm256_add_epi32(sumi[m], _mm256_add_epi32(_mm256_mullo_epi32(lo[m], sl), _mm256_mullo_epi32(hi[m], sh)));
+    }
+    for (int m = 0; m < TM; ++m) {
+      const float da = a.d[(m0 + m) * a.blocks + b];
+      acc[m] = x8_fold(acc[m], blk.d, da, sumi[m]);
+      acc[m] = x8_fold(acc[m], blk.neg_dmin, da, blk.summ(a.sum16.data() + (m0 + m) * a.K / 16 + 16 * b));
+    }
+  }
+  for (int m = 0; m < TM; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
+}
+
+// Q6_K group-block: units 0-31 (ql bytes 4u .. 4u + 3), 32-47 (qh), 48-51 (the 16 int8 scales),
+// then the d's (2 bytes each). Half h, l = 4 l4: ql units 16h + l4 (A: elements 128h + l + 0..3
+// in the low nibbles, + 64 in the high) and 16h + 8 + l4 (B: + 32, + 96), their two high bits in
+// qh unit 8h + l4 (bits 0-1, 2-3, 4-5, 6-7: + 0, + 32, + 64, + 96).
+struct X8Q6K {
+  static constexpr int64_t kBytes = kX8 * 210;
+  __m256i sc[4];   // int8 scales 4v .. 4v + 3 of each lane
+  __m256 d;
+  explicit X8Q6K(const uint8_t* g)
+      : sc{load32(g + 32 * 48), load32(g + 32 * 49), load32(g + 32 * 50), load32(g + 32 * 51)},
+        d(_mm256_cvtph_ps(load16(g + 32 * 52))) {}
+  __m256i scale(int i) const { return dword_byte<true>(sc[i / 4], i % 4); }
+  // the codes are q + 32: -32 * sum_i sc_i * (x's sum over the 16 values of sub-block i)
+  __m256i offset(const int16_t* s16) const {
+    const __m256i x16 = load32(reinterpret_cast<const uint8_t*>(s16));
+    __m256i t = dword_dot<true>(sc[0], _mm256_permute4x64_epi64(x16, 0x00));
+    t = _mm256_add_epi32(t, dword_dot<true>(sc[1], _mm256_permute4x64_epi64(x16, 0x55)));
+    t = _mm256_add_epi32(t, dword_dot<true>(sc[2], _mm256_permute4x64_epi64(x16, 0xAA)));
+    t = _mm256_add_epi32(t, dword_dot<true>(sc[3], _mm256_permute4x64_epi64(x16, 0xFF)));
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(t, 5));
+  }
+  // The codes of elements 128h + 4 l4 + 32c + 0..3 (c < 4) of the 8 rows.
+  static void codes(const uint8_t* g, int h, int l4, __m256i* c) {
+    const __m256i low = bytes(0x0F), two = bytes(0x30);
+    const __m256i A = load32(g + 32 * (16 * h + l4)), B = load32(g + 32 * (16 * h + 8 + l4)),
+                  Q = load32(g + 32 * (32 + 8 * h + l4));
+    c[0] = _mm256_or_si256(_mm256_and_si256(A, low), _mm256_and_si256(_mm256_slli_epi16(Q, 4), two));
+    c[1] = _mm256_or_si256(_mm256_and_si256(B, low), _mm256_and_si256(_mm256_slli_epi16(Q, 2), two));
+    c[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(A, 4), low), _mm256_and_si256(Q, two));
+    c[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(B, 4), low),
+                           _mm256_and_si256(_mm256_srli_epi16(Q, 2), two));
+  }
+};
+
+// TM rows of x (1-4): per half and part (l4 < 4 or >= 4), 4 x TM chains of products, c's
+// elements 128h + 32c + 4 l4 .. in sub-block 8h + 2c + part.
+template <int TM>
+void x8_q6k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, float* y, int64_t ldy) {
+  __m256 acc[TM];
+  for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b, g += X8Q6K::kBytes) {
+    if (prefetch) x8_prefetch(g, X8Q6K::kBytes);
+    const int8_t* x = a.q.data() + m0 * a.K + b * kSuper;
+    const X8Q6K blk(g);
+    __m256i sumi[TM];
+    for (int m = 0; m < TM; ++m) sumi[m] = blk.offset(a.sum16.data() + (m0 + m) * a.K / 16 + 16 * b);
+#pragma GCC unroll 4
+    for (int hp = 0; hp < 4; ++hp) {
+      const int h = hp / 2, part = hp % 2;
+      __m256i s[TM][4];
+      for (int m = 0; m < TM; ++m)
+        for (int c = 0; c < 4; ++c) s[m][c] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+      for (int l4 = 4 * part; l4 < 4 * part + 4; ++l4) {
+        __m256i c[4];
+        X8Q6K::codes(g, h, l4, c);
+        for (int m = 0; m < TM; ++m)
+          for (int k = 0; k < 4; ++k) s[m][k] = dot4_acc(s[m][k], c[k], bcast4(x + m * a.K + 128 * h + 32 * k + 4 * l4));
+      }
+      for (int k = 0; k < 4; ++k) {
+        const __m256i sc = blk.scale(8 * h + 2 * k + part);
+        for (int m = 0; m < TM; ++m) sumi[m] = _mm256_add_epi32(sumi[m], _mm256_mullo_epi32(s[m][k], sc));
+      }
+    }
+    for (int m = 0; m < TM; ++m) acc[m] = x8_fold(acc[m], blk.d, a.d[(m0 + m) * a.blocks + b], sumi[m]);
+  }
+  for (int m = 0; m < TM; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
+}
+
+// Rows [m0, m0 + tm) of x against one group, y[m * ldy + r]; `prefetch`: the first pass over
+// the group (its weights come from DRAM).
+template <class F>
+void x8_tile(const uint8_t* g, const Acts& a, int64_t m0, int64_t tm, bool prefetch, float* y, int64_t ldy) {
+  constexpr bool kQ4 = std::is_same_v<F, X8Q4K>;
+  switch (tm) {
+    case 1: if constexpr (kQ4) return x8_q4k_one(g, a, m0, y); else return x8_q6k_rows<1>(g, a, m0, prefetch, y, ldy);
+    case 2: if constexpr (kQ4) return x8_q4k_rows<2>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<2>(g, a, m0, prefetch, y, ldy);
+    case 3: if constexpr (kQ4) return x8_q4k_rows<3>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<3>(g, a, m0, prefetch, y, ldy);
+    default: if constexpr (kQ4) return x8_q4k_rows<4>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<4>(g, a, m0, prefetch, y, ldy);
+  }
+}
+
 #ifdef LOCALPAGED_GGML_AVX512
 // ---------------------------------------------------------------------------------------------
 // AVX-512 VNNI, K formats with unsigned codes (<= 63), tiles of up to kWideRows rows (batched
@@ -1195,6 +1499,7 @@ struct AmxPanel {
   int64_t J;
   std::vector<int8_t> planes;           // [blocks][2][16][256]
   std::vector<float> d, neg_dmin, mn;   // [blocks][16], [blocks][16], [blocks][16][J]
+  std::vector<uint8_t> rows;            // x8 weights: the panel's rows back in GGUF's layout
   AmxPanel(int64_t blocks, int64_t J_)
       : J(J_), planes(2 * blocks * kPlane), d(blocks * kAmxRows), neg_dmin(blocks * kAmxRows),
         mn(blocks * kAmxRows * J_) {}
@@ -1338,13 +1643,14 @@ void amx_panels(int64_t N, const Panel& prototype, Fn fn) {
 
 // y = x @ w.T for a K format F, the work split over panels of 16 weight rows.
 template <class F>
-void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
+void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, bool x8, int64_t N, float* y) {
   constexpr bool kMins = F::kMins != 0;
   const int64_t K = a.K, nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
   const int64_t J = kMins ? kSuper / F::kMins : 0;
   const AmxActs x = amx_acts(a, tiles * kAmxRows, J);
   amx_panels<TileConfig>(N, AmxPanel(nb, J), [&](AmxPanel& panel, int64_t n0, int64_t n_rows) {
-    amx_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
+    const uint8_t* rows = x8_rows(w, stride, x8, n0, n_rows, nb, F::kBytes, panel.rows);
+    amx_unpack<F>(rows, x8 ? nb * F::kBytes : stride, n_rows, nb, panel);
     int64_t t = 0;   // x's tiles in pairs that share each load of the weights, then one alone
     for (; t + 1 < tiles; t += 2) amx_tiles<kMins, true>(panel, x, t, K, nb, M, n_rows, y + n0, N);
     if (t < tiles) amx_tiles<kMins, false>(panel, x, t, K, nb, M, n_rows, y + n0, N);
@@ -1371,6 +1677,7 @@ struct alignas(64) TileConfigB {
 struct AmxBPanel {
   std::vector<int8_t> codes;      // [blocks][8][16][4]
   std::vector<float> d, coef;     // [blocks][16]
+  std::vector<uint8_t> rows;      // x8 weights: the panel's rows back in GGUF's layout
   explicit AmxBPanel(int64_t blocks) : codes(blocks * 512), d(blocks * kAmxRows), coef(blocks * kAmxRows) {}
 };
 
@@ -1472,15 +1779,16 @@ void amx_b_tiles(const AmxBPanel& panel, const Acts& a, int64_t t, int64_t M, in
 #undef LOCALPAGED_AMX_B_PRODUCT
 
 template <class F>
-void amx_b_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, int64_t N, float* y) {
+void amx_b_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, bool x8, int64_t N, float* y) {
   const int64_t nb = a.blocks, tiles = (M + kAmxRows - 1) / kAmxRows;
   amx_panels<TileConfigB>(N, AmxBPanel(nb), [&](AmxBPanel& panel, int64_t n0, int64_t n_rows) {
-    amx_b_unpack<F>(w + n0 * stride, stride, n_rows, nb, panel);
+    const uint8_t* rows = x8_rows(w, stride, x8, n0, n_rows, nb, F::kBytes, panel.rows);
+    amx_b_unpack<F>(rows, x8 ? nb * F::kBytes : stride, n_rows, nb, panel);
     for (int64_t t = 0; t < tiles; ++t) amx_b_tiles<F>(panel, a, t, M, n_rows, y + n0, N);
   });
 }
 
-using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, int64_t, float*);
+using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, bool, int64_t, float*);
 
 AmxFn amx_kernel_for(int id) {
   switch (id) {
@@ -1564,11 +1872,24 @@ Kernel kernel_for(int id, int64_t M) {
   return {nullptr, 1};
 }
 
+// The batch-1 kernel of a type in the x8 layout; nullptr: none (the type is not interleaved).
+X8Fn x8_kernel(int id) {
+#ifdef LOCALPAGED_GGML_AVX2
+switch (id) {
+    case kQ4_K: return x8_tile<X8Q4K>;
+    case kQ6_K: return x8_tile<X8Q6K>;
+  }
+#endif
+  (void)id;
+  return nullptr;
+}
+
 }  // namespace
 
 Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   RECORD_FUNCTION("localpaged::ggml_matmul", std::vector<c10::IValue>());   // named in profiles
-  const TypeInfo* t = find_type(type_id);
+  const bool x8 = type_id & kInterleaved;   // w in the x8 layout (ggml_interleave)
+  const TypeInfo* t = find_type(type_id & ~kInterleaved);
   TORCH_CHECK(t != nullptr, "ggml_matmul: GGML type ", type_id, " (", other_type_name(type_id),
               ") is not supported; supported: ", supported_list());
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.device().is_cpu(),
@@ -1588,6 +1909,9 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   TORCH_CHECK(w.stride(1) == 1 && (N <= 1 || w.stride(0) >= row_bytes),
               "ggml_matmul: w rows must be contiguous bytes, one row after another (got strides ",
               w.strides(), ")");
+  TORCH_CHECK(!x8 || (x8_kernel(t->id) != nullptr && N % kX8 == 0 && w.is_contiguous()),
+              "ggml_matmul: ", t->name, " ", w.sizes(), " is not in a layout this build interleaves "
+              "(see ggml_interleaved_types)");
   Tensor y = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return y;
 
@@ -1597,18 +1921,19 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 #ifdef LOCALPAGED_GGML_AMX
   if (const AmxFn amx = M >= kAmxMinRows ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
     const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
-    amx(quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, rows), M, wp, stride, N, yp);
+    amx(quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, rows), M, wp, stride, x8, N, yp);
     return y;
   }
 #endif
   const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, M);
   const Kernel kernel = kernel_for(t->id, M);
+  const X8Fn x8_fn = x8 ? x8_kernel(t->id) : nullptr;
   // Work items: groups of output rows (~64 KB of weights), taken in order from a shared counter
   // by each thread of one parallel region: a thread that starts late (a busy core) takes fewer,
   // instead of holding the others up with a fixed share. Which thread computes a row changes
   // nothing in its result. (Claiming the next group early, so that the prefetch `ahead` runs
   // into it rather than into another thread's, measured slower: 14.1 vs 15.7 GB/s.)
-  const int64_t group = std::max<int64_t>(1, kGroupBytes / row_bytes);
+  const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + kX8 - 1) / kX8 * kX8;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
   const int64_t min_macs = int64_t(1) << 17;   // per thread (~10 us), else fewer threads
@@ -1618,6 +1943,12 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
+      if (x8_fn) {   // a group's passes over x's rows: the first from DRAM, the others from L1 / L2
+        for (int64_t n = n0; n < n1; n += kX8)
+          for (int64_t m0 = 0; m0 < M; m0 += kX8Rows)
+            x8_fn(wp + n * stride, a, m0, std::min(kX8Rows, M - m0), m0 == 0, yp + m0 * N + n, N);
+        continue;
+      }
       for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {
         const int64_t tm = std::min(kernel.rows, M - m0);
         for (int64_t n = n0; n < n1; ++n) {
@@ -1650,3 +1981,31 @@ std::string ggml_kernel_path() {
 }
 
 bool ggml_supported(int64_t type_id) { return find_type(type_id) != nullptr; }
+
+void ggml_interleave(const Tensor& w, int64_t type_id, const Tensor& out) {
+  const TypeInfo* t = find_type(type_id);
+  TORCH_CHECK(t != nullptr && x8_kernel(t->id) != nullptr, "ggml_interleave: GGML type ", type_id,
+              " has no interleaved kernel in this build (", ggml_kernel_path(), ")");
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous() && w.size(0) % kX8 == 0 &&
+                  w.size(1) % t->bytes == 0,
+              "ggml_interleave: w must be a contiguous uint8 [N, row_bytes] of ", t->name,
+              " blocks with N a multiple of 8 (got ", w.scalar_type(), " ", w.sizes(), ")");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == w.numel() &&
+                  out.data_ptr() != w.data_ptr(),
+              "ggml_interleave: out must be another contiguous uint8 tensor of w's ", w.numel(), " bytes");
+  const int64_t row_bytes = w.size(1), nb = row_bytes / t->bytes;
+  uint8_t* src = const_cast<uint8_t*>(w.data_ptr<uint8_t>());   // read only
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, w.size(0) / kX8, 16, [&](int64_t g0, int64_t g1) {
+    x8_move(src + g0 * kX8 * row_bytes, dst + g0 * kX8 * row_bytes, g1 - g0, nb, t->bytes, true);
+  });
+}
+
+std::vector<int64_t> ggml_interleaved_types() {
+  std::vector<int64_t> ids;
+  for (const TypeInfo& t : kTypes)
+    if (x8_kernel(t.id) != nullptr) ids.push_back(t.id);
+  return ids;
+}
+
+int64_t ggml_interleaved_flag() { return kInterleaved; }

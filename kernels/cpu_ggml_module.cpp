@@ -12,4 +12,7 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("ggml_matmul", &ggml_matmul);
   m.def("ggml_kernel_path", &ggml_kernel_path);
   m.def("ggml_supported", &ggml_supported);
+  m.def("ggml_interleave", &ggml_interleave);
+  m.def("ggml_interleaved_types", &ggml_interleaved_types);
+  m.def("ggml_interleaved_flag", &ggml_interleaved_flag);
 }

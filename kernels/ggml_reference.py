@@ -335,3 +335,50 @@ def dequantize(data: torch.Tensor, kind: str) -> torch.Tensor:
     for start in range(0, blocks.shape[0], step):
         out[start:start + step] = fn(blocks[start:start + step]).view(-1, fmt.block_elems)
     return out.view(*lead, K)
+
+
+# ---- The interleaved layout of the CPU's batch-1 kernels ("x8", kernels/cpu_ggml.cpp) --------
+# The same bytes as GGUF's rows, moved: each group of 8 rows (rows 8g .. 8g + 7, which the group
+# occupies in place, so the tensor keeps its [N, row_bytes] shape) holds its rows' block b side by
+# side, blocks in order, and within a block the rows' 4-byte units interleaved: unit u of row r at
+# byte 4 (8u + r); a trailing 2-byte unit (Q6_K's d, when the block size is not a multiple of 4)
+# at 32 (block_bytes // 4) + 2r. So a 32-byte load holds 4 bytes of each of the 8 rows.
+X8_ROWS = 8
+
+
+def _x8_order(block_bytes: int) -> torch.Tensor:
+    """int64 [8 * block_bytes]: byte i of an interleaved group-block is byte order[i] of the
+    8 rows' blocks laid one after another ([8, block_bytes] flattened)."""
+    units = block_bytes // 4
+    r = torch.arange(X8_ROWS)
+    body = (r.view(1, X8_ROWS, 1) * block_bytes + 4 * torch.arange(units).view(units, 1, 1)
+            + torch.arange(4).view(1, 1, 4)).reshape(-1)
+    tail = (r.view(X8_ROWS, 1) * block_bytes + 4 * units + torch.arange(block_bytes % 4)).reshape(-1)
+    return torch.cat([body, tail])
+
+
+def _x8_blocks(data: torch.Tensor, kind: str) -> tuple[torch.Tensor, int]:
+    fmt = block_format(kind)
+    N, nbytes = data.shape
+    if N % X8_ROWS or nbytes % fmt.block_bytes:
+        raise ValueError(f"the interleaved layout takes [N, row_bytes] of whole {kind} blocks with N "
+                         f"a multiple of {X8_ROWS}, got {tuple(data.shape)}")
+    return data.view(N // X8_ROWS, X8_ROWS, nbytes // fmt.block_bytes, fmt.block_bytes), fmt.block_bytes
+
+
+def interleave(data: torch.Tensor, kind: str) -> torch.Tensor:
+    """GGUF rows uint8 [N, row_bytes] -> the same bytes in the x8 layout (a new tensor)."""
+    groups, size = _x8_blocks(data, kind)
+    g, _, nb, _ = groups.shape
+    rows_of_block = groups.permute(0, 2, 1, 3).reshape(g, nb, X8_ROWS * size)
+    return rows_of_block[:, :, _x8_order(size).to(data.device)].reshape(data.shape)
+
+
+def deinterleave(data: torch.Tensor, kind: str) -> torch.Tensor:
+    """The inverse of interleave: x8 bytes -> GGUF rows (a new tensor)."""
+    groups, size = _x8_blocks(data, kind)
+    g, _, nb, _ = groups.shape
+    order = _x8_order(size).to(data.device)
+    rows_of_block = torch.empty(g, nb, X8_ROWS * size, dtype=torch.uint8, device=data.device)
+    rows_of_block[:, :, order] = data.reshape(g, nb, X8_ROWS * size)
+    return rows_of_block.view(g, nb, X8_ROWS, size).permute(0, 2, 1, 3).reshape(data.shape)

@@ -2,7 +2,9 @@
 against float32 math on gguf-py's dequantization, the layout's spec, for every format it takes,
 within the bound its int8 rounding of x allows; a row's result bitwise the same alone, in any
 batch and on any thread count; rows lying apart; bad input refused, naming the type; the K
-formats bitwise the same on every build, the others on the vector builds.
+formats bitwise the same on every build, the others on the vector builds; the interleaved
+layout (x8, Q4_K and Q6_K on the vector builds) as its torch reference says, and bitwise the
+same y as GGUF's rows on every path (the batch-1 loop, tiles of 2-4 rows, AMX).
 
 Every test runs on three builds: the CPU extension's (-march=native: the AVX2 path on x86-64
 since Haswell / Zen, with AMX tiles on Intel since Sapphire Rapids for batches of 10 rows and
@@ -75,6 +77,17 @@ class Kernels:
 
     def supported(self, type_id: int) -> bool:
         return self.ops.ggml_supported(type_id)
+
+    def interleaved_types(self) -> list[int]:
+        return list(self.ops.ggml_interleaved_types())
+
+    def interleave(self, w, qtype) -> torch.Tensor:
+        out = torch.empty_like(w)
+        self.ops.ggml_interleave(w, int(qtype), out)
+        return out
+
+    def matmul_x8(self, x, w, qtype):
+        return self.ops.ggml_matmul(x, w, int(qtype) | self.ops.ggml_interleaved_flag())
 
 
 def build_alone(march: str, folder) -> Kernels:
@@ -283,3 +296,60 @@ def test_bad_input_is_refused_naming_the_type(ggml, case, message):
         w = w.view(torch.int8)
     with pytest.raises(RuntimeError, match=message):
         ggml.matmul(x, w, qtype)
+
+
+X8_TYPES = [T.Q4_K, T.Q6_K]
+
+
+def test_the_vector_builds_interleave_q4_k_and_q6_k(ggml):
+    assert ggml.interleaved_types() == ([int(t) for t in X8_TYPES] if EXPECTED_PATH[ggml.name] != "scalar" else [])
+
+
+def x8_build(ggml) -> Kernels:
+    if not ggml.interleaved_types():
+        pytest.skip(f"the {ggml.name} build keeps no type interleaved (plain C++)")
+    return ggml
+
+
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_the_interleaved_layout_is_the_references(ggml, qtype):
+    from localpaged.kernels import ggml_reference
+    x8, name = x8_build(ggml), qtype.name
+    w = blocks(qtype, 24, 768, seed=21)
+    got = x8.interleave(w, qtype)
+    assert torch.equal(got, ggml_reference.interleave(w, name))
+    assert torch.equal(ggml_reference.deinterleave(got, name), w)
+    # spot check of the spec: row 3's unit 5 of block 1 at 4 (8 * 5 + 3) in group 0's block 1
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    group = got[:8].reshape(-1)
+    assert torch.equal(group[8 * size + 4 * 43: 8 * size + 4 * 44], w[3, size + 20: size + 24])
+
+
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_the_interleaved_layout_gives_bitwise_the_rows_y(ggml, qtype):
+    """Batch 1 (its own loop), 2-9 rows (tiles of up to 4 rows over each group), 10 rows and more
+    (natively on AMX: each panel moved back to GGUF's rows; elsewhere the tiles again): the same
+    bits as the GGUF rows, on every thread count."""
+    x8 = x8_build(ggml)
+    w = blocks(qtype, 48, 1280, seed=22)
+    wx = x8.interleave(w, qtype)
+    x = torch.randn(40, 1280, generator=torch.Generator().manual_seed(23))
+    want = x8.matmul(x, w, qtype)
+    for rows in (1, 2, 3, 4, 5, 8, 9, 12, 40):
+        assert torch.equal(x8.matmul_x8(x[:rows], wx, qtype), want[:rows]), rows
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(x8.matmul_x8(x[:1], wx, qtype), want[:1])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_interleaved_layout_refuses_what_it_cannot_take(ggml):
+    x8 = x8_build(ggml)
+    with pytest.raises(RuntimeError, match=r"N a multiple of 8"):
+        x8.interleave(blocks(T.Q4_K, 12, 256, seed=0), T.Q4_K)
+    with pytest.raises(RuntimeError, match=r"GGML type 8 has no interleaved kernel"):
+        x8.interleave(blocks(T.Q8_0, 8, 256, seed=0), T.Q8_0)
+    with pytest.raises(RuntimeError, match=r"Q8_0 \[8, 272\] is not in a layout this build interleaves"):
+        x8.matmul_x8(torch.randn(1, 256), blocks(T.Q8_0, 8, 256, seed=0), T.Q8_0)

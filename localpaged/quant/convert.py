@@ -63,7 +63,7 @@ def fuse_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def stack(parts: list) -> PackedWeight | GgmlWeight | PartsWeight:
     """Weights stacked along N: one weight where the parts share a layout, else a PartsWeight."""
     if all(isinstance(p, GgmlWeight) for p in parts) and \
-            len({(p.kind, p.shape[1]) for p in parts}) == 1:
+            len({(p.kind, p.shape[1], p.interleaved) for p in parts}) == 1:
         return cat_ggml(parts)
     if all(isinstance(p, PackedWeight) for p in parts) and \
             len({(p.bits, p.group_size, p.shape[1], p.scales.dtype) for p in parts}) == 1:

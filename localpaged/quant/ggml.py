@@ -1,9 +1,12 @@
 """Weights in llama.cpp's own block formats (Q4_K, Q6_K, Q8_0, ...), and weights made of parts.
 
-`GgmlWeight` keeps a GGUF matrix exactly as the file stores it: `data` uint8 [N, row_bytes], row
-n holding output row n's K / block_elems blocks (layouts: kernels/ggml_reference.py). On CPU it is
+`GgmlWeight` keeps a GGUF matrix as the file stores it: `data` uint8 [N, row_bytes], row n
+holding output row n's K / block_elems blocks (layouts: kernels/ggml_reference.py). On CPU it is
 a view of the mapped file (quant/gguf_file.py): loading copies nothing, and the weights in memory
-are the file's own pages. On CPU the extension multiplies it (kernels/cpu_ggml.cpp: activations
+are the file's own pages; except the formats the extension decodes interleaved (Q4_K, Q6_K with N
+a multiple of 8): those are copied once at load into the x8 layout (the same bytes, each group of
+8 rows side by side, ggml_reference.interleave), which its batch-1 kernel streams ~10% faster,
+and the file's pages dropped. On CPU the extension multiplies it (kernels/cpu_ggml.cpp: activations
 quantized to int8 per block, integer dot products, the way llama.cpp does); on CUDA a Triton
 kernel reads the same bytes (kernels/triton_ggml.py: dequantized in registers); elsewhere, or
 where a kernel is missing, `dequantize()` (the torch reference, bit-exact with gguf-py) then
@@ -23,8 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from localpaged.kernels import cpu_extension, ggml_reference
+from localpaged.quant.memory import mapped_bytes
 
 FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmul (bounds memory)
+X8_FLAG = 1 << 8                # added to the type number of a weight in the x8 layout (cpu_ggml.cpp)
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class NativeKernel:
     kinds: frozenset[str]
     device_type: str = "cpu"
     in_extension: bool = False
+    x8_kinds: frozenset[str] = frozenset()     # kept interleaved (x8) where N % 8 == 0
+    interleave: Callable | None = None         # (data, type id, out): out = data in the x8 layout
 
 
 def _cpu_matmul(module) -> Callable:
@@ -51,7 +58,10 @@ def cpu_native() -> NativeKernel | None:
     if module is None or not hasattr(module, "ggml_supported"):
         return None
     kinds = frozenset(k for k, f in ggml_reference.FORMATS.items() if module.ggml_supported(f.type_id))
-    return NativeKernel(_cpu_matmul(module), kinds, in_extension=True)
+    assert module.ggml_interleaved_flag() == X8_FLAG, "cpu_ggml.cpp and quant/ggml.py disagree"
+    x8 = frozenset(ggml_reference.format_for_type_id(t).name for t in module.ggml_interleaved_types())
+    return NativeKernel(_cpu_matmul(module), kinds, in_extension=True, x8_kinds=x8,
+                        interleave=module.ggml_interleave)
 
 
 @dataclass
@@ -61,6 +71,7 @@ class GgmlWeight:
     shape: tuple[int, int]         # logical (N, K)
     native: NativeKernel | None = None  # the kernel of data's device; None: dequantize, F.linear
     release: Callable[[], None] | None = field(default=None, repr=False)  # drops the file pages
+    interleaved: bool = False      # data in the x8 layout of the CPU kernel (to_x8)
 
     def __post_init__(self) -> None:
         N, K = self.shape
@@ -79,8 +90,8 @@ class GgmlWeight:
 
     @property
     def type_id(self) -> int:
-        """GGML's number for the format (the kernel's argument)."""
-        return ggml_reference.FORMATS[self.kind].type_id
+        """GGML's number for the format (the kernel's argument), with X8_FLAG when interleaved."""
+        return ggml_reference.FORMATS[self.kind].type_id | (X8_FLAG if self.interleaved else 0)
 
     @property
     def format(self) -> str:
@@ -96,10 +107,29 @@ class GgmlWeight:
         if self.data.device == device:
             return self
         native = self.native if self.native and self.native.device_type == device.type else None
-        return GgmlWeight(self.kind, self.data.to(device), self.shape, native)
+        return GgmlWeight(self.kind, self.rows().to(device), self.shape, native)
+
+    def rows(self) -> torch.Tensor:
+        """data as GGUF's rows (a copy where it is interleaved)."""
+        return ggml_reference.deinterleave(self.data, self.kind) if self.interleaved else self.data
+
+    def to_x8(self) -> GgmlWeight:
+        """In the x8 layout, where the CPU kernel has one for this format and N % 8 == 0 (a copy:
+        the file's pages are dropped); else self."""
+        native = self.native
+        if self.interleaved or native is None or native.interleave is None or \
+                self.kind not in native.x8_kinds or self.shape[0] % ggml_reference.X8_ROWS or \
+                self.data.device.type != "cpu":
+            return self
+        data = mapped_bytes(self.data.numel()).view(self.data.shape)
+        native.interleave(self.data.contiguous(), ggml_reference.FORMATS[self.kind].type_id, data)
+        if self.release is not None:
+            self.release()
+        return GgmlWeight(self.kind, data, self.shape, native, interleaved=True)
 
     def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
-        data = self.data if rows is None else self.data.index_select(0, rows.to(self.data.device))
+        data = self.rows()
+        data = data if rows is None else data.index_select(0, rows.to(data.device))
         return ggml_reference.dequantize(data, self.kind).to(dtype)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +144,7 @@ class GgmlWeight:
     def permute_rows(self, index: torch.Tensor) -> GgmlWeight:
         """Output rows reordered (llama.cpp's q/k rotary order undone): whole rows move, exact.
         A copy: the file's pages of this tensor are dropped from memory."""
-        out = GgmlWeight(self.kind, self.data.index_select(0, index), self.shape, self.native)
+        out = GgmlWeight(self.kind, self.rows().index_select(0, index), self.shape, self.native)
         if self.release is not None:
             self.release()
         return out
@@ -153,11 +183,14 @@ class PartsWeight:
 
 
 def cat_ggml(parts: list[GgmlWeight]) -> GgmlWeight:
-    """One weight of parts that share a format and K: rows stacked (a copy; the parts' file pages
-    are dropped from memory once copied)."""
+    """One weight of parts that share a format, K and layout: rows stacked (a copy; the parts'
+    file pages are dropped from memory once copied). Interleaved parts stack as they are: each
+    part's N is a multiple of 8, so its groups stay whole."""
     first = parts[0]
-    data = torch.cat([p.data for p in parts])
+    data = mapped_bytes(sum(p.data.numel() for p in parts)).view(-1, first.data.shape[1])
+    torch.cat([p.data for p in parts], out=data)
     for p in parts:
         if p.release is not None:
             p.release()
-    return GgmlWeight(first.kind, data, (data.shape[0], first.shape[1]), first.native)
+    return GgmlWeight(first.kind, data, (data.shape[0], first.shape[1]), first.native,
+                      interleaved=first.interleaved)

@@ -126,6 +126,8 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             value = _unpermute(value, heads)
+        if isinstance(value, GgmlWeight) and "embed_tokens" not in name:
+            value = value.to_x8()    # the CPU kernel's batch-1 layout, where it has one
         if norm_minus_one and name.endswith("norm.weight"):
             value = value - 1.0
         (packed if isinstance(value, (PackedWeight, GgmlWeight)) else floats)[name] = value

@@ -1,10 +1,14 @@
-"""Memory the process gives back to the OS while loading weights (see loader.load)."""
+"""Memory the process gives back to the OS while loading weights (see loader.load), and
+mappings of its own for weights kept as copies."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
+import mmap
+
+import torch
 
 
 def trim_heap() -> None:
@@ -24,3 +28,15 @@ def _malloc_trim():
         return ctypes.CDLL(name).malloc_trim if name else None
     except (OSError, AttributeError):        # not glibc (musl, macOS): nothing to trim
         return None
+
+
+def mapped_bytes(n: int) -> torch.Tensor:
+    """uint8 [n] in an anonymous mapping of its own, unmapped when the tensor goes: long-lived
+    weight copies made while loading never sit in malloc's heap, where a model let go would leave
+    them resident (measured: ~360 MB of a 1.1 GB model still resident after it was deleted, and
+    the next load's peak on top). No huge pages asked for: with the kernel's defrag=madvise a
+    fault would compact memory in line (a second load measured 2x slower), and decode did not
+    gain from them."""
+    if n == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE), dtype=torch.uint8, count=n)
