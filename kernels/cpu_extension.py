@@ -34,7 +34,7 @@ import time
 
 import torch
 
-from localpaged.kernels import kv_quant, reference
+from localpaged.kernels import ggml_reference, kv_quant, reference
 from localpaged.kernels.cpu_int4_layout import pack
 
 logger = logging.getLogger(__name__)
@@ -178,7 +178,23 @@ def self_check(module) -> str | None:
     want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * weight
     failures.append(_differs("RMSNorm", module.rms_norm(x, weight, 1e-5), want, CHECK_TOLERANCE))
     failures += [_ggml_differs(module, type_name, K, gen) for type_name, K in (("Q4_K", 512), ("Q8_0", 96))]
+    failures.append(_x8_differs(module, gen))
     return next((f for f in failures if f is not None), None)
+
+
+def _x8_differs(module, gen: torch.Generator) -> str | None:
+    """The interleaved layout (x8) gives bitwise the GGUF rows' y: 1 row (its batch-1 loop) and 3."""
+    for type_id in module.ggml_interleaved_types():
+        name = ggml_reference.format_for_type_id(type_id).name
+        w = ggml_reference.random_blocks(name, 16, 512, gen)
+        x8 = torch.empty_like(w)
+        module.ggml_interleave(w, type_id, x8)
+        x = torch.randn(3, 512, generator=gen)
+        for rows in (1, 3):
+            got = module.ggml_matmul(x[:rows], x8, type_id | module.ggml_interleaved_flag())
+            if not torch.equal(got, module.ggml_matmul(x[:rows], w, type_id)):
+                return f"failed its check: the interleaved {name} matmul differs from the rows' ({rows} rows)"
+    return None
 
 
 def _ggml_differs(module, type_name: str, K: int, gen: torch.Generator) -> str | None:

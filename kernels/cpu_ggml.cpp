@@ -56,7 +56,13 @@
 // plain C++ (any CPU; the compiler vectorizes what it can). On Intel CPUs with AMX (Sapphire
 // Rapids on; built with -march=native there), batches of 10 rows and more go through the int8
 // tile unit instead, bitwise the AVX2 tiles' y (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
-// ggml_kernel_path() says which ("avx2+amx" where the tiles are in use).
+// ggml_kernel_path() says which ("avx2+amx" where the tiles are in use). On the vector paths
+// Q4_K and Q6_K matrices with N a multiple of 8 are kept interleaved by groups of 8 rows (x8,
+// made once at load: ggml_interleave; type_id | kInterleaved): their own loops for 1-4 rows of
+// x at a time, lane r of each product row r's, bitwise the same y (see the x8 section). On the
+// SPR VM, 2 threads streaming from DRAM at batch 1: Q4_K 8960x1536 21.6-24.4 GB/s against
+// 19.2-21.8 in GGUF's rows (~85% of the machine's read bandwidth), 8 rows 11.4 vs 7.1; without
+// AMX, 512 rows 216 vs 129 GMAC/s.
 //
 // Speed (bench/ggml_kernels.py; 2 cores of an AMD EPYC Zen 1 VM, ~19 GB/s read bandwidth, idle):
 // Qwen2.5-1.5B's linears (28 layers of Q4_K + a Q6_K lm_head, 928 MB) at M = 1 in 101 ms,
@@ -83,6 +89,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -1428,6 +1435,11 @@ constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
 // rows, but in the engine's steps not before ~10: steps that use the tiles run the element-wise
 // ops around them slower (silu and mul ~1.5x, measured on the SPR VM).
 constexpr int64_t kAmxMinRows = 10;
+// Weights in the x8 layout: each panel is moved back to GGUF's rows first, and the x8 tiles are
+// faster than the AVX2 tiles, so the AMX tiles pay later (SPR VM, 2 threads, GMAC/s x8 tiles vs
+// AMX: Q4_K 8960x1536 at 24 rows 221 vs 165, at 32 227 vs 236; Q6_K 1536x8960 at 16 rows 139 vs
+// 119, at 24 142 vs 163).
+inline int64_t amx_min_rows(int id, bool x8) { return !x8 ? kAmxMinRows : id == kQ4_K ? 32 : 20; }
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 
 // Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM).
@@ -1872,6 +1884,43 @@ Kernel kernel_for(int id, int64_t M) {
   return {nullptr, 1};
 }
 
+// Items [0, n) in one contiguous share per thread: take(t) gives thread t its share's items
+// from the front, in order, then the other shares' from their backs; -1 when none is left.
+// Against one shared counter (items in turn to whichever thread asks), 2 threads streaming
+// Q4_K / Q6_K at batch 1 on the SPR VM: ~+3-10% (interleaved A/B runs; 1536x8960 x8 24.0-24.6
+// against 21.4-22.3 GB/s): each thread's prefetch runs on into its own next item.
+class Items {
+ public:
+  Items(int64_t n, int64_t shares) : shares_(shares), range_(new Range[shares]) {
+    for (int64_t t = 0; t < shares; ++t)
+      range_[t].v.store(pack(t * n / shares, (t + 1) * n / shares), std::memory_order_relaxed);
+  }
+  int64_t take(int64_t t) {
+    for (int64_t i = 0; i < shares_; ++i) {
+      const int64_t item = i == 0 ? claim(range_[t], true) : claim(range_[(t + i) % shares_], false);
+      if (item >= 0) return item;
+    }
+    return -1;
+  }
+
+ private:
+  struct alignas(64) Range {
+    std::atomic<uint64_t> v;   // front << 32 | back: items [front, back) are left
+  };
+  static uint64_t pack(int64_t front, int64_t back) { return uint64_t(front) << 32 | uint64_t(back); }
+  static int64_t claim(Range& r, bool front) {
+    uint64_t v = r.v.load(std::memory_order_relaxed);
+    for (;;) {
+      const int64_t f = int64_t(v >> 32), b = int64_t(v & 0xFFFFFFFFu);
+      if (f >= b) return -1;
+      if (r.v.compare_exchange_weak(v, front ? pack(f + 1, b) : pack(f, b - 1), std::memory_order_relaxed))
+        return front ? f : b - 1;
+    }
+  }
+  int64_t shares_;
+  std::unique_ptr<Range[]> range_;
+};
+
 // The batch-1 kernel of a type in the x8 layout; nullptr: none (the type is not interleaved).
 X8Fn x8_kernel(int id) {
 #ifdef LOCALPAGED_GGML_AVX2
@@ -1919,7 +1968,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const int64_t stride = w.stride(0);
   float* yp = y.data_ptr<float>();
 #ifdef LOCALPAGED_GGML_AMX
-  if (const AmxFn amx = M >= kAmxMinRows ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
+  if (const AmxFn amx = M >= amx_min_rows(t->id, x8) ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
     const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
     amx(quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, rows), M, wp, stride, x8, N, yp);
     return y;
@@ -1928,20 +1977,20 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, M);
   const Kernel kernel = kernel_for(t->id, M);
   const X8Fn x8_fn = x8 ? x8_kernel(t->id) : nullptr;
-  // Work items: groups of output rows (~64 KB of weights), taken in order from a shared counter
-  // by each thread of one parallel region: a thread that starts late (a busy core) takes fewer,
-  // instead of holding the others up with a fixed share. Which thread computes a row changes
-  // nothing in its result. (Claiming the next group early, so that the prefetch `ahead` runs
-  // into it rather than into another thread's, measured slower: 14.1 vs 15.7 GB/s.)
+  // Work items: groups of output rows (~64 KB of weights), each thread of one parallel region
+  // taking its own contiguous share from the front, then the others' from their backs (Items):
+  // one linear stream through the weights per thread, and a thread that starts late (a busy
+  // core) takes fewer instead of holding the others up. Which thread computes a row changes
+  // nothing in its result.
   const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + kX8 - 1) / kX8 * kX8;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
   const int64_t min_macs = int64_t(1) << 17;   // per thread (~10 us), else fewer threads
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>({at::get_num_threads(), items, M * N * K / min_macs}));
-  std::atomic<int64_t> next{0};
-  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-    for (int64_t item; (item = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
+  Items work(items, threads);
+  at::parallel_for(0, threads, 1, [&](int64_t thread, int64_t) {
+    for (int64_t item; (item = work.take(thread)) >= 0;) {
       const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
       if (x8_fn) {   // a group's passes over x's rows: the first from DRAM, the others from L1 / L2
         for (int64_t n = n0; n < n1; n += kX8)

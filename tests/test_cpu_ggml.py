@@ -327,9 +327,9 @@ def test_the_interleaved_layout_is_the_references(ggml, qtype):
 
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 def test_the_interleaved_layout_gives_bitwise_the_rows_y(ggml, qtype):
-    """Batch 1 (its own loop), 2-9 rows (tiles of up to 4 rows over each group), 10 rows and more
-    (natively on AMX: each panel moved back to GGUF's rows; elsewhere the tiles again): the same
-    bits as the GGUF rows, on every thread count."""
+    """Batch 1 (its own loop), 2-31 rows (tiles of up to 4 rows over each group), 40 rows
+    (natively on AMX, from 20 rows for Q6_K and 32 for Q4_K: each panel moved back to GGUF's
+    rows; elsewhere the tiles again): the same bits as the GGUF rows, on every thread count."""
     x8 = x8_build(ggml)
     w = blocks(qtype, 48, 1280, seed=22)
     wx = x8.interleave(w, qtype)
