@@ -131,6 +131,18 @@ def test_the_selected_tab_comes_back_after_a_reload_and_a_restart(ctl, backend, 
     assert again.slots[again.current] == slots[5]
 
 
+def test_the_current_tab_is_an_open_tab_of_a_conversation_that_exists(ctl):
+    a, b = (ctl.store.create_conversation(title=t).id for t in ("a", "b"))
+    ctl.save_open_tabs([a, b], current=b)
+    assert ctl.current_tab() == b
+    ctl.store.delete_conversation(b)                 # deleted elsewhere (the sidebar)
+    assert ctl.current_tab() is None
+    ctl.save_open_tabs([a], current=a)
+    assert ctl.current_tab() == a
+    ctl.save_open_tabs([b], current=b)               # not a conversation any more
+    assert ctl.current_tab() is None
+
+
 def test_the_open_tabs_file_reads_old_and_broken_files(tmp_path):
     path = tmp_path / "ui_state.json"
     tabs = OpenTabsFile(path)

@@ -258,9 +258,16 @@ class ChatController:
         return [c for c in self._open_tabs.read() if c in alive]
 
     def current_tab(self) -> int | None:
-        """The conversation whose tab was selected last, if it is still open."""
+        """The conversation whose tab was selected last, if it is still open (and exists: one
+        lookup by id, not the whole list, as a streaming reply asks 10-20 times a second)."""
         cid = self._open_tabs.read_current()
-        return cid if cid in self.open_tabs() else None
+        if cid is None or cid not in self._open_tabs.read():
+            return None
+        try:
+            self.store.get_conversation(cid)
+        except KeyError:
+            return None
+        return cid
 
     def save_open_tabs(self, cids: list[int], current: int | None = None) -> None:
         self._open_tabs.write(cids, current)

@@ -13,12 +13,25 @@ log = logging.getLogger(__name__)
 
 
 class OpenTabsFile:
+    """What this instance wrote last is kept in memory while the file's size and modification
+    time still match it (a streaming reply asks for the selected tab 10-20 times a second,
+    ui/turns.py RedrawInterval); anything else is read from the file."""
+
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None
+        self._written: tuple[tuple[int, int], dict] | None = None   # ((mtime_ns, size), contents)
+
+    def _key(self) -> tuple[int, int]:
+        st = self.path.stat()
+        return st.st_mtime_ns, st.st_size
 
     def _read(self) -> dict:
+        if self.path is None:
+            return {}
         try:
-            data = json.loads(self.path.read_text()) if self.path else {}
+            if self._written is not None and self._written[0] == self._key():
+                return self._written[1]
+            data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return {}
         return data if isinstance(data, dict) else {}
@@ -38,8 +51,10 @@ class OpenTabsFile:
             return
         cids = [c for c in cids if c]
         data = {"open": cids, "current": current if current in cids else None}
+        self._written = None
         try:
             self.path.write_text(json.dumps(data))
+            self._written = (self._key(), data)
         except OSError:
             log.exception("could not save the open tabs to %s", self.path)
 
