@@ -57,7 +57,7 @@
 // Rapids on; built with -march=native there), batches of 10 rows and more go through the int8
 // tile unit instead, bitwise the AVX2 tiles' y (see the AMX section; LOCALPAGED_GGML_AMX=0 turns it off).
 // ggml_kernel_path() says which ("avx2+amx" where the tiles are in use). On the vector paths
-// Q4_K and Q6_K matrices with N a multiple of 8 are kept interleaved by groups of 8 rows (x8,
+// Q4_K, Q5_K and Q6_K matrices with N a multiple of 8 are kept interleaved by groups of 8 rows (x8,
 // made once at load: ggml_interleave; type_id | kInterleaved): their own loops for 1-4 rows of
 // x at a time, lane r of each product row r's, bitwise the same y (see the x8 section). On the
 // SPR VM, 2 threads streaming from DRAM at batch 1: Q4_K 8960x1536 21.6-24.4 GB/s against
@@ -288,17 +288,18 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows
 }
 
 // ---------------------------------------------------------------------------------------------
-// Interleaved rows ("x8", the layout of a decode step): the CPU keeps Q4_K and Q6_K matrices
-// whose N is a multiple of 8 with each group of 8 rows' blocks side by side, so that batch 1
-// reads one linear stream and every 32-byte load holds 4 codes of each of the 8 rows: lane r of
-// each integer product is row r's (dpbusd against 4 codes of x broadcast), with no horizontal
-// sums and one float epilogue for 8 rows. Group g holds the bytes of rows 8g .. 8g + 7 (the
-// tensor keeps its [N, row_bytes] shape): blocks in order, block b's 8 x kBytes bytes as the
-// rows' 4-byte units interleaved, unit u of row r at 4 (8u + r), and a trailing 2-byte unit
-// (Q6_K's d) at 32 (kBytes / 4) + 2r. The same bytes, moved (ggml_interleave; the layout in torch
-// is kernels/ggml_reference.py's interleave), so every other path reads a group back into GGUF
-// rows (x8_rows) and runs as before: y is bitwise the same in either layout. The integers are the
-// other paths' (sumi, summ per block and row, exact) and each lane folds them in their order.
+// Interleaved rows ("x8", the layout of a decode step): the CPU keeps Q4_K, Q5_K and Q6_K
+// matrices whose N is a multiple of 8 with each group of 8 rows' blocks side by side, so that
+// batch 1 reads one linear stream and every 32-byte load holds 4 codes of each of the 8 rows:
+// lane r of each integer product is row r's (dpbusd against 4 codes of x broadcast), with no
+// horizontal sums and one float epilogue for 8 rows. Group g holds the bytes of rows 8g .. 8g + 7
+// (the tensor keeps its [N, row_bytes] shape): blocks in order, block b's 8 x kBytes bytes as
+// the rows' 4-byte units interleaved, unit u of row r at 4 (8u + r), and a trailing 2-byte unit
+// (Q6_K's d) at 32 (kBytes / 4) + 2r. The same bytes, moved (ggml_interleave; the layout in
+// torch: kernels/ggml_reference.py's interleave). The x8 loops take 1-4 rows of x at a time
+// (x8_tile); the AMX tiles move each panel back to GGUF's rows (x8_rows) and run as before. The
+// integers are the other paths' (sumi, summ per block and row, exact) and each lane folds them
+// in their order, so y is bitwise the same in either layout.
 
 #ifdef LOCALPAGED_GGML_AVX2
 // The 8x8 transpose of dwords, in place: v[i]'s dword j <-> v[j]'s dword i.
@@ -1140,9 +1141,16 @@ inline __m256 x8_fold(__m256 acc, __m256 d, float s, __m256i sumi) {
 
 // Q4_K group-block: units 0 (d | dmin << 16), 1-3 (the 12 scale bytes), 4 + t (qs bytes 4t ..
 // 4t + 3: low nibbles elements 64j + 4(t % 8) + 0..3 of sub-block 2j, j = t / 8; high nibbles
-// the same + 32, sub-block 2j + 1). Its scales, mins, d and -dmin, lane r = row r.
+// the same + 32, sub-block 2j + 1). Its scales, mins, d and -dmin, lane r = row r; codes(g, t):
+// the codes of qs unit t, low and high nibbles.
 struct X8Q4K {
   static constexpr int64_t kBytes = kX8 * 144;
+  static constexpr int64_t kQs = 32 * 4;   // the group-block's bytes before its qs units
+  static void codes(const uint8_t* g, int t, __m256i& lo, __m256i& hi) {
+    const __m256i w = load32(g + kQs + 32 * t);
+    lo = _mm256_and_si256(w, bytes(0x0F));
+    hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), bytes(0x0F));
+  }
   __m256i sc[2], mn[2];   // bytes of each lane: scales 0-3 / 4-7, mins 0-3 / 4-7 (AvxQ4K's picks)
   __m256 d, neg_dmin;
   explicit X8Q4K(const uint8_t* g) {
@@ -1171,23 +1179,40 @@ struct X8Q4K {
   }
 };
 
-// One row of x (batch 1): the 32 loads of a block feed 8 chains of products, one per sub-block.
-void x8_q4k_one(const uint8_t* g, const Acts& a, int64_t m0, float* y) {
-  const __m256i low = bytes(0x0F);
+// Q5_K: as Q4_K with the fifth bits between: units 4-11 (qh bytes 4u .. 4u + 3: bit s of qh[l]
+// is bit 4 of element 32s + l), then the qs units from 12.
+struct X8Q5K : X8Q4K {
+  static constexpr int64_t kBytes = kX8 * 176;
+  static constexpr int64_t kQs = 32 * 12;
+  using X8Q4K::X8Q4K;
+  static void codes(const uint8_t* g, int t, __m256i& lo, __m256i& hi) {
+    const __m256i w = load32(g + kQs + 32 * t), qh = load32(g + 32 * (4 + t % 8));
+    const int j = t / 8;   // sub-blocks 2j (lo) and 2j + 1 (hi): qh bits 2j and 2j + 1 -> bit 4
+    lo = _mm256_or_si256(_mm256_and_si256(w, bytes(0x0F)), _mm256_and_si256(shift16(qh, 4 - 2 * j), bytes(0x10)));
+    hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), bytes(0x0F)),
+                         _mm256_and_si256(shift16(qh, 3 - 2 * j), bytes(0x10)));
+  }
+};
+
+// Q4_K / Q5_K, one row of x (batch 1): the 32 qs units of a block feed 8 chains of products, one
+// per sub-block.
+template <class F>
+void x8_k4_one(const uint8_t* g, const Acts& a, int64_t m0, float* y) {
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < a.blocks; ++b, g += X8Q4K::kBytes) {
-    x8_prefetch(g, X8Q4K::kBytes);
+  for (int64_t b = 0; b < a.blocks; ++b, g += F::kBytes) {
+    x8_prefetch(g, F::kBytes);
     const int8_t* x = a.q.data() + m0 * a.K + b * kSuper;
     __m256i s[8];   // lane r: row r's codes . x over sub-block j
     for (int j = 0; j < 8; ++j) s[j] = _mm256_setzero_si256();
 #pragma GCC unroll 32
     for (int i = 0; i < 32; ++i) {   // sub-blocks in turn
       const int t = 8 * (i % 4) + i / 4, j = t / 8, e = 64 * j + 4 * (t % 8);
-      const __m256i w = load32(g + 128 + 32 * t);
-      s[2 * j] = dot4_acc(s[2 * j], _mm256_and_si256(w, low), bcast4(x + e));
-      s[2 * j + 1] = dot4_acc(s[2 * j + 1], _mm256_and_si256(_mm256_srli_epi16(w, 4), low), bcast4(x + e + 32));
+      __m256i lo, hi;
+      F::codes(g, t, lo, hi);
+      s[2 * j] = dot4_acc(s[2 * j], lo, bcast4(x + e));
+      s[2 * j + 1] = dot4_acc(s[2 * j + 1], hi, bcast4(x + e + 32));
     }
-    const X8Q4K blk(g);
+    const F blk(g);
     __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(s[j], blk.scale(j)));
     const float da = a.d[m0 * a.blocks + b];
@@ -1197,16 +1222,15 @@ void x8_q4k_one(const uint8_t* g, const Acts& a, int64_t m0, float* y) {
   _mm256_storeu_ps(y, acc);
 }
 
-// TM rows of x (2-4): each load feeds the TM rows; sub-block pairs in turn.
-template <int TM>
-void x8_q4k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, float* y, int64_t ldy) {
-  const __m256i low = bytes(0x0F);
+// Q4_K / Q5_K, TM rows of x (2-4): each qs unit feeds the TM rows; sub-block pairs in turn.
+template <class F, int TM>
+void x8_k4_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, float* y, int64_t ldy) {
   __m256 acc[TM];
   for (int m = 0; m < TM; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < a.blocks; ++b, g += X8Q4K::kBytes) {
-    if (prefetch) x8_prefetch(g, X8Q4K::kBytes);
+  for (int64_t b = 0; b < a.blocks; ++b, g += F::kBytes) {
+    if (prefetch) x8_prefetch(g, F::kBytes);
     const int8_t* x = a.q.data() + m0 * a.K + b * kSuper;
-    const X8Q4K blk(g);
+    const F blk(g);
     __m256i sumi[TM];
     for (int m = 0; m < TM; ++m) sumi[m] = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
@@ -1214,8 +1238,8 @@ void x8_q4k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, flo
       for (int m = 0; m < TM; ++m) lo[m] = hi[m] = _mm256_setzero_si256();
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q) {
-        const __m256i w = load32(g + 128 + 32 * (8 * j + q));
-        const __m256i wl = _mm256_and_si256(w, low), wh = _mm256_and_si256(_mm256_srli_epi16(w, 4), low);
+        __m256i wl, wh;
+        F::codes(g, 8 * j + q, wl, wh);
         for (int m = 0; m < TM; ++m) {
           lo[m] = dot4_acc(lo[m], wl, bcast4(x + m * a.K + 64 * j + 4 * q));
           hi[m] = dot4_acc(hi[m], wh, bcast4(x + m * a.K + 64 * j + 32 + 4 * q));
@@ -1307,12 +1331,20 @@ void x8_q6k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, flo
 // the group (its weights come from DRAM).
 template <class F>
 void x8_tile(const uint8_t* g, const Acts& a, int64_t m0, int64_t tm, bool prefetch, float* y, int64_t ldy) {
-  constexpr bool kQ4 = std::is_same_v<F, X8Q4K>;
-  switch (tm) {
-    case 1: if constexpr (kQ4) return x8_q4k_one(g, a, m0, y); else return x8_q6k_rows<1>(g, a, m0, prefetch, y, ldy);
-    case 2: if constexpr (kQ4) return x8_q4k_rows<2>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<2>(g, a, m0, prefetch, y, ldy);
-    case 3: if constexpr (kQ4) return x8_q4k_rows<3>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<3>(g, a, m0, prefetch, y, ldy);
-    default: if constexpr (kQ4) return x8_q4k_rows<4>(g, a, m0, prefetch, y, ldy); else return x8_q6k_rows<4>(g, a, m0, prefetch, y, ldy);
+  if constexpr (std::is_same_v<F, X8Q6K>) {
+    switch (tm) {
+      case 1: return x8_q6k_rows<1>(g, a, m0, prefetch, y, ldy);
+      case 2: return x8_q6k_rows<2>(g, a, m0, prefetch, y, ldy);
+      case 3: return x8_q6k_rows<3>(g, a, m0, prefetch, y, ldy);
+      default: return x8_q6k_rows<4>(g, a, m0, prefetch, y, ldy);
+    }
+  } else {
+    switch (tm) {
+      case 1: return x8_k4_one<F>(g, a, m0, y);
+      case 2: return x8_k4_rows<F, 2>(g, a, m0, prefetch, y, ldy);
+      case 3: return x8_k4_rows<F, 3>(g, a, m0, prefetch, y, ldy);
+      default: return x8_k4_rows<F, 4>(g, a, m0, prefetch, y, ldy);
+    }
   }
 }
 
@@ -1438,7 +1470,7 @@ constexpr int64_t kAmxMinRows = 10;
 // Weights in the x8 layout: each panel is moved back to GGUF's rows first, and the x8 tiles are
 // faster than the AVX2 tiles, so the AMX tiles pay later (SPR VM, 2 threads, GMAC/s x8 tiles vs
 // AMX: Q4_K 8960x1536 at 24 rows 221 vs 165, at 32 227 vs 236; Q6_K 1536x8960 at 16 rows 139 vs
-// 119, at 24 142 vs 163).
+// 119, at 24 142 vs 163; Q5_K 8960x1536 at 16 rows 166 (tiles), at 24 169 (AMX)).
 inline int64_t amx_min_rows(int id, bool x8) { return !x8 ? kAmxMinRows : id == kQ4_K ? 32 : 20; }
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 
@@ -1926,6 +1958,7 @@ X8Fn x8_kernel(int id) {
 #ifdef LOCALPAGED_GGML_AVX2
 switch (id) {
     case kQ4_K: return x8_tile<X8Q4K>;
+    case kQ5_K: return x8_tile<X8Q5K>;
     case kQ6_K: return x8_tile<X8Q6K>;
   }
 #endif

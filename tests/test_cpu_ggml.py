@@ -3,7 +3,7 @@ against float32 math on gguf-py's dequantization, the layout's spec, for every f
 within the bound its int8 rounding of x allows; a row's result bitwise the same alone, in any
 batch and on any thread count; rows lying apart; bad input refused, naming the type; the K
 formats bitwise the same on every build, the others on the vector builds; the interleaved
-layout (x8, Q4_K and Q6_K on the vector builds) as its torch reference says, and bitwise the
+layout (x8, Q4_K, Q5_K and Q6_K on the vector builds) as its torch reference says, and bitwise the
 same y as GGUF's rows on every path (the batch-1 loop, tiles of 2-4 rows, AMX).
 
 Every test runs on three builds: the CPU extension's (-march=native: the AVX2 path on x86-64
@@ -298,10 +298,10 @@ def test_bad_input_is_refused_naming_the_type(ggml, case, message):
         ggml.matmul(x, w, qtype)
 
 
-X8_TYPES = [T.Q4_K, T.Q6_K]
+X8_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K]
 
 
-def test_the_vector_builds_interleave_q4_k_and_q6_k(ggml):
+def test_the_vector_builds_interleave_q4_k_q5_k_and_q6_k(ggml):
     assert ggml.interleaved_types() == ([int(t) for t in X8_TYPES] if EXPECTED_PATH[ggml.name] != "scalar" else [])
 
 

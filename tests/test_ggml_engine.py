@@ -10,7 +10,7 @@ every tensor with gguf-py, i.e. the float model the file describes.
 - With the CPU extension's integer kernel (activations quantized to int8 per block, as llama.cpp
   does), greedy equals transformers' up to a near-tie (tests/quant_helpers.py: margin_rule), and
   batching, prefix hits and preemption change no token; nor does the interleaved layout its
-  Q4_K and Q6_K weights are kept in (x8: the same logprobs, bit for bit, as GGUF's rows).
+  Q4_K, Q5_K and Q6_K weights are kept in (x8: the same logprobs, bit for bit, as GGUF's rows).
 """
 
 from __future__ import annotations
@@ -163,19 +163,6 @@ def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
     assert all(w.kernel is not None for w in linears(llm).values() if isinstance(w, GgmlWeight))
     batch = prompts(12, seed=11)          # preempts in 10 blocks (as test_quant_engine.py)
     alone = token_ids([llm.generate([p], greedy(16))[0] for p in batch])
-    if name == "qwen2-Q4_K_M":            # Q4_K and Q6_K interleaved; GGUF's rows: the same bits
-        assert any(getattr(w, "interleaved", False) for w in linears(llm).values())
-        with pytest.MonkeyPatch.context() as mp:
-            native = loader.cpu_native()
-            mp.setattr(loader, "cpu_native", lambda: dataclasses.replace(native, x8_kinds=frozenset()))
-            rows = LLM(path, num_kv_blocks=256)
-        assert not any(getattr(w, "interleaved", False) for w in linears(rows).values())
-        logprobs = dict(max_tokens=8, temperature=0.0, logprobs=3)
-        for p in batch[:3]:
-            for m in (llm, rows):
-                m.reset_prefix_cache()    # the same prefill chunks in both (a hit changes them)
-            a, b = (m.generate([p], SamplingParams(**logprobs))[0].outputs[0] for m in (llm, rows))
-            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
     assert token_ids(llm.generate(batch, greedy(16))) == alone             # batched, cold
     assert token_ids(llm.generate(batch, greedy(16))) == alone             # prefix hits
     small = LLM(path, num_kv_blocks=10)
@@ -189,3 +176,22 @@ def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
         ref_ids = hf_greedy(path, p, N_NEW)
         compared += compare_where_margins_allow(ref_llm, llm, p, ref_ids, got[0], MARGIN)
     assert compared >= N_NEW, "the margin rule compared almost nothing"
+
+
+@pytest.mark.parametrize("name", ["qwen2-Q4_K_M", "Q5_K_M"])
+def test_the_interleaved_layout_changes_no_logprob(cpu_kernel, name):
+    """Q4_K, Q5_K and Q6_K kept interleaved (x8) against the same file in GGUF's rows: the same
+    tokens and logprobs, bit for bit."""
+    path = committed(name)
+    llm = LLM(path, num_kv_blocks=64)
+    kinds = {w.kind for w in linears(llm).values() if getattr(w, "interleaved", False)}
+    assert kinds == ({"Q4_K", "Q6_K"} if name.startswith("qwen2") else {"Q5_K", "Q6_K"}), kinds
+    with pytest.MonkeyPatch.context() as mp:
+        native = loader.cpu_native()
+        mp.setattr(loader, "cpu_native", lambda: dataclasses.replace(native, x8_kinds=frozenset()))
+        rows = LLM(path, num_kv_blocks=64)
+    assert not any(getattr(w, "interleaved", False) for w in linears(rows).values())
+    for p in prompts(3, seed=12):
+        a, b = (m.generate([p], SamplingParams(max_tokens=8, temperature=0.0, logprobs=3))[0].outputs[0]
+                for m in (llm, rows))
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs
