@@ -3,13 +3,13 @@ decode loop.
 
 One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
 attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in cpu_int4_layout.py),
-kernels/cpu_ggml.cpp (matmul over GGUF quantized blocks kept as the file's bytes: Q4_0 .. Q8_0,
-Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`), kernels/cpu_norm.cpp (RMSNorm,
-models/llama.py), models/batch1_cpu.cpp (the decoder layers of a batch-1 decode step) and
-cpu_extension.cpp (the Python bindings). g++ and ninja compile it once per machine and source
-version (81 s from scratch on two cores, idle; a changed file alone, 10-100 s), then it is cached
-under ~/.cache/torch_extensions, named
-after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
+kernels/cpu_ggml.cpp and its parts cpu_ggml_*.h (matmul over GGUF quantized blocks kept as the
+file's bytes: Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`),
+kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
+batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
+per machine and source version (the .cpp files and a digest of the headers: 81 s from scratch
+on two cores, idle; a changed file alone, 10-100 s), then it is cached under
+~/.cache/torch_extensions, named after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
 Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API: ~60 s
 of a file's compile time); the kernels include ATen's Tensor and the ops they call.
 
@@ -137,12 +137,22 @@ def clear_stale_lock(folder: str, max_age_s: float = STALE_LOCK_S) -> bool:
     return True
 
 
+def _headers_digest() -> str:
+    """A digest of the kernels' headers: torch rebuilds a cached extension only when its sources
+    or build arguments change, so it goes into the arguments (cpu_ggml.cpp's parts are headers)."""
+    digest = hashlib.sha1()
+    for name in sorted(f for f in os.listdir(_HERE) if f.endswith(".h")):
+        with open(os.path.join(_HERE, name), "rb") as f:
+            digest.update(name.encode() + f.read())
+    return digest.hexdigest()[:12]
+
+
 def _compile():
     from torch.utils.cpp_extension import _get_build_directory, load
     clear_stale_lock(_get_build_directory(_name(), verbose=False))
     return load(_name(), SOURCES, extra_include_paths=[_HERE],
-                extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                verbose=False)
+                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DLOCALPAGED_HEADERS={_headers_digest()}"],
+                extra_ldflags=["-fopenmp"], verbose=False)
 
 
 @torch.inference_mode()
