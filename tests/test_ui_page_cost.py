@@ -3,7 +3,7 @@ hour-like session of forty messages in four tabs (long replies with code and LaT
 reply in each, the idle page costs at most 2% of a core, four tabs streaming at once at most
 50%, and Stop, clicked while they stream, reaches the server within 200 ms. Measured on this
 project's 2-core VMs (bench/page_cost.py): idle 0.7-0.8%, streaming 34-35%, Stop 45-80 ms on an
-AMD Zen 4; idle 1.0-1.2% (the median of six windows: see browser_cost.py), streaming 29-30%,
+AMD Zen 4; idle 1.0-1.2% (the median of 4 s windows: see browser_cost.py), streaming 29-30%,
 Stop 41-64 ms on a Sapphire Rapids."""
 
 from __future__ import annotations
