@@ -495,7 +495,7 @@ class Items {
 // The batch-1 kernel of a type in the x8 layout; nullptr: none (the type is not interleaved).
 X8Fn x8_kernel(int id) {
 #ifdef LOCALPAGED_GGML_AVX2
-switch (id) {
+  switch (id) {
     case kQ4_K: return x8_tile<X8Q4K>;
     case kQ5_K: return x8_tile<X8Q5K>;
     case kQ6_K: return x8_tile<X8Q6K>;

@@ -228,23 +228,23 @@ void x8_q6k_rows(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, flo
   for (int m = 0; m < TM; ++m) _mm256_storeu_ps(y + m * ldy, acc[m]);
 }
 
+// TM rows of x against one group: the format's loop (Q4_K / Q5_K at batch 1: their own).
+template <class F, int TM>
+void x8_rows_of(const uint8_t* g, const Acts& a, int64_t m0, bool prefetch, float* y, int64_t ldy) {
+  if constexpr (std::is_same_v<F, X8Q6K>) x8_q6k_rows<TM>(g, a, m0, prefetch, y, ldy);
+  else if constexpr (TM == 1) x8_k4_one<F>(g, a, m0, y);
+  else x8_k4_rows<F, TM>(g, a, m0, prefetch, y, ldy);
+}
+
 // Rows [m0, m0 + tm) of x against one group, y[m * ldy + r]; `prefetch`: the first pass over
 // the group (its weights come from DRAM).
 template <class F>
 void x8_tile(const uint8_t* g, const Acts& a, int64_t m0, int64_t tm, bool prefetch, float* y, int64_t ldy) {
-  if constexpr (std::is_same_v<F, X8Q6K>) {
-    switch (tm) {
-      case 1: return x8_q6k_rows<1>(g, a, m0, prefetch, y, ldy);
-      case 2: return x8_q6k_rows<2>(g, a, m0, prefetch, y, ldy);
-      case 3: return x8_q6k_rows<3>(g, a, m0, prefetch, y, ldy);
-      default: return x8_q6k_rows<4>(g, a, m0, prefetch, y, ldy);
-    }
-  } else {
-    switch (tm) {
-      case 1: return x8_k4_one<F>(g, a, m0, y);
-      case 2: return x8_k4_rows<F, 2>(g, a, m0, prefetch, y, ldy);
-      case 3: return x8_k4_rows<F, 3>(g, a, m0, prefetch, y, ldy);
-      default: return x8_k4_rows<F, 4>(g, a, m0, prefetch, y, ldy);
-    }
+  static_assert(kX8Rows == 4, "one case per tile height");
+  switch (tm) {
+    case 1: return x8_rows_of<F, 1>(g, a, m0, prefetch, y, ldy);
+    case 2: return x8_rows_of<F, 2>(g, a, m0, prefetch, y, ldy);
+    case 3: return x8_rows_of<F, 3>(g, a, m0, prefetch, y, ldy);
+    default: return x8_rows_of<F, 4>(g, a, m0, prefetch, y, ldy);
   }
 }

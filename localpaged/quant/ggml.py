@@ -123,7 +123,7 @@ class GgmlWeight:
                 self.data.device.type != "cpu":
             return self
         data = mapped_bytes(self.data.numel()).view(self.data.shape)
-        native.interleave(self.data.contiguous(), ggml_reference.FORMATS[self.kind].type_id, data)
+        native.interleave(self.data.contiguous(), self.type_id, data)   # type_id: no flag yet
         if self.release is not None:
             self.release()
         return GgmlWeight(self.kind, data, self.shape, native, interleaved=True)
