@@ -13,7 +13,11 @@
 #      bandwidth
 #   7. bench/throughput.py --device cuda --quick, where present
 #   8. bench/latency.py --cuda-graphs: batch-1 decode tok/s with and without CUDA graphs, equal
-#      tokens, fraction of HBM bandwidth (cuda_graphs.json)
+#      tokens, fraction of HBM bandwidth (cuda_graphs.json); on the bundled SmolLM2 where it is
+#      installed, else on the committed tiny Q4_K_M file (graphs and equal tokens only; the
+#      throughput step too)
+# Wheels in .whl/ (a folder git ignores, carried to a machine without a registry: gguf, say) are
+# installed first, into /tmp/site, which goes on PYTHONPATH.
 # Each step has its own timeout and a share of one overall deadline; a failing step does not stop
 # the others. Results go to $OUT if set, else bench/results/: gpu_check.json (per step: exit
 # status, seconds), gpu_check.log (all output), gpu_kernels.json and gpu_quant.json (the kernel
@@ -53,6 +57,10 @@ step() {
 }
 
 install_project() {
+    if compgen -G ".whl/*.whl" >/dev/null; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+            || return 1
+    fi
     if [[ ${SKIP_INSTALL:-0} == 1 ]]; then
         echo "SKIP_INSTALL=1: using the installed project"
         return 0
@@ -74,17 +82,32 @@ engine_tests() {
     "$PY" -m pytest -x -q -p no:cacheprovider "${files[@]}"
 }
 
+# the model of the last two steps: the bundled SmolLM2, else the committed tiny Q4_K_M file
+model() {
+    if "$PY" -c "from localpaged.runner.loader import bundled_gguf_path as p; assert p()" \
+        2>/dev/null; then
+        "$PY" -c "from localpaged.runner.loader import bundled_gguf_path as p; print(p())"
+    else
+        echo tests/data/ggml/tiny-llama-Q4_K_M.gguf
+    fi
+}
+
+cuda_graphs() {
+    "$PY" bench/latency.py --cuda-graphs --gguf "$(model)" --out "$DEST/cuda_graphs.json"
+}
+
 throughput() {
     if [[ ! -f bench/throughput.py ]]; then echo "bench/throughput.py absent: skipped"; return 0; fi
-    "$PY" bench/throughput.py --device cuda --quick
+    "$PY" bench/throughput.py --device cuda --quick --model "$(model)" --skip llamacpp
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'available', torch.cuda.is_available(), 'triton', triton.__version__)"; } 2>&1 | tee -a "$LOG"
 
-export PY
-export -f install_project engine_tests throughput
+[[ -d .whl ]] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+export PY DEST
+export -f install_project engine_tests model throughput cuda_graphs
 step install 60 install_project
 step kernel_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py \
     tests/test_kernels_window.py
@@ -94,7 +117,7 @@ step engine_tests 90 engine_tests
 step bench_kernels 55 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step bench_quant 60 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"
 step throughput 30 throughput
-step cuda_graphs 55 "$PY" bench/latency.py --cuda-graphs --out "$DEST/cuda_graphs.json"
+step cuda_graphs 55 cuda_graphs
 
 printf '{"steps": {%s}}\n' "$STEPS" >"$DEST/gpu_check.json"
 echo "wrote gpu_check.json, gpu_check.log, gpu_kernels.json, gpu_quant.json in $DEST"

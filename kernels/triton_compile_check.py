@@ -104,6 +104,16 @@ def _quant(kind, dt, bits, group, block_m, block_n, sub_k, unroll):
     return qmm._decode_kernel, pointers, (), dict(consts, USE_DOT=block_m >= 16)
 
 
+def _ggml(fmt_name, dt, m):
+    from . import triton_ggml as gg
+    from .ggml_reference import FORMATS
+    fmt, cfg = FORMATS[fmt_name], gg.tile_config(m, 4096)
+    return gg._ggml_kernel, dict(x_ptr=dt, w_ptr="u8", kv_ptr="i8", y_ptr=dt), (), dict(
+        FMT=fmt.type_id, BLOCK_BYTES=fmt.block_bytes, BLOCK_ELEMS=fmt.block_elems,
+        BLOCK_M=cfg["block_m"], BLOCK_N=cfg["block_n"], USE_DOT=cfg["use_dot"], DOT_F32=False,
+        PREC="ieee" if dt == "fp32" else "tf32")
+
+
 CONFIGS = {
     "decode split fp16 gqa4 bs16 d128": lambda: _decode("fp16", 4, 16, 128, True),
     "decode split fp16 gqa4 bs16 d128 window": lambda: _decode("fp16", 4, 16, 128, True, True),
@@ -129,10 +139,17 @@ CONFIGS = {
                                                          2),
     "qmm prefill int8 bf16 64x64": lambda: _quant("prefill", "bf16", 8, 1, 64, 64, 64, 1),
     "qmm prefill int4 fp32 g64 32x64": lambda: _quant("prefill", "fp32", 4, 64, 32, 64, 64, 1),
+    # the GGUF block formats: each format's dequantization is its own branch of one kernel
+    "ggml Q4_K fp16 m1": lambda: _ggml("Q4_K", "fp16", 1),
+    "ggml Q4_K bf16 m64 dot": lambda: _ggml("Q4_K", "bf16", 64),
+    **{f"ggml {name} bf16 m1": (lambda name=name: _ggml(name, "bf16", 1))
+       for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K",
+                    "IQ4_NL", "IQ4_XS")},
+    "ggml Q6_K fp32 m300 dot": lambda: _ggml("Q6_K", "fp32", 300),
 }
 # one configuration per kernel, the cheapest to compile: what the test suite runs
 QUICK = ("decode split fp16", "reduce", "prefill fp16", "write_kv", "copy_blocks",
-         "qmm decode int4 fp16", "qmm prefill int4 fp16")
+         "qmm decode int4 fp16", "qmm prefill int4 fp16", "ggml Q4_K fp16")
 
 
 def main(argv=None) -> int:
