@@ -12,7 +12,7 @@ from localpaged import LLM
 @pytest.mark.parametrize("kind", list(tiny_models.CONFIGS))
 def test_tiny_models_equal_transformers(kind, tiny_root):
     path = tiny_models.build(kind, tiny_root)
-    llm = LLM(path, num_kv_blocks=96)
+    llm = LLM(path, num_kv_blocks=96, dtype="float32")   # transformers' dtype (on CUDA too)
     batch = prompts(5, seed=zlib.crc32(kind.encode()) % 1000)   # the same in every process
     outs = llm.generate(batch, greedy(32))
     for prompt, out in zip(batch, outs):
