@@ -9,8 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-# The installed package: top-level folder -> import name (pyproject's package-dir).
-ROOTS = {"localpaged": "localpaged", "kernels": "localpaged.kernels", "ui": "localpaged.ui"}
+# The installed package: top-level folder -> import name.
+ROOTS = {"localpaged": "localpaged"}
 
 # The layers, lowest first: a module may import from its own layer and the layers below it.
 LAYERS = ["localpaged.kernels", "localpaged.core", "localpaged.models", "localpaged.quant",

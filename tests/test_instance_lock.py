@@ -29,7 +29,7 @@ HOLDER = ("import importlib.util, sys\n"
 
 
 def _hold(data_dir: Path, url: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO / "ui" / "store" /
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(REPO / "localpaged" / "ui" / "store" /
                              "instance_lock.py"), str(data_dir), url],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"          # blocks until the lock is taken
