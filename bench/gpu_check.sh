@@ -2,10 +2,10 @@
 # One prepared check for a machine with CUDA, run from anywhere; finishes within 10 minutes.
 #   1. install the project (pip install -e .[test]; offline machines fall back to --no-deps;
 #      SKIP_INSTALL=1 skips this)
-#   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset): tests/test_kernels.py and
-#      the sliding-window cases of every kernel, tests/test_kernels_window.py
-#   3. the quantized-matmul kernel tests (tests/test_quant_kernels.py, and the GGUF block-format
-#      kernel with a Q4_K_M file on the GPU: tests/test_triton_ggml.py), compiled
+#   2. the kernel tests, compiled for the GPU (TRITON_INTERPRET unset): tests/kernels/test_kernels.py and
+#      the sliding-window cases of every kernel, tests/kernels/test_kernels_window.py
+#   3. the quantized-matmul kernel tests (tests/quant/test_quant_kernels.py, and the GGUF block-format
+#      kernel with a Q4_K_M file on the GPU: tests/kernels/test_triton_ggml.py), compiled
 #   4. the engine-vs-transformers equality tests with the Triton backend, where present
 #   5. bench/gpu_kernels.py: paged decode (Triton) vs contiguous SDPA, bandwidth and ratio, and
 #      decode with a sliding window of 1,024 against full attention
@@ -31,7 +31,7 @@ LOG="$DEST/gpu_check.log"
 : >"$LOG"
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 unset TRITON_INTERPRET
-DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 570, the deadline caps them (the
+DEADLINE=$(($(date +%s) + 550))   # steps' own limits sum to 590, the deadline caps them (the
                                   # last steps get what is left); kills add <= 10 s each
 STEPS=""
 
@@ -72,7 +72,7 @@ install_project() {
 
 engine_tests() {
     local files=() f
-    for f in tests/test_engine_triton.py tests/test_hf_equality.py; do
+    for f in tests/engine/test_engine_triton.py tests/engine/test_hf_equality.py; do
         [[ -f $f ]] && files+=("$f")
     done
     if ((${#files[@]} == 0)); then
@@ -109,10 +109,10 @@ throughput() {
 export PY DEST
 export -f install_project engine_tests model throughput cuda_graphs
 step install 60 install_project
-step kernel_tests 150 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_kernels.py \
-    tests/test_kernels_window.py
-step quant_tests 70 "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_quant_kernels.py \
-    tests/test_triton_ggml.py
+step kernel_tests 130 "$PY" -m pytest -q -p no:cacheprovider -rs tests/kernels/test_kernels.py \
+    tests/kernels/test_kernels_window.py
+step quant_tests 110 "$PY" -m pytest -q -p no:cacheprovider -rs tests/quant/test_quant_kernels.py \
+    tests/kernels/test_triton_ggml.py
 step engine_tests 90 engine_tests
 step bench_kernels 55 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
 step bench_quant 60 "$PY" bench/gpu_quant.py --out "$DEST/gpu_quant.json"

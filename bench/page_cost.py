@@ -2,9 +2,9 @@
 
     python bench/page_cost.py
 
-tests/browser_cost.py's `measure` (idle after a short reply in each tab, four tabs streaming,
+tests/browser/browser_cost.py's `measure` (idle after a short reply in each tab, four tabs streaming,
 Stop's time to the server) on its seeded hour-like session of forty messages; the tiny model's
-replies are noise: this measures the page, not the words. tests/test_ui_page_cost.py asserts
+replies are noise: this measures the page, not the words. tests/browser/test_ui_page_cost.py asserts
 the goals (idle 2%, streaming 50%, Stop 200 ms) on the same measure. Writes
 bench/results/page-cost-<time>.json with the load average beside the figures.
 """
@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+sys.path[:0] = [TESTS, os.path.join(TESTS, "browser")]    # helpers, and the browser tests' own
 from browser_cost import measure_session  # noqa: E402
 from machine import write_results  # noqa: E402
 

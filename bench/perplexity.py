@@ -1,7 +1,7 @@
 """Perplexity of the bundled SmolLM2 on tests/data/paragraph.txt: localpaged fp32 / int8 / int4
 (through prompt logprobs, as an evaluation client would) beside llama.cpp on the same GGUF and the
 same token ids, in one run. `--record` writes llama.cpp's figure to tests/data/ for the quality
-test (tests/test_quant_smollm2.py), which cannot run llama.cpp itself.
+test (tests/quant/test_quant_smollm2.py), which cannot run llama.cpp itself.
 
 Then GGUF block formats kept natively (quantization "auto"; on CPU the extension's GGML kernel)
 against llama.cpp on the same file and the same ids, on a longer text: LONG_SOURCES as of

@@ -1,4 +1,5 @@
-"""The benchmark workload: 16 chat requests of mixed prompt lengths (docs/architecture.md §8)."""
+"""The benchmark workload: 16 chat requests of mixed prompt lengths (docs/benchmarks.md,
+'Throughput and KV memory')."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The house rules of the source tree: no import circles, and no import from a layer above.
 
-The layers, lowest first, are tests/import_graph.py's LAYERS (docs/architecture.md §1 draws them).
+The layers, lowest first, are tests/helpers/import_graph.py's LAYERS (docs/architecture.md §1 draws them).
 """
 
 from pathlib import Path
 
-from import_graph import LAYERS, find_cycle, graph, upward_imports
+from helpers.import_graph import LAYERS, find_cycle, graph, upward_imports
 
 REPO = Path(__file__).resolve().parent.parent
 

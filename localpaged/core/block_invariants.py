@@ -1,7 +1,7 @@
 """The block invariants every KV-cache manager keeps (core.kv_cache_manager, one per KV-cache
 group of core.hybrid_kv_cache_manager), checked on demand: `KVCacheManager.check()`, run by the
 tests and after every engine step with `EngineConfig.debug_checks`. See
-docs/architecture.md §3 (invariants I1-I5)."""
+docs/architecture.md §2 (invariants I1-I5)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Invariants:
 - NULL_BLOCK belongs to no pool: a sliding-window table's placeholder for a block that fell
   wholly out of the window (core.sliding_window). It is never ref-counted, hashed, written or
   read; its block_id 0 is what the kernels get for it (they never read entries before a window).
-See docs/architecture.md §2 (concepts -> modules) and §3 (invariants I1-I4).
+See docs/architecture.md §4 (concepts -> modules) and §2 (invariants I1-I4).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ block), the sampled token (sampler.py) and its stop rules, or a beam-search step
 (beam_search.py). Decisions go into the step's `StepResult`, which the scheduler applies once
 (`Scheduler.update_from_output`); nothing here touches blocks. `request_output` turns a group
 into the `RequestOutput` callers see. Pure functions over the groups and the tokenizer.
-See docs/architecture.md §4 step 5.
+See docs/architecture.md §5 step 5.
 """
 
 from __future__ import annotations

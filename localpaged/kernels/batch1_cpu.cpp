@@ -7,7 +7,7 @@
 // (GgmlWeight.matmul, the kernel of kernels/cpu_ggml.cpp; PartsWeight via quant/linear.py) and
 // kernels/cpu_ops.py (write_kv, then the decode kernel of kernels/cpu_decode.cpp). So the result is bitwise the Python path's with the
 // `cpu` attention backend; only the interpreter between the calls is gone. A change to any of
-// those functions must be made here too (tests/test_batch1_cpu.py compares the two).
+// those functions must be made here too (tests/kernels/test_batch1_cpu.py compares the two).
 
 #include "batch1_cpu.h"
 

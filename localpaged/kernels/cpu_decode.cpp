@@ -23,7 +23,7 @@
 // the float32 code is unchanged.
 //
 // Against the torch reference (kernels/reference.py, SDPA): the same softmax in float32, summed
-// in another order, so equal to ~1e-7 (tests/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
+// in another order, so equal to ~1e-7 (tests/kernels/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
 // context, 2 cores: 30 layers in ~1.4 ms where SDPA over the same cache takes ~4.5 ms (Zen 1 VM);
 // on the SPR VM at 1,100 tokens 35 us a layer (48 before each head's V sum moved to registers).
 

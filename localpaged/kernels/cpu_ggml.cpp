@@ -48,7 +48,7 @@
 // x_k by at most s_k / 2 = max|x over k's block| / 254 (a value below that rounds to 0: by at
 // most |x_k|), so |y - x @ W.T| <= sum_k |W[n, k]| * max|x over k's block| / 254, plus float32
 // rounding (~1e-6 relative to sum_k |x_k W[n, k]|). Random data stays within 0.1-0.3 of that
-// bound (the errors add up like a random walk); tests/test_cpu_ggml.py checks the bound itself.
+// bound (the errors add up like a random walk); tests/kernels/test_cpu_ggml.py checks the bound itself.
 // The rounding of x is llama.cpp's: on the same bytes its outputs and these agree to ~3e-8 of
 // sum_k |x_k W[n, k]| for the K formats, ~3e-5 for the others (llama.cpp keeps s in float16).
 //

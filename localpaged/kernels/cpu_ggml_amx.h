@@ -265,7 +265,7 @@ void amx_matmul(const Acts& a, int64_t M, const uint8_t* w, int64_t stride, bool
 // C = [row of x][weight row] (unsigned codes: TDPBSUD; signed: TDPBSSD). Each block's float part
 // goes into lane b % 8 of 8 accumulators per (row of x, weight row), only for the rows of x that
 // exist, and the lanes are summed in hsum's order: the fold of avx_b_rows, so y is bitwise the
-// AVX2 tiles' (tests/test_cpu_ggml.py: a row alone and in a batch, the builds side by side).
+// AVX2 tiles' (tests/kernels/test_cpu_ggml.py: a row alone and in a batch, the builds side by side).
 
 // per block parity: tiles 0 / 1 int32 sums, 2 / 3 the x tile (16 rows x 32 bytes), 4 / 5 weights
 struct alignas(64) TileConfigB {

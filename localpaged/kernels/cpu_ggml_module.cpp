@@ -1,5 +1,5 @@
 // cpu_ggml.cpp on its own, as torch ops (torch.ops.<extension name>.ggml_matmul, ...): a build of
-// just that file, for another instruction set (tests/test_cpu_ggml.py builds it with
+// just that file, for another instruction set (tests/kernels/test_cpu_ggml.py builds it with
 // -march=x86-64, the plain C++ path) or while working on it. torch/library.h instead of
 // torch/extension.h: this file compiles in ~20 s where pybind's headers take minutes. The app
 // uses the bindings in cpu_extension.cpp.

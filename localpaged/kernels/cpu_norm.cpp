@@ -3,7 +3,7 @@
 // seven ATen ops, ~15 us for a 576-wide row against < 1 us here; a SmolLM2 step has 61 of them).
 // The sum of squares runs in 16 float32 lanes summed in a fixed tree, so a row's result does not
 // depend on the other rows or the thread count; against the composite it differs by float32
-// rounding of the sum (tests/test_cpu_norm.py). Used where the CPU extension is built when the
+// rounding of the sum (tests/kernels/test_cpu_norm.py). Used where the CPU extension is built when the
 // model loads (models/llama.py: RMSNorm.kernel), never switched while the model serves.
 
 #include "cpu_norm.h"

@@ -143,7 +143,7 @@ def _attend_runs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     back to back) with no copy, several runs joined into one copy. Either way one 4-D SDPA call
     (torch's fused CPU kernel) over the same values, so the result is bitwise the same however
     the sequence's blocks happen to lie (which depends on what else ran: checked in
-    tests/test_latency_paths.py)."""
+    tests/engine/test_latency_paths.py)."""
     num_kv_heads = k_cache.shape[2]
     num_heads, head_dim = q.shape[1], q.shape[2]
     if not (back_to_back(k_cache) and back_to_back(v_cache)):

@@ -11,7 +11,7 @@ same signatures.
 `PagedAttention.forward` splits a flat batch between the decode and prefill kernels; a kernel
 module may also export `decode_one` (write + attend for a batch of one decoding sequence,
 given AttentionMetadata.decode_runs), which forward then uses for that batch.
-See docs/architecture.md §4 step 4 (forward) and §7 (kernel tests).
+See docs/architecture.md §5 step 4 (forward) and §8 (kernel tests).
 """
 
 from __future__ import annotations

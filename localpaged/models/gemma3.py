@@ -44,7 +44,7 @@ class GemmaRMSNorm(nn.Module):
     of the normalized row and it is one multiplication either way, so F.rms_norm with it as the
     weight gives transformers' values (bitwise in float32, as for models/llama.py RMSNorm); the
     CPU extension's kernel, once the loader chooses it, rounds the sum its own way, as for
-    Llama (tests/test_cpu_norm.py)."""
+    Llama (tests/kernels/test_cpu_norm.py)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

@@ -3,7 +3,8 @@
 torch's CPU float32 `F.linear` on a single row (a GEMV) runs on one thread whatever
 `torch.get_num_threads()` says. The same product taken as a batched matmul over P blocks of the
 weight's rows (`bmm`, one block per thread, no copy: the blocks are views) streams the weights
-on every thread (docs/architecture.md §10 has the measured bandwidths).
+on every thread (docs/benchmarks.md, 'The CPU paths, piece by piece', has the measured
+bandwidths).
 bfloat16 `F.linear` is threaded already (the split gains nothing there) and keeps its path.
 
 Each output element is still one dot product over the same inputs, and for the shapes of real

@@ -7,7 +7,7 @@ qkv bias (Qwen2, `attention_bias`), per-head q/k RMSNorm (Qwen3), explicit head_
 embeddings, and the rope scaling variants transformers defines (computed by transformers itself).
 
 On CPU `batch1_cpu.cpp` runs these layers' batch-1 decode op for op in C++ (int4 or float32
-weights): keep the two in step (tests/test_batch1_cpu.py compares them).
+weights): keep the two in step (tests/kernels/test_batch1_cpu.py compares them).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
             return self.kernel(x, self.weight, self.eps)
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
             # torch's fused kernel: one op instead of six, bitwise equal to the formula below in
-            # float32 (checked by tests/test_latency_paths.py); in half precision it is not.
+            # float32 (checked by tests/engine/test_latency_paths.py); in half precision it is not.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()

@@ -1,5 +1,5 @@
 """Make tests/data/ggml/: tiny GGUF models in K-quant and IQ4_XS formats, quantized by llama.cpp's
-own quantizer (llama_model_quantize), from the F32 tiny models of tests/ggml_models.py.
+own quantizer (llama_model_quantize), from the F32 tiny models of tests/helpers/ggml_models.py.
 
 Run by hand (not by the tests), from the repository root:
 
@@ -8,7 +8,7 @@ Run by hand (not by the tests), from the repository root:
 with llama-cpp-python 0.3.36 (built from its sdist, llama_cpp_python-0.3.36.tar.gz, CPU only)
 installed in /tmp/work/lcp-site (diskcache, which `import llama_cpp` needs, in /tmp/gg/extra).
 That is the command that made the committed files. The F32 sources (seed 0) are written to a
-temporary folder and not kept; tests/ggml_models.py writes them again on demand.
+temporary folder and not kept; tests/helpers/ggml_models.py writes them again on demand.
 
 Files: tiny-llama-{Q4_K_M,Q5_K_M,Q6_K,Q3_K_M,Q2_K,IQ4_XS,IQ4_NL}.gguf and tiny-qwen2-Q4_K_M.gguf.
 A file type llama.cpp refuses (the IQ types that need an importance matrix) is skipped with a

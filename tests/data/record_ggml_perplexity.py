@@ -1,5 +1,5 @@
 """Record llama.cpp's perplexity on each committed tiny GGUF (tests/data/ggml/*.gguf) over a fixed
-token sequence, in tests/data/ggml/llamacpp_perplexity.json, for tests/test_ggml_perplexity.py
+token sequence, in tests/data/ggml/llamacpp_perplexity.json, for tests/quant/test_ggml_perplexity.py
 (which compares ours with it and cannot run llama.cpp itself).
 
 Run by hand (not by the tests), from the repository root:
@@ -10,7 +10,7 @@ with llama-cpp-python 0.3.36 (see tests/data/make_ggml_models.py for how it was 
 
 Tokens (`token_ids()`): N_TOKENS ids drawn uniformly, with replacement, by
 torch.Generator().manual_seed(SEED) (torch.randint) from the NORMAL tokens of the tiny vocabulary
-(tests/ggml_models.py vocabulary(): the 256 byte tokens and the merges; no control or unused
+(tests/helpers/ggml_models.py vocabulary(): the 256 byte tokens and the merges; no control or unused
 token), in id order. The ids are stored in the JSON too, and the test uses the stored ones.
 
 Perplexity: llama.cpp evaluates the ids in one context (Llama(logits_all=True), eval), then
@@ -84,7 +84,7 @@ def main() -> None:
         "tokens": {"seed": SEED, "n": N_TOKENS,
                    "rule": "torch.randint(len(normal), (n,), generator=torch.Generator()"
                            ".manual_seed(seed)) indexing the NORMAL token ids of "
-                           "tests/ggml_models.py vocabulary() in id order (no control or unused "
+                           "tests/helpers/ggml_models.py vocabulary() in id order (no control or unused "
                            "token)",
                    "ids": ids},
         "perplexity": perplexities,
