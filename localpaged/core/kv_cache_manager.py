@@ -17,7 +17,7 @@ Invariants:
   (core.sliding_window): it holds nothing and is skipped by ref counts, swaps and the cache.
 `check()` verifies these invariants (and the pool's) on demand: tests call it, and the engine runs
 it after every step when `EngineConfig.debug_checks` is set.
-See docs/architecture.md §3 (invariants) and §4 step 2 (admission, allocation).
+See docs/architecture.md §2 (invariants) and §5 step 2 (admission, allocation).
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ class KVCacheManager:
                  group: int = 0) -> None:
         self.block_size = block_size
         self.group = group           # the KV-cache group whose tensors this manager's BlockOps move
+        self.windows: tuple[int, ...] = (0,)              # one group, full attention
         # keep each table's blocks back to back where a free block allows (BlockPool.allocate_next):
         # the CPU batch-1 decode reads one run of blocks in place and joins several by a copy
         self.keep_runs = keep_runs
@@ -382,6 +383,17 @@ class KVCacheManager:
     # ---- introspection ------------------------------------------------------------------------
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, [])]
+
+    def group_block_ids(self, group: int, seq: Sequence) -> list[int]:
+        """Group `group`'s block table of seq: this manager's own (it is its only group)."""
+        if group != 0:
+            raise IndexError(f"group {group} of a manager of one group")
+        return self.block_ids(seq)
+
+    @property
+    def groups(self) -> list[KVCacheManager]:
+        """The managers of the KV-cache groups: this one alone."""
+        return [self]
 
     def live_block_ids(self, seq: Sequence) -> list[int]:
         """The blocks seq holds (NULL entries left out): for a map of held blocks."""

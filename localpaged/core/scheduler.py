@@ -5,7 +5,7 @@ A background group never delays an interactive group by a step: interactive grou
 scheduled as if no background work existed (its blocks and batch slots are taken back when
 needed; only what the prefix cache holds can differ), and background work only adds its share
 to a batch: the leftover budget, at most one token per sequence while interactive work prefills
-(tests/test_priority.py checks this step by step; bench/background.py measures the time). With
+(tests/engine/test_priority.py checks this step by step; bench/background.py measures the time). With
 `background_shares_batch=False` (EngineConfig.background_batch "idle", the default on CPUs, where
 each batch row costs about as much as a lone request), background work only runs in steps that
 schedule no interactive work: on idle capacity. A background request with the prompt of an
@@ -36,7 +36,7 @@ Prefills and decodes share a step; the model runner receives one flat batch.
    cache, applies forks and frees (parallel samples, beam search) and frees every group that
    finished. Every way a request ends (stop, length, abort, out of memory, beam search done)
    goes through it.
-See docs/architecture.md §4 (the life of a request, steps 2 and 6).
+See docs/architecture.md §5 (the life of a request, steps 2 and 6).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from localpaged.core.block_pool import BlockOp
 from localpaged.core.config import PREEMPTION_MODES, check_choice
-from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.block_manager import BlockManager
 from localpaged.core.request import GroupStatus, Sequence, SequenceGroup
 from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
 
@@ -99,7 +99,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
                  preemption_mode: str = "recompute", background_shares_batch: bool = True) -> None:
         check_choice("preemption_mode", preemption_mode, PREEMPTION_MODES)
         self.block_manager = block_manager

@@ -42,6 +42,7 @@ class SlidingWindowManager(KVCacheManager):
             raise ValueError(f"window must be >= 1, got {window}")
         super().__init__(num_blocks, block_size, **kwargs)
         self.window = window
+        self.windows = (window,)
 
     def num_dead(self, num_computed: int) -> int:
         return num_dead_blocks(num_computed, self.window, self.block_size)

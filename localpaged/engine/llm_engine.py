@@ -7,14 +7,15 @@ detokenizes and applies stop rules. What that decided (forks, frees, finished gr
 abort and the out-of-memory path finish groups through the same update. The engine is single-threaded;
 `async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
 
-Names: `block_manager` is the KVCacheManager (block tables, in block ids), or for a model with
-sliding-window layers the HybridKVCacheManager (one per KV-cache group, engine.kv_sizing sizing
-each group's pool); `kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends
-with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram | draft) overrides
+Names: `block_manager` is a core.block_manager.BlockManager (block tables, in block ids): the
+KVCacheManager, or for a model with sliding-window layers the HybridKVCacheManager (one per
+KV-cache group, engine.kv_sizing sizing each group's pool); only this constructor names either.
+`kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env
+LOCALPAGED_DEBUG_CHECKS=1) every step ends with `check_invariants()`; env LOCALPAGED_SPECULATION (off | ngram | draft) overrides
 `EngineConfig.speculation` for every engine of the process, and LOCALPAGED_DRAFT_MODEL its
 `draft_model` ("self": each engine's own model, where its layers all attend fully; to run a
 test suite with draft-model speculation).
-See docs/architecture.md §4 (the life of a request, from make_group to the output).
+See docs/architecture.md §5 (the life of a request, from make_group to the output).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 
 import torch
 
+from localpaged.core.block_manager import BlockManager
 from localpaged.core.config import SPECULATION, EngineConfig, check_choice
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
@@ -85,6 +87,7 @@ class LLMEngine:
                                 mc.num_key_value_heads, self.model.head_dim, self.kv_cache_dtype,
                                 self.device, num_cpu_blocks, groups.layer_group)
         keep_runs = self.device.type == "cpu"
+        self.block_manager: BlockManager
         if groups.windows == (0,):        # one full-attention group: the plain manager
             self.block_manager = KVCacheManager(num_blocks[0], config.block_size,
                                                 config.enable_prefix_caching, num_cpu_blocks[0],
@@ -386,13 +389,13 @@ class LLMEngine:
             draft_tokens=self.drafter.drafted if self.drafter else 0,
             accepted_draft_tokens=self.drafter.accepted if self.drafter else 0,
             kv_groups=self._group_stats(running),
-            prefix_cache_disk_hits=getattr(kv, "prefix_cache_disk_hits", 0),
+            prefix_cache_disk_hits=kv.prefix_cache_disk_hits,
             kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None)
 
     def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
         """Per KV-cache group, for a model with windows (empty without: the fields above)."""
         kv = self.block_manager
-        if not isinstance(kv, HybridKVCacheManager):
+        if kv.windows == (0,):
             return ()
         return tuple(KVGroupStats(
             window=w, num_layers=len(self.model.kv_groups.layers(g.group)),

@@ -5,7 +5,7 @@ Per step it builds, from the scheduler's output: token ids and positions of ever
 carries out the block moves the scheduler decided (swap out, copy-on-write, swap in) before the
 forward pass, in the order the KV cache manager decided them (a copy-on-write of a block that was
 just swapped in must follow the swap-in; a swap-out must follow the copies into its blocks).
-See docs/architecture.md §4 steps 3-4 (prepare: slot mapping, block tables; forward).
+See docs/architecture.md §5 steps 3-4 (prepare: slot mapping, block tables; forward).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.block_manager import BlockManager
 from localpaged.core.request import Sequence
 from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
 from localpaged.kernels.reference import decode_runs, window_start
@@ -72,7 +71,7 @@ def phase_of(timings: StepTimings | None):
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache,
-                 block_manager: KVCacheManager | HybridKVCacheManager,
+                 block_manager: BlockManager,
                  backend: PagedAttention, graphs: DecodeGraphRunner | None = None,
                  batch1: Batch1Decoder | None = None) -> None:
         self.model = model
@@ -84,7 +83,7 @@ class ModelRunner:
         self.device = kv_cache.device
         # None: one full-attention group (one AttentionMetadata a step); else each KV-cache
         # group's window, one AttentionMetadata per group (core.hybrid_kv_cache_manager)
-        self.windows = getattr(block_manager, "windows", None)
+        self.windows = None if block_manager.windows == (0,) else block_manager.windows
 
     @torch.inference_mode()
     def execute(self, out: SchedulerOutput, timings: StepTimings | None = None
