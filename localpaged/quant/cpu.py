@@ -1,9 +1,11 @@
-"""Packed weights in the form torch's CPU weight-only kernels read, and the choice of that form.
+"""Packed weights in the form torch's CPU weight-only kernels read, and the choice of that form
+(made by PackedWeight.cpu_form, quant/layout.py).
 
 torch's `aten._weight_int4pack_mm_for_cpu` and `aten._weight_int8pack_mm` take bf16
 activations (with float32 ones they are many times slower): activations are cast to bf16 first.
 One kernel serves every batch size, decode and prefill chunks alike, so a row's value does not
-depend on what else is in the batch (docs/architecture.md §9 has the measured speeds).
+depend on what else is in the batch (docs/benchmarks.md, 'Quantized weights', has the
+measured speeds).
 
 The forms:
 - int4 where the CPU extension is built with AVX-512 BF16 (N divisible by 32, group a multiple
@@ -23,16 +25,13 @@ from typing import ClassVar
 
 import torch
 
-from localpaged.quant import cpu_tiles
-from localpaged.quant.cpu_tiles import CpuInt4Tiles
-from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int8
-from localpaged.quant.memory import trim_heap
+from localpaged.quant.weight import Batch1Code, Batch1Layout, WeightDefaults
 
 INT4_N_MULTIPLE = 16          # _convert_weight_to_int4pack_for_cpu needs N % 16 == 0
 
 
 @dataclass
-class CpuInt4Weight:
+class CpuInt4Weight(WeightDefaults):
     group_size: int
     packed: torch.Tensor          # uint8 [N, K // 2] in torch's CPU layout (opaque)
     scales_zeros: torch.Tensor    # bf16 [K // G, N, 2]: w = (q - 8) * scale + zero
@@ -41,7 +40,8 @@ class CpuInt4Weight:
     per_channel: ClassVar[bool] = False
 
     @classmethod
-    def from_packed(cls, pw: PackedWeight) -> CpuInt4Weight:
+    def from_packed(cls, pw) -> CpuInt4Weight:
+        """From a canonical int4 PackedWeight (quant/layout.py, which builds on this module)."""
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(pw.int_values().to(torch.int32), 1)
         scales = pw.scales.float()
         zeros = pw.mins.float() + 8 * scales
@@ -62,33 +62,10 @@ class CpuInt4Weight:
             x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros)
         return y.to(x.dtype)
 
+    def batch1_layout(self) -> Batch1Layout:
+        return [Batch1Code.INT4_TORCH, self.group_size], [self.packed, self.scales_zeros]
+
     def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
         """w [N, K] as the kernel sees it (bf16 values), read back through the kernel itself."""
         w = self.matmul(torch.eye(self.shape[1], dtype=torch.bfloat16)).t()
         return (w if rows is None else w.index_select(0, rows)).to(dtype)
-
-
-def _per_channel_int8(pw: PackedWeight, chunk_weights: int = 1 << 20) -> PackedWeight:
-    """Group-wise int8 requantized per output channel, a chunk of rows at a time: a row's scale
-    depends on that row alone, so the chunks give what the whole would, and loading peaks at one
-    chunk in float32 (16 MB), not a whole embedding table and quantize_int8's temporaries."""
-    N, K = pw.shape
-    step = max(1, chunk_weights // K)
-    parts = []
-    for i in range(0, N, step):
-        parts.append(quantize_int8(pw.dequantize(torch.float32, torch.arange(i, min(i + step, N)))))
-        trim_heap()
-    return parts[0] if len(parts) == 1 else cat_rows(parts)
-
-
-def for_cpu(pw: PackedWeight) -> PackedWeight | CpuInt4Weight | CpuInt4Tiles:
-    """The form of `pw` the CPU kernels read fastest (see the module docstring)."""
-    if pw.bits == 4 and cpu_tiles.fits(pw) and cpu_tiles.available():
-        return CpuInt4Tiles.from_packed(pw)
-    if pw.bits == 4 and pw.shape[0] % INT4_N_MULTIPLE == 0:
-        return CpuInt4Weight.from_packed(pw)
-    if pw.bits == 8 and not (pw.per_channel and pw.scales.dtype == torch.bfloat16):  # idempotent
-        pw = pw if pw.per_channel else _per_channel_int8(pw)
-        # bf16-representable by construction (quantize_int8): the op's bf16 scales, cast once
-        return PackedWeight(8, pw.group_size, pw.qweight, pw.scales.to(torch.bfloat16), None, pw.shape)
-    return pw

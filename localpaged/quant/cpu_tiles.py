@@ -17,13 +17,13 @@ from typing import ClassVar
 import torch
 
 from localpaged.kernels import cpu_extension, cpu_int4_layout
-from localpaged.quant.layout import PackedWeight
+from localpaged.quant.weight import Batch1Code, Batch1Layout, WeightDefaults
 
 _ROWS_PER_PACK = 4096                # rows packed at a time: bounded temporaries at load
 
 
-def fits(pw: PackedWeight) -> bool:
-    """Whether the kernel takes this int4 weight's shape and group size."""
+def fits(pw) -> bool:
+    """Whether the kernel takes this int4 PackedWeight's shape and group size."""
     return pw.bits == 4 and cpu_int4_layout.fits(*pw.shape, pw.group_size)
 
 
@@ -35,7 +35,7 @@ def available() -> bool:
 
 
 @dataclass
-class CpuInt4Tiles:
+class CpuInt4Tiles(WeightDefaults):
     group_size: int
     packed: torch.Tensor          # int32 [N / 32, K / 8, 2, 16]
     scales: torch.Tensor          # float16 [K / G, N]
@@ -45,7 +45,8 @@ class CpuInt4Tiles:
     per_channel: ClassVar[bool] = False
 
     @classmethod
-    def from_packed(cls, pw: PackedWeight) -> CpuInt4Tiles:
+    def from_packed(cls, pw) -> CpuInt4Tiles:
+        """From a canonical int4 PackedWeight (quant/layout.py, which builds on this module)."""
         N = pw.shape[0]
         parts = [cpu_int4_layout.pack(pw.int_values(torch.arange(i, min(i + _ROWS_PER_PACK, N))))
                  for i in range(0, N, _ROWS_PER_PACK)]
@@ -65,6 +66,9 @@ class CpuInt4Tiles:
         y = cpu_extension.BUILD.module.int4_matmul(x.float(), self.packed, self.scales, self.mins,
                                                    self.group_size)
         return y.to(x.dtype)
+
+    def batch1_layout(self) -> Batch1Layout:
+        return [Batch1Code.INT4_TILES, self.group_size], [self.packed, self.scales, self.mins]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
         """w [N, K] as the kernel sees it, read back through the kernel itself."""

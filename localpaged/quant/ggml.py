@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from localpaged.kernels import cpu_extension, ggml_reference
 from localpaged.quant.memory import mapped_bytes
+from localpaged.quant.weight import Batch1Code, Batch1Layout, QuantWeight, WeightDefaults
 
 FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmul (bounds memory)
 X8_FLAG = 1 << 8                # added to the type number of a weight in the x8 layout (cpu_ggml.cpp)
@@ -66,7 +67,7 @@ def cpu_native() -> NativeKernel | None:
 
 
 @dataclass
-class GgmlWeight:
+class GgmlWeight(WeightDefaults):
     kind: str                      # a key of ggml_reference.FORMATS
     data: torch.Tensor             # uint8 [N, row_bytes]
     shape: tuple[int, int]         # logical (N, K)
@@ -98,9 +99,13 @@ class GgmlWeight:
     def format(self) -> str:
         return self.kind
 
-    def formats(self) -> dict[str, int]:
-        """Weights per format (for the engine's summary)."""
-        return {self.kind: self.shape[0] * self.shape[1]}
+    @property
+    def on_extension(self) -> bool:
+        """Multiplied by the CPU extension's own kernel: the one the C++ batch-1 loop calls."""
+        return self.native is not None and self.native.in_extension
+
+    def batch1_layout(self) -> Batch1Layout | None:
+        return ([Batch1Code.GGML, self.type_id], [self.data]) if self.on_extension else None
 
     def to(self, device: torch.device) -> GgmlWeight:
         """On `device`, keeping the kernel when it was made for that device type."""
@@ -154,7 +159,7 @@ class GgmlWeight:
 @dataclass
 class PartsWeight:
     """Weights stacked along N, each kept in its own form: y = [x @ p.T for p in parts]."""
-    parts: list
+    parts: list[QuantWeight]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -176,6 +181,23 @@ class PartsWeight:
 
     def to(self, device: torch.device) -> PartsWeight:
         return PartsWeight([p.to(device) for p in self.parts])
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p.matmul(x) for p in self.parts], dim=-1)
+
+    def linear_form(self) -> PartsWeight:
+        return PartsWeight([p.linear_form() for p in self.parts])
+
+    def embedding_form(self) -> PartsWeight:
+        return self
+
+    def batch1_layout(self) -> Batch1Layout | None:
+        """Parts all GGML blocks on the extension's kernel: one code for the whole."""
+        layouts = [p.batch1_layout() for p in self.parts]
+        if any(lay is None or lay[0][0] != Batch1Code.GGML for lay in layouts):
+            return None
+        types = torch.tensor([lay[0][1] for lay in layouts], dtype=torch.int64)
+        return [Batch1Code.GGML_PARTS, len(self.parts)], [types, *(lay[1][0] for lay in layouts)]
 
     def dequantize(self, dtype: torch.dtype = torch.float32, rows: torch.Tensor | None = None) -> torch.Tensor:
         w = torch.cat([p.dequantize(dtype) for p in self.parts])

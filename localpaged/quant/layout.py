@@ -17,12 +17,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from localpaged.quant import cpu_tiles
+from localpaged.quant.cpu import INT4_N_MULTIPLE, CpuInt4Weight
+from localpaged.quant.cpu_tiles import CpuInt4Tiles
+from localpaged.quant.memory import trim_heap
+from localpaged.quant.weight import QuantWeight, WeightDefaults
 
 INT4_GROUP_SIZES = (32, 64, 128)
 
 
+def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
+    """The Triton weight-only kernel (kernels/triton_quant_matmul.py) on pw's canonical tensors;
+    imported on first use, so a CPU-only start never imports triton for it."""
+    from localpaged.kernels.triton_quant_matmul import quant_matmul
+    return quant_matmul(x, pw.qweight, pw.scales, pw.mins, pw.group_size, pw.bits)
+
+
 @dataclass
-class PackedWeight:
+class PackedWeight(WeightDefaults):
     bits: int                      # 8 or 4
     group_size: int                # int8: K (per channel); int4: 32, 64 or 128
     qweight: torch.Tensor
@@ -54,6 +68,40 @@ class PackedWeight:
     @property
     def format(self) -> str:
         return f"int{self.bits}" if self.per_channel else f"int{self.bits} g{self.group_size}"
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] -> [M, N] in x.dtype: Triton on CUDA (int4, per-channel int8), torch's
+        int8 op for per-channel int8 on CPU, else dequantize then F.linear."""
+        if x.is_cuda and (self.bits == 4 or self.per_channel):
+            return triton_linear(x, self)
+        if self.per_channel:
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), self.qweight,
+                                                    self.scales.to(torch.bfloat16))
+            return y.to(x.dtype)
+        return F.linear(x, self.dequantize(x.dtype))
+
+    def linear_form(self) -> QuantWeight:
+        """On CPU, the form its kernels read fastest (quant/cpu.py says which and why);
+        elsewhere this one."""
+        return self.cpu_form() if self.qweight.device.type == "cpu" else self
+
+    def embedding_form(self) -> QuantWeight:
+        """Row gathers need the canonical layout: only int8 takes its CPU form (shared with a
+        tied lm_head)."""
+        return self.cpu_form() if self.bits == 8 and self.qweight.device.type == "cpu" else self
+
+    def cpu_form(self) -> QuantWeight:
+        """The form of this weight the CPU kernels read fastest (quant/cpu.py)."""
+        if self.bits == 4 and cpu_tiles.fits(self) and cpu_tiles.available():
+            return CpuInt4Tiles.from_packed(self)
+        if self.bits == 4 and self.shape[0] % INT4_N_MULTIPLE == 0:
+            return CpuInt4Weight.from_packed(self)
+        if self.bits == 8 and not (self.per_channel and self.scales.dtype == torch.bfloat16):
+            pw = self if self.per_channel else per_channel_int8(self)      # idempotent
+            # bf16-representable by construction (quantize_int8): the op's bf16 scales, cast once
+            return PackedWeight(8, pw.group_size, pw.qweight, pw.scales.to(torch.bfloat16), None,
+                                pw.shape)
+        return self
 
     def to(self, device: torch.device) -> PackedWeight:
         move = (lambda t: None if t is None else t.to(device))
@@ -134,3 +182,16 @@ def quantize_int4(w: torch.Tensor, group_size: int = 32, scale_dtype: torch.dtyp
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """uint8 values 0..15 [N, K] -> canonical bytes [N, K // 2] (even k low nibble)."""
     return (q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8)
+
+
+def per_channel_int8(pw: PackedWeight, chunk_weights: int = 1 << 20) -> PackedWeight:
+    """Group-wise int8 requantized per output channel, a chunk of rows at a time: a row's scale
+    depends on that row alone, so the chunks give what the whole would, and loading peaks at one
+    chunk in float32 (16 MB), not a whole embedding table and quantize_int8's temporaries."""
+    N, K = pw.shape
+    step = max(1, chunk_weights // K)
+    parts = []
+    for i in range(0, N, step):
+        parts.append(quantize_int8(pw.dequantize(torch.float32, torch.arange(i, min(i + step, N)))))
+        trim_heap()
+    return parts[0] if len(parts) == 1 else cat_rows(parts)

@@ -1,6 +1,6 @@
 """Quantized Linear / Embedding modules and the CPU kernel choice by shape.
 
-The modules hold a `PackedWeight` as a plain attribute (not a parameter or buffer), so the
+The modules hold a weight (quant/weight.py: QuantWeight) as a plain attribute (not a parameter or buffer), so the
 loader's `to_empty()` / `.to(dtype)` on the rest of the model never touch or copy it.
 
 Kernel choice:
@@ -12,55 +12,23 @@ Kernel choice:
   `aten._weight_int8pack_mm`, both with bf16 activations, for every batch size (one kernel per
   weight, so a row's value does not depend on the batch). What those ops cannot take (int4 with N
   not divisible by 16) dequantizes, then `F.linear`.
-- GGML block formats (quant/ggml.py: GgmlWeight) multiply themselves: the CPU extension's
-  integer kernel, else dequantize-then-matmul; a PartsWeight (parts in different forms) is one
-  call per part.
+- GGML block formats (quant/ggml.py: GgmlWeight): the CPU extension's integer kernel, else
+  dequantize-then-matmul; a PartsWeight (parts in different forms) is one call per part.
 - Embeddings gather rows of the canonical PackedWeight (or GgmlWeight) and dequantize only those.
+Each weight form makes that choice itself, through the contract of quant/weight.py: the modules
+here call `matmul`, `dequantize`, `linear_form` and `embedding_form` and ask no form its kind.
 """
 
 from __future__ import annotations
 
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from localpaged.quant.cpu import CpuInt4Weight, for_cpu
-from localpaged.quant.cpu_tiles import CpuInt4Tiles
-from localpaged.quant.ggml import GgmlWeight, PartsWeight
-from localpaged.quant.layout import PackedWeight
-
-
-def triton_linear(x: torch.Tensor, pw: PackedWeight) -> torch.Tensor:
-    """The Triton weight-only kernel (kernels/triton_quant_matmul.py) on pw's canonical tensors;
-    imported on first use, so a CPU-only start never imports triton for it."""
-    from localpaged.kernels.triton_quant_matmul import quant_matmul
-    return quant_matmul(x, pw.qweight, pw.scales, pw.mins, pw.group_size, pw.bits)
-
-
-CPU_INT4 = (CpuInt4Weight, CpuInt4Tiles)
-OWN_MATMUL = (*CPU_INT4, GgmlWeight)       # forms that multiply themselves
-WEIGHT_FORMS = (PackedWeight, *OWN_MATMUL, PartsWeight)
-Weight = PackedWeight | CpuInt4Weight | CpuInt4Tiles | GgmlWeight | PartsWeight
-
-
-def quant_linear(x: torch.Tensor, pw: Weight) -> torch.Tensor:
-    """x [M, K] -> [M, N] in x.dtype."""
-    if isinstance(pw, OWN_MATMUL):
-        return pw.matmul(x)
-    if isinstance(pw, PartsWeight):
-        return torch.cat([quant_linear(x, p) for p in pw.parts], dim=-1)
-    if x.is_cuda and (pw.bits == 4 or pw.per_channel):
-        return triton_linear(x, pw)
-    if pw.per_channel:
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), pw.qweight,
-                                                pw.scales.to(torch.bfloat16))
-        return y.to(x.dtype)
-    return F.linear(x, pw.dequantize(x.dtype))
+from localpaged.quant.weight import QuantWeight
 
 
 class QuantLinear(nn.Module):
-    def __init__(self, packed: Weight, bias: nn.Parameter | None) -> None:
+    def __init__(self, packed: QuantWeight, bias: nn.Parameter | None) -> None:
         super().__init__()
         self.packed = packed                      # plain attribute: never re-materialized
         self.in_features, self.out_features = packed.shape[1], packed.shape[0]
@@ -68,7 +36,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])   # the engine's [T, hidden]
-        y = quant_linear(flat, self.packed)
+        y = self.packed.matmul(flat)
         if self.bias is not None:
             y = y + self.bias
         return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
@@ -80,7 +48,7 @@ class QuantLinear(nn.Module):
 class QuantEmbedding(nn.Module):
     """Rows gathered from the packed table, then dequantized: only the looked-up rows."""
 
-    def __init__(self, packed: PackedWeight, dtype: torch.dtype) -> None:
+    def __init__(self, packed: QuantWeight, dtype: torch.dtype) -> None:
         super().__init__()
         self.packed = packed
         self.dtype = dtype
@@ -93,7 +61,7 @@ class QuantEmbedding(nn.Module):
 LINEAR_NAMES = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
 
-def install(model: nn.Module, packed: dict[str, Weight], dtype: torch.dtype) -> None:
+def install(model: nn.Module, packed: dict[str, QuantWeight], dtype: torch.dtype) -> None:
     """Swap the model's Linear/Embedding modules for quantized ones, by weight name.
 
     Called on the meta-device model before its other weights are materialized; a bias (Qwen2)
@@ -110,36 +78,14 @@ def install(model: nn.Module, packed: dict[str, Weight], dtype: torch.dtype) -> 
             raise ValueError(f"{name} ({pw.format}): shape {'x'.join(map(str, pw.shape))} does "
                              f"not match the model's {want[0]}x{want[1]}")
         if embedding:
-            new = QuantEmbedding(_embedding_form(pw), dtype)
+            new = QuantEmbedding(pw.embedding_form(), dtype)
         else:
-            new = QuantLinear(_linear_form(pw), old.bias)
+            new = QuantLinear(pw.linear_form(), old.bias)
         setattr(parent, attr, new)
     embed = model.model.embed_tokens
     if model.config.tie_word_embeddings and isinstance(embed, QuantEmbedding):
         # tied: one packed table read twice, unless the matmul needs its own form (CPU int4)
-        model.lm_head = QuantLinear(_linear_form(embed.packed), None)
-
-
-def _linear_form(pw: Weight) -> Weight:
-    if isinstance(pw, PartsWeight):
-        return PartsWeight([_linear_form(p) for p in pw.parts])
-    if isinstance(pw, GgmlWeight):
-        return pw                        # the file's own form on every device
-    return for_cpu(pw) if pw.qweight.device.type == "cpu" else pw
-
-
-def _embedding_form(pw: Weight) -> Weight:
-    """Row gathers need the canonical layout: only int8 takes its CPU form (shared with a tied
-    lm_head); GGML rows are dequantized as they are."""
-    if isinstance(pw, PackedWeight) and pw.bits == 8 and pw.qweight.device.type == "cpu":
-        return for_cpu(pw)
-    return pw
-
-
-def _formats(pw: Weight) -> dict[str, int]:
-    if isinstance(pw, (GgmlWeight, PartsWeight)):
-        return pw.formats()
-    return {pw.format: pw.shape[0] * pw.shape[1]}
+        model.lm_head = QuantLinear(embed.packed.linear_form(), None)
 
 
 def weights_summary(model: nn.Module) -> tuple[int, str]:
@@ -148,10 +94,10 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
     total, formats = 0, {}
     for module in model.modules():
         pw = getattr(module, "packed", None)
-        if isinstance(pw, WEIGHT_FORMS) and id(pw) not in seen:
+        if isinstance(pw, QuantWeight) and id(pw) not in seen:
             seen.add(id(pw))
             total += pw.nbytes
-            for name, count in _formats(pw).items():
+            for name, count in pw.formats().items():
                 formats[name] = formats.get(name, 0) + count
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in seen:

@@ -9,8 +9,8 @@ sequence's token) takes it as well: the interpreter's share of a step is the sam
 At batch 1 a step of a small model spends much of its time in the interpreter between ~40 small
 ATen calls per layer. The loop over the decoder layers (kernels/batch1_cpu.cpp) makes the same
 ATen calls, in the same order, with the same arguments as the Python path, so its tokens and
-logprobs are bitwise the Python path's (docs/architecture.md §10 has the measured gain). The
-embedding, rotary table, final norm and logits stay in Python.
+logprobs are bitwise the Python path's (docs/benchmarks.md, 'The CPU paths, piece by piece',
+has the measured gain). The embedding, rotary table, final norm and logits stay in Python.
 
 The loop is part of the CPU extension (kernels/cpu_extension.py), built once per machine in
 the background: steps decode in Python until it is ready, so the first reply never waits for it.
@@ -34,9 +34,8 @@ from localpaged.kernels import cpu_extension, cpu_ops
 from localpaged.models.attention import AttentionMetadata, PagedAttention
 from localpaged.models.linear import Linear
 from localpaged.models.llama import LlamaForCausalLM, split_rope
-from localpaged.quant.cpu_tiles import CpuInt4Tiles
-from localpaged.quant.ggml import GgmlWeight, PartsWeight
-from localpaged.quant.linear import CPU_INT4, QuantLinear
+from localpaged.quant.linear import QuantLinear
+from localpaged.quant.weight import BIAS, Batch1Code, Batch1Layout
 
 
 def _linears(layer) -> tuple:
@@ -44,48 +43,27 @@ def _linears(layer) -> tuple:
             layer.mlp.down_proj)
 
 
-# linear codes of batch1_cpu.cpp (enum Code), and its flag for a QuantLinear's bias
-LINEAR, SPLIT, INT4_TORCH, INT4_TILES, GGML, GGML_PARTS = range(6)
-BIAS = 16
-
-
-def _on_kernel(pw) -> bool:
-    """GGML blocks on the extension's own kernel: the one the C++ loop calls."""
-    return isinstance(pw, GgmlWeight) and pw.native is not None and pw.native.in_extension
-
-
 def _supported(linear) -> bool:
-    """int4 (either CPU form) or GGML blocks on the extension's kernel, with or without a
-    (float32) bias, or a float32 Linear without one."""
+    """A quantized weight the loop computes (its batch1_layout), with or without a (float32)
+    bias, or a float32 Linear without one."""
     if isinstance(linear, QuantLinear):
-        pw = linear.packed
-        fits = isinstance(pw, CPU_INT4) or _on_kernel(pw) or (
-            isinstance(pw, PartsWeight) and all(_on_kernel(p) for p in pw.parts))
-        return fits and (linear.bias is None or linear.bias.dtype == torch.float32)
+        return linear.packed.batch1_layout() is not None and (
+            linear.bias is None or linear.bias.dtype == torch.float32)
     return isinstance(linear, Linear) and linear.bias is None and linear.weight.dtype == torch.float32
 
 
-def _quant_layout(pw) -> tuple[list[int], list[torch.Tensor]]:
-    if isinstance(pw, CpuInt4Tiles):
-        return [INT4_TILES, pw.group_size], [pw.packed, pw.scales, pw.mins]
-    if isinstance(pw, GgmlWeight):
-        return [GGML, pw.type_id], [pw.data]
-    if isinstance(pw, PartsWeight):
-        types = torch.tensor([p.type_id for p in pw.parts], dtype=torch.int64)
-        return [GGML_PARTS, len(pw.parts)], [types, *(p.data for p in pw.parts)]
-    return [INT4_TORCH, pw.group_size], [pw.packed, pw.scales_zeros]
-
-
-def _layout(linear, threads: int) -> tuple[list[int], list[torch.Tensor]]:
+def _layout(linear, threads: int) -> Batch1Layout:
     """How the Python module computes one row, as batch1_cpu.cpp's code (see `linear` there):
     (code, parameter) and the tensors that code reads."""
     if isinstance(linear, QuantLinear):
-        (code, parameter), tensors = _quant_layout(linear.packed)
+        (code, parameter), tensors = linear.packed.batch1_layout()
         if linear.bias is not None:
             return [code | BIAS, parameter], [*tensors, linear.bias]
         return [code, parameter], tensors
     blocks = linear.split_blocks(threads) if threads >= 2 else None
-    return ([LINEAR, 0], [linear.weight]) if blocks is None else ([SPLIT, threads], [blocks, linear.weight])
+    if blocks is None:
+        return [Batch1Code.LINEAR, 0], [linear.weight]
+    return [Batch1Code.SPLIT, threads], [blocks, linear.weight]
 
 
 class Batch1Decoder:

@@ -291,7 +291,8 @@ def _check_model_files(source: ModelSource, config: PretrainedConfig) -> None:
 
 def _use_cpu_kernels(model: Model) -> None:
     """RMSNorm in the CPU extension where it is built (cached) now; chosen once per load, like the
-    int4 form (quant/cpu.py: for_cpu), so a model never switches kernels while it serves."""
+    int4 form (quant/layout.py: PackedWeight.cpu_form), so a model never switches kernels while
+    it serves."""
     module = cpu_extension.BUILD.module_if_cached()
     if module is not None:
         model.use_norm_kernel(module.rms_norm)
