@@ -4,7 +4,8 @@ Without CUDA, Triton kernels can only run under the interpreter, and whether a k
 interpreted is fixed when triton and the kernel modules are imported (``@triton.jit`` reads
 TRITON_INTERPRET then). So set it here, before any test module imports triton. An explicit
 setting wins. The cache of converted GGUF configs and tokenizers (runner/gguf_meta.py) is a
-fresh folder per test session (inherited by the processes tests start), never the user's.
+fresh folder per test session (inherited by the processes tests start), never the user's. Every
+test starts from seeded generators, and hypothesis draws derandomized examples.
 """
 
 import os
@@ -18,17 +19,35 @@ os.environ.setdefault("LOCALPAGED_CACHE_DIR", tempfile.mkdtemp(prefix="localpage
 
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Property tests draw the same examples on every run and machine, and keep no example database:
+# a failure in CI is the failure a developer reproduces.
+settings.register_profile("localpaged", derandomize=True, database=None, print_blob=True)
+settings.load_profile("localpaged")
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    """torch's, Python's and numpy's default generators start from one seed in every test, so a
+    draw a test leaves unseeded is the same draw on every run (and alone or in the suite)."""
+    import random
+
+    import numpy as np
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
 
 
 @pytest.fixture(scope="session")
 def tiny_root(tmp_path_factory):
-    """A session-wide folder of tiny random HF models (see tests/tiny_models.py)."""
+    """A session-wide folder of tiny random HF models (see tests/helpers/tiny_models.py)."""
     return str(tmp_path_factory.mktemp("tiny-models"))
 
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_root):
-    import tiny_models
+    from helpers import tiny_models
     return tiny_models.build("llama-gqa", tiny_root)
 
 
