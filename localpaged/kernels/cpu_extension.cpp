@@ -28,6 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("ggml_interleaved_types", &ggml_interleaved_types);
   m.def("ggml_interleaved_flag", &ggml_interleaved_flag);
+  m.def("ggml_type_table", &ggml_type_table);
   m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,

@@ -630,3 +630,9 @@ std::vector<int64_t> ggml_interleaved_types() {
 }
 
 int64_t ggml_interleaved_flag() { return kInterleaved; }
+
+std::vector<int64_t> ggml_type_table() {
+  std::vector<int64_t> table;
+  for (const TypeInfo& t : kTypes) table.insert(table.end(), {t.id, t.elems, t.bytes});
+  return table;
+}

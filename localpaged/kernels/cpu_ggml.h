@@ -25,6 +25,10 @@ std::vector<int64_t> ggml_interleaved_types();
 // The flag added to a type number for weights in the x8 layout.
 int64_t ggml_interleaved_flag();
 
+// This build's table of GGML types, (type number, elements, bytes) per block, flattened: the
+// Python side's ggml_reference.FORMATS must agree (tests/kernels/test_ggml_types.py).
+std::vector<int64_t> ggml_type_table();
+
 // Which kernels this build runs: "avx2" (AVX2 + FMA + F16C), else "scalar" (plain C++).
 std::string ggml_kernel_path();
 

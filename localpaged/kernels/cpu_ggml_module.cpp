@@ -15,4 +15,5 @@ TORCH_LIBRARY(TORCH_EXTENSION_NAME, m) {
   m.def("ggml_interleave", &ggml_interleave);
   m.def("ggml_interleaved_types", &ggml_interleaved_types);
   m.def("ggml_interleaved_flag", &ggml_interleaved_flag);
+  m.def("ggml_type_table", &ggml_type_table);
 }

@@ -33,10 +33,14 @@ SUPPORTED = frozenset(f.type_id for f in FORMATS.values())
 DOT_MIN_M = 8          # above this many rows of x: tl.dot tiles; at or below: broadcast-and-sum
 CHUNK = 32             # elements per K tile
 
-# GGML type ids, read inside the kernels. Compiled Triton reads a global only when it is a
-# tl.constexpr (the interpreter reads any, so only a GPU run catches a plain int here).
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (tl.constexpr(t) for t in (2, 3, 6, 7, 8))
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = (tl.constexpr(t) for t in (10, 11, 12, 13, 14, 20, 23))
+# GGML type numbers (ggml_reference.FORMATS), read inside the kernels. Compiled Triton reads a
+# global only when it is a tl.constexpr (the interpreter reads any: triton_compile_check.py
+# compiles every format on a machine without a GPU).
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = (tl.constexpr(FORMATS[k].type_id)
+                                for k in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"))
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = (tl.constexpr(FORMATS[k].type_id)
+                                for k in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+IQ4_NL, IQ4_XS = (tl.constexpr(FORMATS[k].type_id) for k in ("IQ4_NL", "IQ4_XS"))
 
 
 @triton.jit
