@@ -33,7 +33,7 @@ import torch
 
 from localpaged import LLM, SamplingParams
 from localpaged.core.sampling_params import BACKGROUND
-from localpaged.engine import output_processor
+from localpaged.engine import step_decisions
 from localpaged.runner import loader
 
 USER_TURNS = ["Hi! Can you explain how a CPU cache works?",
@@ -70,7 +70,7 @@ def run_turn(llm: LLM, prompt: list[int], mode: tuple[int, bool], max_tokens: in
         sibling_tokens_meanwhile = sum(s.num_output_tokens for s in siblings.seqs)
         while not siblings.is_finished:                  # the user reads; not timed
             engine.step()
-    out = output_processor.request_output(group)
+    out = step_decisions.request_output(group)
     m = out.metrics
     decode_time = m.finished_time - m.first_token_time
     return {"ttft_s": m.time_to_first_token, "ttft_steps": first_step,

@@ -25,7 +25,7 @@ import workload  # noqa: E402
 
 from localpaged import LLM, SamplingParams  # noqa: E402
 from localpaged.core.request import BeamParams  # noqa: E402
-from localpaged.engine import output_processor
+from localpaged.engine import step_decisions
 from localpaged.runner import loader
 
 PAPER = {"parallel_sampling_saving": "6.1-30.5%", "beam_saving": "37.6-66.3%",
@@ -52,7 +52,7 @@ def run_ours(llm: LLM, prompts, n: int, max_tokens: int, beams: int = 1) -> dict
             peak = {"held": s.blocks_in_use, "unshared": s.blocks_without_sharing,
                     "tokens": s.tokens_in_use, "slots": s.blocks_in_use * s.block_size}
     seconds = time.perf_counter() - start
-    tokens = sum(len(c.token_ids) for g in groups for c in output_processor.request_output(g).outputs[:1 if beams > 1 else None])
+    tokens = sum(len(c.token_ids) for g in groups for c in step_decisions.request_output(g).outputs[:1 if beams > 1 else None])
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 2),
             "peak_blocks_held": peak["held"], "peak_blocks_without_sharing": peak["unshared"],
             "sharing_saving": round(1 - peak["held"] / max(1, peak["unshared"]), 4),

@@ -26,7 +26,7 @@ _EXPORTS = {
     "create_api": "localpaged.api.routes",
     "check_bind_safety": "localpaged.api.security",
     "resolve_api_key": "localpaged.api.security",
-    "ServedModel": "localpaged.api.served",
+    "ServedModel": "localpaged.api.served_model",
 }
 
 __all__ = list(_EXPORTS)

@@ -25,8 +25,8 @@ from localpaged.api.errors import (
 from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
-from localpaged.api.served import Model, ServedModel, as_served
-from localpaged.api.serving import Generation, SSEResponse, chat_prompt
+from localpaged.api.served_model import Model, ServedModel, as_served
+from localpaged.api.generation import Generation, SSEResponse, chat_prompt
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
 

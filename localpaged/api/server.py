@@ -39,7 +39,7 @@ from localpaged.api.security import (
     require_login_for_bind,
     resolve_password,
 )
-from localpaged.api.served import as_served
+from localpaged.api.served_model import as_served
 from localpaged.engine.async_engine import AsyncEngine
 
 logger = logging.getLogger(__name__)

@@ -68,7 +68,7 @@ def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, blo
 
 
 class DiskTier(Protocol):
-    """Where full blocks outlive the process (runner/kv_disk.py: DiskTier), keyed by chain hash
+    """Where full blocks outlive the process (runner/kv_disk.py: KVDiskTier), keyed by chain hash
     and KV-cache group; `load` returns a block's bytes (opaque here) or None."""
 
     def contains(self, block_hash: bytes, group: int) -> bool: ...

@@ -41,7 +41,7 @@ from localpaged.core.request import (
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.core.speculation import Drafter
-from localpaged.engine import kv_sizing, output_processor
+from localpaged.engine import kv_sizing, step_decisions
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.outputs import (
@@ -57,7 +57,7 @@ from localpaged.quant.linear import weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
 from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
-from localpaged.runner.kv_disk import DiskTier, KVDiskStore, weights_identity
+from localpaged.runner.kv_disk import KVDiskStore, KVDiskTier, weights_identity
 from localpaged.runner.kv_disk import fingerprint as kv_fingerprint
 from localpaged.runner.model_runner import ModelRunner, StepTimings, phase_of
 
@@ -141,7 +141,7 @@ class LLMEngine:
             head_dim=self.model.head_dim, windows=groups.windows,
             layer_group=list(groups.layer_group)), int(c.kv_disk_gb * 2**30))
         if store.usable:
-            self.block_manager.attach_disk(DiskTier(store, self.kv_cache))
+            self.block_manager.attach_disk(KVDiskTier(store, self.kv_cache))
         return store
 
     def _draft_model(self) -> DraftModel | None:
@@ -263,7 +263,7 @@ class LLMEngine:
         for seq in group.unfinished_seqs():
             self._end(seq, "abort", "abort")
         self._update(SchedulerOutput(), StepResult(finished=[group]))
-        return output_processor.request_output(group)
+        return step_decisions.request_output(group)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.groups)
@@ -285,7 +285,7 @@ class LLMEngine:
                 SeqStep(it.group.request_id, it.seq.seq_id, it.num_tokens) for it in out.scheduled)))
         result = StepResult()
         with phase("sample+finish"):
-            touched = output_processor.sample(out, logits, rows, result, self.tokenizer)
+            touched = step_decisions.sample(out, logits, rows, result, self.tokenizer)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -299,7 +299,7 @@ class LLMEngine:
         touched += [it.group for it in out.scheduled
                     if it.group.in_prompt_stage and not it.group.is_finished]
         with phase("outputs"):
-            outputs = [output_processor.request_output(g) for g in dict.fromkeys(touched)]
+            outputs = [step_decisions.request_output(g) for g in dict.fromkeys(touched)]
         if timings is not None:
             timings.steps += 1
         return outputs

@@ -228,7 +228,7 @@ def _remove(path: str) -> None:
         pass
 
 
-class DiskTier:
+class KVDiskTier:
     """The block manager's disk tier (core.kv_cache_manager.DiskTier) over a KVDiskStore and
     the engine's KVCache: `save` copies a block out of the cache now (its last holder is
     freeing it, so nothing writes it before the copy) and queues the copy for writing; `load`

@@ -28,7 +28,7 @@ Shared, at the top: `controller.py` (ChatController, every handler reads and wri
 it composes the features' logic), `turns.py` (Turn, and the TurnRegistry of running turns),
 `values.py` (the only place handler results become Gradio outputs), `render.py` (messages and
 labels as the components show them), `markdown.py` and `math.py` (untrusted text as safe HTML),
-`keyboard.py` (shortcuts, their help, a message queued behind a streaming reply), `queues.py` (concurrency groups), `toasts.py` (user
+`keyboard.py` (shortcuts, their help, a message queued behind a streaming reply), `event_settings.py` (concurrency groups), `toasts.py` (user
 messages), `style.py` (theme and CSS). Views and events import the controller and the shared
 modules; the controller imports the logic it composes; no logic module imports Gradio.
 
@@ -59,7 +59,7 @@ from .engine_panel.view import build_engine_panel
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
 from .models.view import build_header, build_model_panel
-from .queues import QUICK, quiet_progress
+from .event_settings import QUICK, quiet_progress
 from .sidebar.events import SidebarEvents, wire_sidebar
 from .sidebar.view import build_sidebar
 from .style import CSS, THEME
@@ -79,7 +79,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
     tabset = TabSet(ctl)
     with gr.Blocks(title="localpaged", fill_width=True) as demo:
         # First in the page's tree: the page looks every event's progress target up by a
-        # depth-first search from the root on each streamed chunk (queues.py)
+        # depth-first search from the root on each streamed chunk (event_settings.py)
         marker = gr.HTML(visible=False, elem_id="lp-progress")
         slots, current = gr.State([None] * N_SLOTS), gr.State(0)
         header = build_header(models)

@@ -39,7 +39,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from .math import math_rule
+from .math_rule import math_rule
 
 # Elements `render` may emit (`span` only from Pygments and math, `details` and `summary` only
 # for reasoning, `sub` and `div` only from the chat layout: ui/render.py).

@@ -10,7 +10,7 @@ What it mends: Gradio's app loader shows a status tracker while the page loads; 
 tracker runs a requestAnimationFrame loop (its elapsed-time counter), and when the loader goes
 away the loop is not stopped, so the page asks for a frame sixty times a second for as long as
 it is open: ~8% of a core on an idle page (bench/page_cost.py: 9.6% with it, 1.0% without).
-Every event of this app hides its progress (queues.py), so no status tracker's counter is ever
+Every event of this app hides its progress (event_settings.py), so no status tracker's counter is ever
 shown: the script refuses the frames that status trackers ask for (it knows them by their
 module, `statustracker-*.js`, in the caller's stack). Every other frame request is untouched.
 """

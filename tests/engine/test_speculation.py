@@ -1,5 +1,5 @@
 """Speculative decoding with n-gram drafts (core/speculation.py; verification: engine/sampler.py
-verify, engine/output_processor.py; bookkeeping: scheduler and KV cache manager).
+verify, engine/step_decisions.py; bookkeeping: scheduler and KV cache manager).
 
 The gold standard is decoding without speculation: greedy tokens equal token for token (and
 transformers' own greedy output), with every block invariant checked after every step

@@ -28,7 +28,7 @@ from ..edit_preview.events import wire_edit_cost
 from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
-from ..queues import GEN, QUICK, TABS
+from ..event_settings import GEN, QUICK, TABS
 from ..settings.events import wire_presets, wire_settings
 from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet

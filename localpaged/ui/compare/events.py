@@ -12,7 +12,7 @@ import gradio as gr
 
 from .. import markdown, render
 from ..controller import ChatController
-from ..queues import GEN, QUICK
+from ..event_settings import GEN, QUICK
 from ..settings.logic import SAMPLING_KEYS, from_fields
 from ..tabs.events import Page
 from ..toasts import USER_ERRORS, info, warn, why

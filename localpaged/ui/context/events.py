@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from ..controller import ChatController
-from ..queues import GEN, QUICK
+from ..event_settings import GEN, QUICK
 from ..settings.logic import SAMPLING_KEYS
 from ..toasts import USER_ERRORS, warn, why
 from .view import gauge_value

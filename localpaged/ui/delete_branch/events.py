@@ -8,7 +8,7 @@ import gradio as gr
 
 from ..chat.view import ChatTabUI, TabValues, tab_values
 from ..controller import ChatController
-from ..queues import QUICK
+from ..event_settings import QUICK
 from ..tabs.events import Page
 from ..toasts import USER_ERRORS, info, warn, why
 from .view import DeleteBranchUI

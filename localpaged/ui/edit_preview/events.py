@@ -6,7 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..controller import ChatController
-from ..queues import QUICK
+from ..event_settings import QUICK
 from ..toasts import USER_ERRORS
 from .view import cost_text
 

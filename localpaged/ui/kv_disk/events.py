@@ -3,7 +3,7 @@ tabs or the selected tab change (a restore after a restart included), and the cl
 
 from __future__ import annotations
 
-from ..queues import QUICK
+from ..event_settings import QUICK
 from ..toasts import info
 from .logic import KVDiskActions
 from .view import KVDiskUI

@@ -14,7 +14,7 @@ import gradio as gr
 from localpaged.runner.hub_client import HubUnavailable
 
 from ..markdown import literal
-from ..queues import GEN, QUICK
+from ..event_settings import GEN, QUICK
 from ..tabs.events import Page
 from ..toasts import warn
 from .catalog import download_status

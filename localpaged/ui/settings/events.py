@@ -11,7 +11,7 @@ import gradio as gr
 
 from ..chat.view import TabValues
 from ..controller import ChatController
-from ..queues import QUICK
+from ..event_settings import QUICK
 from ..toasts import USER_ERRORS, info, warn, why
 from .logic import PENALTY_KEYS, SAMPLING_KEYS
 

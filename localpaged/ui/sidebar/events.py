@@ -11,7 +11,7 @@ import gradio as gr
 
 from ..markdown import literal
 from ..controller import ChatController
-from ..queues import QUICK, TABS
+from ..event_settings import QUICK, TABS
 from ..tabs.events import Page
 from ..tabs.view import PageValues
 from ..toasts import USER_ERRORS, error, info, warn, why

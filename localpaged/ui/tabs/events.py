@@ -23,7 +23,7 @@ import gradio as gr
 from .. import render
 from ..chat.view import TabValues, tab_update, tab_values
 from ..controller import ChatController
-from ..queues import GEN, QUICK, TABS
+from ..event_settings import GEN, QUICK, TABS
 from ..toasts import info
 from .view import N_SLOTS, PageUI, PageValues
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from localpaged.api.errors import APIError
-from localpaged.api.serving import TokenText
+from localpaged.api.generation import TokenText
 from localpaged.engine.async_engine import AsyncEngine, RequestStream
 
 
