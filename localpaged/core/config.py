@@ -31,6 +31,14 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     return value
 
 
+def background_shares_batch(mode: str, device_type: str) -> bool:
+    """Whether background work rides in the steps of interactive work (background_batch): "auto"
+    shares on CUDA, where an extra batch row is nearly free, and waits for idle steps on CPU,
+    where each row costs about what a lone request does."""
+    check_choice("background_batch", mode, BACKGROUND_BATCH)
+    return mode == "share" or (mode == "auto" and device_type == "cuda")
+
+
 def default(name: str) -> Any:
     """EngineConfig's default for a field (what the CLI and the UI start from)."""
     return next(f.default for f in fields(EngineConfig) if f.name == name)

@@ -28,7 +28,12 @@ import time
 import torch
 
 from localpaged.core.block_manager import BlockManager
-from localpaged.core.config import SPECULATION, EngineConfig, check_choice
+from localpaged.core.config import (
+    SPECULATION,
+    EngineConfig,
+    background_shares_batch,
+    check_choice,
+)
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
 from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.core.request import (
@@ -97,8 +102,7 @@ class LLMEngine:
                                                       config.enable_prefix_caching, num_cpu_blocks,
                                                       keep_runs=keep_runs)
         self.kv_disk = self._attach_disk()
-        shares = config.background_batch == "share" or (config.background_batch == "auto"
-                                                          and self.device.type == "cuda")
+        shares = background_shares_batch(config.background_batch, self.device.type)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
                                    config.max_num_batched_tokens, config.preemption_mode, shares)
         graphs = None if config.enforce_eager or not graphs_ok else startup_check.build_decode_graphs(

@@ -149,13 +149,14 @@ def test_preemption_in_the_middle_of_drafts_loses_nothing(tiny_llama, always_dra
         assert llm.stats().accepted_draft_tokens > 0
 
 
-def test_a_draft_never_preempts_anyone(tiny_llama):
+def test_a_draft_never_preempts_anyone(tiny_llama, always_draft):
     """The fewest blocks that hold the batch without drafts (16 preempt once): speculation
-    preempts nobody either."""
+    preempts nobody either, and it did draft."""
     base_llm, base = run(tiny_llama, PROMPTS, greedy(40), num_kv_blocks=17)
     assert base_llm.stats().num_preemptions == 0
     spec_llm, spec = run(tiny_llama, PROMPTS, greedy(40), num_kv_blocks=17, speculation="ngram")
     assert spec_llm.stats().num_preemptions == 0 and tokens(spec) == tokens(base)
+    assert spec_llm.stats().draft_tokens > 0
 
 
 def test_stops_inside_a_draft_end_where_they_would_without_one(tiny_llama, always_draft):
@@ -170,13 +171,14 @@ def test_stops_inside_a_draft_end_where_they_would_without_one(tiny_llama, alway
         assert llm.stats().draft_tokens > 0
 
 
-def test_parallel_samples_and_a_later_prefix_hit(tiny_llama):
+def test_parallel_samples_and_a_later_prefix_hit(tiny_llama, always_draft):
     """n=2 greedy samples fork after the prompt and draft each on its own; then a request for
     the prompt plus the reply hits the blocks the drafts wrote (their hashes checked by
     debug_checks) and continues as an engine without speculation does."""
     llm = LLM(tiny_llama, num_kv_blocks=64, debug_checks=True, speculation="ngram")
     out = llm.generate([PROMPTS[0]], greedy(50, n=2))[0]
     assert out.outputs[0].token_ids == out.outputs[1].token_ids
+    assert all(c.draft_tokens > 0 for c in out.outputs)          # each sample drafted
     follow = PROMPTS[0] + out.outputs[0].token_ids
     again = llm.generate([follow], greedy(30))[0]
     assert again.metrics.num_cached_tokens >= 32
