@@ -2,8 +2,8 @@
 (quantization "none") against transformers' Gemma3ForCausalLM loaded from the same GGUF: each
 token's logprob over tests/data/gemma3_text.txt (712 tokens, past the 512-token sliding window)
 and the perplexity, ours and theirs; and ours with the file's block formats kept ("auto", the
-figure tests/models/test_gemma3_real.py compares with llama.cpp's). transformers' GGUF load takes ~2
-minutes on 2 cores, so this is a bench, not a test.
+figure tests/models/test_gemma3_real.py compares with llama.cpp's). transformers' GGUF load takes
+minutes (docs/benchmarks.md, 'Gemma 3 270M perplexity'), so this is a bench, not a test.
 
     python bench/gemma3_transformers.py [--json out.json]
 """

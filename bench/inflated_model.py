@@ -6,13 +6,13 @@ replies copy nothing, so speculative decoding's code edit and summary cannot be 
 This file computes SmolLM2's function (up to the two quantizations) inside larger matrices, so it
 costs what a 1.5B model costs per token and copies what SmolLM2 copies:
 - hidden 576 -> 2048, zeros in the new dimensions of every vector; RMSNorm's weights times
-  sqrt(576 / 2048) and its epsilon times 576 / 2048, so each norm gives the same output on the
-  first 576 dimensions as before (the mean square over 2048 dimensions is 576 / 2048 of it);
+  sqrt(576 / 2048) and its epsilon times 576 / 2048, so each norm gives on the first 576
+  dimensions SmolLM2's output (the mean square over 2048 dimensions is 576 / 2048 of it);
 - heads of 64: 9 query heads in 32 slots, 3 KV heads in 8 (4 query slots per KV head: SmolLM2's
   query heads 3j..3j+2 sit in slots 4j..4j+2, the fourth slot's output columns are zero);
 - FFN 1536 -> 5632 (the new gate/up rows and down columns zero), 30 layers, the vocabulary of
   49,152, the tied embedding written out again as an untied lm_head (as the 3B-8B models have).
-1.55B parameters, ~0.95 GB as Q4_K_M. Written once to the bench cache (~2 min):
+1.55B parameters, ~0.95 GB as Q4_K_M. Written once to the bench cache (minutes):
 
     PYTHONPATH=<llama-cpp-python's site> python bench/inflated_model.py
 """

@@ -104,7 +104,7 @@ def write_alone(config: dict, kv_cache_dtype: str) -> dict:
     """Best-of-REPEATS time of one decode step's K/V write over every layer through the torch
     path (kernels/reference.write_kv: what the Python layer loop runs, e.g. for Gemma 3), where
     an int8 cache quantizes each row; and the same with K and V quantized one at a time
-    (kv_quant.store twice, as before store_pair) for comparison."""
+    (kv_quant.store twice, where store_pair quantizes both in one pass) for comparison."""
     from localpaged.kernels import kv_quant, reference
     torch.set_num_threads(1)
     dtype = kv_quant.NAMES[kv_cache_dtype]

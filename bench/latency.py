@@ -157,7 +157,7 @@ def localpaged_rows(gguf: str, args, prompts: dict[str, list[int]], messages) ->
                 ("bf16", {"dtype": "bfloat16", "quantization": "none"}),
                 ("int8", {"dtype": "float32", "quantization": "int8"}),
                 ("int4", {"dtype": "float32", "quantization": "int4"}),
-                # the same with every step's layer loop in Python (models/batch1_cpu.py off)
+                # the same with every step's layer loop in Python (runner/batch1_cpu.py off)
                 ("int4 --eager", {"dtype": "float32", "quantization": "int4", "enforce_eager": True})]
     for name, kwargs in variants:
         if args.only_fp32 and name != "fp32":

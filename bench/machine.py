@@ -1,5 +1,5 @@
-"""What the machine can read: every benchmark reports it beside its figures (machines here differ
-by 2x, and one-conversation decode is bound by reading the weights)."""
+"""What the machine can read: every benchmark reports it beside its figures (machines differ in
+it, and one-conversation decode is bound by reading the weights)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What the chat page costs the browser (issue 25, item 2), measured in Chromium itself.
+"""What the chat page costs the browser, measured in Chromium itself.
 
     python bench/page_cost.py
 

@@ -15,12 +15,12 @@ types of each file are listed. Needs llama-cpp-python for that part; `--no-nativ
 
 Why several windows and a standard error: both engines quantize activations to int8 per block
 (llama.cpp's CPU backend for its quantized weights; ours as it does), and SmolLM2's
-down-projection inputs hold outliers (|x| up to ~2700 in a 256-element block: a rounding step of
-~21), so a float-rounding difference anywhere can flip an int8 rounding and move the following
-logprobs. Per token, ours and llama.cpp differ by ~0.09 nats on average (sd ~0.12, uncorrelated
-between tokens), as much as llama.cpp with its default F16 KV cache differs from llama.cpp with
-an F32 one: one 1024-token window's perplexity ratio has a standard error of ~0.37%, the ratio
-over 8 windows ~0.13%. The table gives the ratio with 2 standard errors (from the per-token
+down-projection inputs hold outliers (large values in a 256-element block make its rounding step
+coarse), so a float-rounding difference anywhere can flip an int8 rounding and move the following
+logprobs. Per token, ours and llama.cpp differ, uncorrelated between tokens, by about as much as
+llama.cpp with its default F16 KV cache differs from llama.cpp with an F32 one, so one window's
+perplexity ratio carries a standard error that more windows shrink (docs/benchmarks.md, 'Real
+models', has the figures). The table gives the ratio with 2 standard errors (from the per-token
 differences) and each window's ratio.
 
     python bench/perplexity.py [--record] [--no-native] [--windows N]

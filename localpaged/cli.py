@@ -31,7 +31,8 @@ log = logging.getLogger("localpaged")
 
 
 # The app drafts from the conversation by default: output is token for token the same, a
-# regenerate or a code edit decodes 2-5x faster, free text within a few percent (README).
+# regenerate or a code edit (replies that copy from the conversation) decodes faster, and free
+# text, where drafts find nothing, costs little (docs/benchmarks.md, 'Speculative decoding').
 APP_SPECULATION = "ngram"
 
 

@@ -167,7 +167,7 @@ class ChatCompletionRequest(_Common):
     # extensions: vLLM's names for continuing the last assistant message in place
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
-    # extension: what a conversation too long for the context does (absent: refused, as before)
+    # extension: what a conversation too long for the context does (absent: refused)
     context_overflow: Literal["error", "drop_oldest"] | None = None
 
     def check_template_flags(self) -> None:

@@ -45,7 +45,7 @@ def check_bind_safety(host: str, api_key: str | None) -> bool:
 def login_secrets(host: str, password: str | None, api_key: str | None) -> list[str]:
     """What logs a request in on every route: the password when set; the API key too when a
     password is set or the bind is not loopback (on loopback with a key alone, only /v1 asks for
-    the key, as before, and the UI stays open to this machine)."""
+    the key, and the UI stays open to this machine)."""
     secrets = [password] if password else []
     if api_key and (password or not is_loopback(host)):
         secrets.append(api_key)

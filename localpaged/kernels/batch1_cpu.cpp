@@ -1,4 +1,4 @@
-// The decoder layers of one decode step at batch 1 on CPU (see batch1_cpu.py).
+// The decoder layers of one decode step at batch 1 on CPU (see runner/batch1_cpu.py).
 //
 // The same ATen calls, in the same order and with the same arguments, as the Python path:
 // models/llama.py (RMSNorm in float32: F.rms_norm or kernels/cpu_norm.cpp; rotate, Attention,
@@ -29,7 +29,7 @@ using at::Tensor;
 namespace {
 
 // One decoder linear, as the Python module computes x [R, K] (R = 1, or a draft's rows). `kind`
-// is (code, parameter), the code saying which module (batch1_cpu.py: _layout) and which tensors
+// is (code, parameter), the code saying which module (runner/batch1_cpu.py: _layout) and which tensors
 // `w` points at; `w` is advanced past them. code | kBias: a QuantLinear's bias follows, added as QuantLinear.forward
 // adds it.
 enum Code : int64_t {

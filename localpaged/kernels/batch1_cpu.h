@@ -1,4 +1,4 @@
-// The decoder layers of one decode step of one sequence on CPU (batch1_cpu.cpp, batch1_cpu.py).
+// The decoder layers of one decode step of one sequence on CPU (batch1_cpu.cpp, runner/batch1_cpu.py).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -20,12 +20,12 @@
 // is loaded as float(q) and its scale s applied once per row (the score q . k times s; p times s
 // before the V accumulation), so the result differs from the reference over dequantized rows
 // only by rounding (~1e-7). The same loop serves every dtype (a template over the element type);
-// the float32 code is unchanged.
+// float32 rows are loaded as they lie.
 //
 // Against the torch reference (kernels/reference.py, SDPA): the same softmax in float32, summed
-// in another order, so equal to ~1e-7 (tests/kernels/test_cpu_decode.py). SmolLM2-135M at 1,000 tokens of
-// context, 2 cores: 30 layers in ~1.4 ms where SDPA over the same cache takes ~4.5 ms (Zen 1 VM);
-// on the SPR VM at 1,100 tokens 35 us a layer (48 before each head's V sum moved to registers).
+// in another order, so equal to ~1e-7 (tests/kernels/test_cpu_decode.py). bench/kv_dtype.py times
+// this kernel alone over a model's layers; docs/benchmarks.md ('The CPU paths, piece by piece') has
+// its figures against SDPA over the same cache.
 
 #include "cpu_decode.h"
 #include "cpu_vec.h"

@@ -32,6 +32,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,
-        "decoder layers of a batch-1 CPU decode step (models/batch1_cpu.cpp)",
+        "decoder layers of a batch-1 CPU decode step (kernels/batch1_cpu.cpp)",
         py::call_guard<py::gil_scoped_release>());
 }

@@ -5,13 +5,13 @@ One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode atte
 attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in cpu_int4_layout.py),
 kernels/cpu_ggml.cpp and its parts cpu_ggml_*.h (matmul over GGUF quantized blocks kept as the
 file's bytes: Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`),
-kernels/cpu_norm.cpp (RMSNorm, models/llama.py), models/batch1_cpu.cpp (the decoder layers of a
+kernels/cpu_norm.cpp (RMSNorm, models/llama.py), kernels/batch1_cpu.cpp (the decoder layers of a
 batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
-per machine and source version (the .cpp files and a digest of the headers: 81 s from scratch
-on two cores, idle; a changed file alone, 10-100 s), then it is cached under
-~/.cache/torch_extensions, named after the CPU it was built for (-march=native). scripts/setup.sh builds it ahead of the app.
-Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API: ~60 s
-of a file's compile time); the kernels include ATen's Tensor and the ops they call.
+per machine and source version (the .cpp files and a digest of the headers), then it is cached
+under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
+scripts/setup.sh builds it ahead of the app; docs/benchmarks.md ('Start-up') has the build
+times. Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API:
+most of that file's compile time); the kernels include ATen's Tensor and the ops they call.
 
 It builds in a background thread, started by the first model load or engine on CPU: until it is
 ready, or when it cannot be built (one warning line), decode attention runs the torch reference

@@ -20,8 +20,8 @@
 //    for one more pairwise add, so `_mm256_hadd_epi16` joins the products of two 32-element
 //    chunks (or blocks) and one madd serves both. With VNNI (AVX-VNNI or AVX512-VNNI, 256-bit)
 //    `dpbusd` makes the 4-element sums in one instruction, `packs_epi32` joins two chunks' and
-//    `dpwssd` multiplies by the scales and adds: the same integers in fewer micro-ops (batch 8
-//    ~15% faster, batch 1 3-5%, on the SPR VM). Signed codes go through the sign trick,
+//    `dpwssd` multiplies by the scales and adds: the same integers in fewer micro-ops
+//    (bench/ggml_kernels.py measures the gain). Signed codes go through the sign trick,
 //    maddubs(|w|, a * sign(w)). Integer offsets stay integers: Q6_K's q - 32 and Q3_K's q - 4 as
 //    -32 (-4) * sum_i sc_i * sum16_i in the block's int32 sum; Q4_0's q - 8, Q5_0's q - 16 and
 //    the mins of Q4_1 / Q5_1 as coefficient * (s * sum) in float.
@@ -38,11 +38,11 @@
 // Invariants: each y[m, n] is computed by one thread, from row m of x alone, in a fixed order
 // (blocks in order into 8 float lanes, then one fixed lane sum), so it is bitwise the same
 // whatever M is, whatever the other rows are, however rows are tiled and on any thread count.
-// The work is split over output rows n: groups of rows (~64 KB of weights) that the threads of
-// one at::parallel_for region take in order from a shared counter. Within a group, tiles of up
-// to kTileRows rows of x: each weight block is unpacked once per tile (nibbles -> bytes, scales
-// -> int16 lanes) and multiplied with every row of the tile, so each weight byte is read once
-// from memory and, for M > 4, again from the L2 cache.
+// The work is split over output rows n: groups of rows (~64 KB of weights), each thread of one
+// at::parallel_for region taking its own contiguous share of them first (Items). Within a group,
+// tiles of up to kTileRows rows of x: each weight block is unpacked once per tile (nibbles ->
+// bytes, scales -> int16 lanes) and multiplied with every row of the tile, so each weight byte
+// is read once from memory and, for M > 4, again from the L2 cache.
 //
 // Tolerance against float32 math on the dequantized weights: the quantization of x moves each
 // x_k by at most s_k / 2 = max|x over k's block| / 254 (a value below that rounds to 0: by at
@@ -59,10 +59,9 @@
 // ggml_kernel_path() says which ("avx2+amx" where the tiles are in use). On the vector paths
 // Q4_K, Q5_K and Q6_K matrices with N a multiple of 8 are kept interleaved by groups of 8 rows (x8,
 // made once at load: ggml_interleave; type_id | kInterleaved): their own loops for 1-4 rows of
-// x at a time, lane r of each product row r's, bitwise the same y (see the x8 section). On the
-// SPR VM, 2 threads streaming from DRAM at batch 1: Q4_K 8960x1536 21.6-24.4 GB/s against
-// 19.2-21.8 in GGUF's rows (~85% of the machine's read bandwidth), 8 rows 11.4 vs 7.1; without
-// AMX, 512 rows 216 vs 129 GMAC/s.
+// x at a time, lane r of each product row r's, bitwise the same y (see the x8 section): batch 1
+// reads one linear stream with no horizontal sums, and the same loops serve larger batches below
+// the AMX tiles (every batch without AMX; bench/ggml_kernels.py measures both layouts).
 //
 // Files: this one holds the types, the activations' quantization, the x8 layout's moves, the
 // dispatch and the entry points; each path's kernels are a part of it, included inside its
@@ -70,15 +69,12 @@
 // cpu_ggml_x8.h (the interleaved layout's loops), cpu_ggml_avx512.h (512-bit tiles, 5-9 rows),
 // cpu_ggml_amx.h (AMX tiles).
 //
-// Speed (bench/ggml_kernels.py; 2 cores of an AMD EPYC Zen 1 VM, ~19 GB/s read bandwidth, idle):
-// Qwen2.5-1.5B's linears (28 layers of Q4_K + a Q6_K lm_head, 928 MB) at M = 1 in 101 ms,
-// ~9-10 GB/s on the large matrices: compute-bound here (Zen 1 runs maddubs / madd at half
-// rate; one core streams ~6 GB/s), on par with llama.cpp's ggml (100 ms), 5x torch float32 on
-// the dequantized weights. M = 8: 401 ms (llama.cpp 1044, torch 2321); M = 512: 25.0 s,
-// ~30 GMAC/s (llama.cpp without its repacked layouts 27.2 s, torch float32 27.7 s).
-// On 2 cores of a Sapphire Rapids VM (AVX2 path ~80 GMAC/s at any M > 4), the AMX path at M =
-// 512: Q4_K 290-355 GMAC/s, Q6_K ~460 (3.6-5.2x); below ~10 rows the unpacking of the weights
-// (~1.3 ms per 13.7M weights) costs more than the AVX2 tiles.
+// Speed: bench/ggml_kernels.py times this kernel at Qwen2.5-1.5B's shapes (M = 1 streamed from
+// DRAM, M = 8, M = 512) beside torch float32 on the dequantized weights and llama.cpp's ggml on
+// the same bytes; docs/benchmarks.md ('Real models') has the figures and their machines. On a CPU
+// that issues maddubs and madd on one pipe (AMD Zen 1) batch 1 is bound by those multiplies, not
+// by memory; the AMX tiles unpack each panel of weights once per call, a fixed cost that batches
+// below kAmxMinRows rows do not pay back (see the AMX section).
 
 #include "cpu_ggml.h"
 
@@ -178,8 +174,8 @@ constexpr int64_t kInterleaved = 1 << 8;     // type_id flag: w is in the x8 lay
 
 // Batch 1 streams its weights from DRAM: the lines of [p, p + bytes) are asked for twice as the
 // loop goes, into L2 kPrefetchBytes ahead (prefetcht2) and into L1 kPrefetchNear ahead
-// (prefetcht0). Against one prefetcht0 8 KB ahead, 2 threads on the SPR VM streamed Q4_K
-// 8960x1536 at 19.8-20.3 GB/s instead of 18.2-18.5, Q6_K 21.6-22.5 instead of 20.1-20.7.
+// (prefetcht0): the line is on its way from DRAM early and in L1 when the loads reach it. One
+// prefetcht0 8 KB ahead streams slower (bench/ggml_kernels.py measures it).
 inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) {
     __builtin_prefetch(p + o + kPrefetchNear, 0, 3);
@@ -303,7 +299,7 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows
 // the rows' 4-byte units interleaved, unit u of row r at 4 (8u + r), and a trailing 2-byte unit
 // (Q6_K's d) at 32 (kBytes / 4) + 2r. The same bytes, moved (ggml_interleave; the layout in
 // torch: kernels/ggml_reference.py's interleave). The x8 loops take 1-4 rows of x at a time
-// (x8_tile); the AMX tiles move each panel back to GGUF's rows (x8_rows) and run as before. The
+// (x8_tile); the AMX tiles move each panel back to GGUF's rows (x8_rows) and run on those. The
 // integers are the other paths' (sumi, summ per block and row, exact) and each lane folds them
 // in their order, so y is bitwise the same in either layout.
 
@@ -394,9 +390,9 @@ using TileFn = void (*)(const uint8_t* row, const Acts& a, int64_t m0, int64_t t
 #endif  // LOCALPAGED_GGML_AVX2
 
 // Asks for a weight row's cache lines ahead of its use: a row streamed from DRAM at batch 1 is
-// otherwise read at about a third of the bandwidth (the hardware prefetchers do not run far enough
+// otherwise read far below the machine's bandwidth (the hardware prefetchers do not run far enough
 // ahead of one core's loads). The AVX2 batch-1 loops ask block by block instead, spread over
-// their work (17.2-17.8 GB/s against 15.5 for whole rows ahead, on the SPR VM reading ~26 GB/s).
+// their work, which streams faster than whole rows ahead (bench/ggml_kernels.py measures it).
 inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
@@ -457,9 +453,9 @@ Kernel kernel_for(int id, int64_t M) {
 
 // Items [0, n) in one contiguous share per thread: take(t) gives thread t its share's items
 // from the front, in order, then the other shares' from their backs; -1 when none is left.
-// Against one shared counter (items in turn to whichever thread asks), 2 threads streaming
-// Q4_K / Q6_K at batch 1 on the SPR VM: ~+3-10% (interleaved A/B runs; 1536x8960 x8 24.0-24.6
-// against 21.4-22.3 GB/s): each thread's prefetch runs on into its own next item.
+// A share is one linear range of the weights, so each thread's prefetch runs on into its own
+// next item; one shared counter (items in turn to whichever thread asks) would interleave the
+// threads' reads and streams slower at batch 1 (bench/ggml_kernels.py measures it).
 class Items {
  public:
   Items(int64_t n, int64_t shares) : shares_(shares), range_(new Range[shares]) {
@@ -557,7 +553,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + kX8 - 1) / kX8 * kX8;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
-  const int64_t min_macs = int64_t(1) << 17;   // per thread (~10 us), else fewer threads
+  const int64_t min_macs = int64_t(1) << 17;   // per thread, else fewer threads: less is not worth a thread
   const int64_t threads = std::max<int64_t>(
       1, std::min<int64_t>({at::get_num_threads(), items, M * N * K / min_macs}));
   Items work(items, threads);

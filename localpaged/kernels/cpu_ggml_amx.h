@@ -19,15 +19,14 @@
 // x, 2 w), since moving tiles from the caches, not the multiplies, bounds this loop.
 
 constexpr int64_t kAmxRows = 16;       // rows of x and of w per tile
-// Batches from kAmxMinRows rows on (below: the AVX2 tiles). A K format's panel costs ~1.3 ms per
-// 13.7M weights to unpack; a 32-element format's matmul alone is faster on the tiles from ~5
-// rows, but in the engine's steps not before ~10: steps that use the tiles run the element-wise
-// ops around them slower (silu and mul ~1.5x, measured on the SPR VM).
+// Batches from kAmxMinRows rows on (below: the AVX2 tiles). A K format's panels are unpacked once
+// per call, a fixed cost that few rows of x do not pay back; a 32-element format's matmul alone
+// gains on the tiles from fewer rows, but the engine's steps do not: steps that use the tiles run
+// the element-wise ops around them (silu, mul) slower. bench/ggml_kernels.py times the tiles.
 constexpr int64_t kAmxMinRows = 10;
 // Weights in the x8 layout: each panel is moved back to GGUF's rows first, and the x8 tiles are
-// faster than the AVX2 tiles, so the AMX tiles pay later (SPR VM, 2 threads, GMAC/s x8 tiles vs
-// AMX: Q4_K 8960x1536 at 24 rows 221 vs 165, at 32 227 vs 236; Q6_K 1536x8960 at 16 rows 139 vs
-// 119, at 24 142 vs 163; Q5_K 8960x1536 at 16 rows 166 (tiles), at 24 169 (AMX)).
+// faster than the AVX2 tiles, so the AMX tiles pay from more rows: Q4_K from 32, the others from
+// 20, where the two cross (docs/benchmarks.md has the figures).
 inline int64_t amx_min_rows(int id, bool x8) { return !x8 ? kAmxMinRows : id == kQ4_K ? 32 : 20; }
 constexpr int64_t kPlane = 16 * kSuper;   // bytes of one int8 plane of one block of a panel
 

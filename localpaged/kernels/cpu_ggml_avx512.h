@@ -8,8 +8,9 @@
 // so bitwise the same y. 64 codes per zmm: W[j] = the codes of chunks 2j and 2j + 1, so a row's
 // 64 bytes of x load as they lie; dpbusd makes the 4-element sums, packs_epi32 joins W[j]'s and
 // W[j + 1]'s per 128-bit lane (128-bit lane i of the sums: chunk 2j + i / 2, sub-block half
-// i % 2), and dpwssd multiplies by the matching scales. 32 registers hold 8 rows' sums. Measured
-// on the SPR VM: 512-bit dpbusd moves ~1.4x the products of two 256-bit ones.
+// i % 2), and dpwssd multiplies by the matching scales. 32 registers hold 8 rows' sums. A 512-bit
+// dpbusd does more products per cycle than two 256-bit ones (docs/benchmarks.md has the measured
+// ratio).
 constexpr int64_t kWideRows = 8;
 
 // Which of the widened int16 scales each int16 lane of pair p's packed sums takes: 128-bit lane i
@@ -79,9 +80,9 @@ void wide_k_rows(const uint8_t* row, const Acts& a, int64_t m0, float* y, int64_
   for (int m = 0; m < TM; ++m) y[m * ldy] = out[m];
 }
 
-// For batches of 5-9 rows (kernel_for): 2 threads streaming Q4_K 8960x1536 at M = 8, 9.5 GB/s
-// against 8.5 on the 256-bit tiles, Q6_K 12.9 against 10.7; at M = 4 the 256-bit tiles were
-// ~6% faster, and batch 1 stays on the 256-bit row loop (a 512-bit version measured slower).
+// For batches of 5-9 rows (kernel_for): there these tiles stream the weights faster than the
+// 256-bit ones; up to 4 rows the 256-bit tiles are faster, and batch 1 stays on the 256-bit row
+// loop, which a 512-bit version does not beat (bench/ggml_kernels.py measures the tiles).
 template <class F>
 void wide_k_tile(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y, int64_t ldy) {
   switch (tm) {

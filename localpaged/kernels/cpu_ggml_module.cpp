@@ -1,8 +1,9 @@
 // cpu_ggml.cpp on its own, as torch ops (torch.ops.<extension name>.ggml_matmul, ...): a build of
 // just that file, for another instruction set (tests/kernels/test_cpu_ggml.py builds it with
 // -march=x86-64, the plain C++ path) or while working on it. torch/library.h instead of
-// torch/extension.h: this file compiles in ~20 s where pybind's headers take minutes. The app
-// uses the bindings in cpu_extension.cpp.
+// torch/extension.h: without pybind's headers this file compiles in a fraction of the time
+// (docs/benchmarks.md, 'Start-up', has the build times). The app uses the bindings in
+// cpu_extension.cpp.
 
 #include "cpu_ggml.h"
 

@@ -3,8 +3,8 @@
 #pragma once
 
 // The x8 batch-1 loops' prefetch, as prefetch_ahead with nearer distances: into L1 1 KB ahead,
-// into L2 4 KB ahead. On the SPR VM (2 threads, Q4_K 8960x1536 streamed, interleaved A/B runs)
-// 22.7-22.8 GB/s against 19.7-21.3 for prefetch_ahead's 2 KB / 8 KB, 20.7-21.3 for none.
+// into L2 4 KB ahead. The x8 loops stream faster with these than with prefetch_ahead's 2 KB / 8 KB
+// or with none (bench/ggml_kernels.py measures it; docs/benchmarks.md has the figures).
 inline void x8_prefetch(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) {
     __builtin_prefetch(p + o + 1024, 0, 3);

@@ -1,6 +1,7 @@
 // Int4 weight-only matmul on CPU: one output row at a time, bf16 activations, float32 sums.
 //
-// Layout ("tiles", packed by quant/cpu.py: CpuInt4Tiles): packed int32 [N / 32, K / 8, 2, 16].
+// Layout ("tiles", packed by kernels/cpu_int4_layout.py for quant/cpu_tiles.py: CpuInt4Tiles):
+// packed int32 [N / 32, K / 8, 2, 16].
 // Block b holds output rows [32 b, 32 b + 32) as two tiles of 16; for each chunk c of 8 inputs
 // and tile i, one 64-byte line of 16 words, word l (row n = 32 b + 16 i + l) holding q[n, 8c + j]
 // for j = 2p (bits 4p..4p+3) and j = 2p + 1 (bits 16+4p..) for p = 0..3. A block's lines are in
@@ -15,8 +16,8 @@
 // result for a row does not depend on the other rows, the block split or the thread count).
 // Against torch's int4 kernel (`_weight_int4pack_mm_for_cpu`): half the instructions per weight,
 // scales and mins in float16 as the GGUF stores them (torch's are bf16), a float32 result
-// (torch's is rounded to bf16). SmolLM2-135M's 120 decoder linears at batch 1, 2 cores: ~2.8 ms
-// against ~3.3 ms; a 256-row prefill chunk ~30% faster.
+// (torch's is rounded to bf16). docs/benchmarks.md ('The CPU paths, piece by piece') has the two
+// kernels' times on SmolLM2-135M's decoder linears.
 
 #include "cpu_int4.h"
 

@@ -1,4 +1,4 @@
-// Int4 weight-only matmul on CPU over the "tiles" layout (cpu_int4.cpp; quant/cpu.py: CpuInt4Tiles).
+// Int4 weight-only matmul on CPU over the "tiles" layout (cpu_int4.cpp; quant/cpu_tiles.py: CpuInt4Tiles).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,6 +1,7 @@
 // RMSNorm over float32 rows on CPU, as transformers writes it: x * rsqrt(mean(x^2) + eps), then
 // times the weight. One pass over a row instead of torch's composite (`F.rms_norm` on CPU is
-// seven ATen ops, ~15 us for a 576-wide row against < 1 us here; a SmolLM2 step has 61 of them).
+// seven ATen ops, each dispatched on its own; a SmolLM2 step has 61 of them; docs/benchmarks.md,
+// 'The CPU paths, piece by piece', has the times).
 // The sum of squares runs in 16 float32 lanes summed in a fixed tree, so a row's result does not
 // depend on the other rows or the thread count; against the composite it differs by float32
 // rounding of the sum (tests/kernels/test_cpu_norm.py). Used where the CPU extension is built when the

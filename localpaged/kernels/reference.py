@@ -224,7 +224,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_pos = torch.arange(start, seq_len, device=q.device)[None, :]
         mask = (k_pos <= q_pos) & (k_pos > q_pos - window) if window else k_pos <= q_pos
         # [1, H, T, D]: with a batch dimension torch's CPU flash kernel serves (masks included);
-        # without, its math path, ~3x slower at 1,000 tokens
+        # without, its slower math path (docs/benchmarks.md, 'Real models', has the figures)
         attn = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                               values.transpose(0, 1)[None], attn_mask=mask, scale=scale)
         out[lo:hi] = attn[0].transpose(0, 1)

@@ -9,14 +9,14 @@ Conventions for every kernel in this package:
   with ``exp2``; statistics and accumulators are fp32 whatever the input dtype;
 - a head dim is padded to a power of two (``D_PAD``) and masked, so 80 or 96 work as well as 128;
 - KV cache dtypes (kernels/kv_quant.py): a float cache computes in its own dtype (q is cast to
-  it, as before); an int8 cache (rows of D int8 values then a float32 scale) computes in q's
-  dtype, each K/V row loaded as float32(q) * scale (the reference's dequantized value) and cast
-  to it. ``INT8`` is a constexpr, so the float caches compile to the same work as before; the
-  scales are read through a float32 view of the same cache (``scale_view``);
+  it); an int8 cache (rows of D int8 values then a float32 scale) computes in q's dtype, each
+  K/V row loaded as float32(q) * scale (the reference's dequantized value) and cast to it.
+  ``INT8`` is a constexpr, so the float caches compile with no int8 code in them; the scales are
+  read through a float32 view of the same cache (``scale_view``);
 - sliding window W: the query at position p sees keys p - W < k <= p. A kernel takes W as a
-  runtime argument and ``WINDOWED`` (W > 0) as a constexpr, so full attention compiles to the
-  same work as before windows existed; its loop starts at the first window's block, so table
-  entries of blocks wholly before it (which may hold any block id) are never loaded.
+  runtime argument and ``WINDOWED`` (W > 0) as a constexpr, so full attention compiles with no
+  window code in it; a windowed loop starts at the first window's block, so table entries of
+  blocks wholly before it (which may hold any block id) are never loaded.
 """
 
 from __future__ import annotations

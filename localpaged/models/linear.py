@@ -12,7 +12,7 @@ models the BLAS computes it the same way in both forms: the result is bitwise eq
 `F.linear`. That is a property of the kernel paths, not a law (tiny or oddly sized blocks take
 another path and round differently), so each module checks it once per thread count on its own
 weight, against `F.linear`, and keeps `F.linear` where the two differ. Rows M > 1 (prefill,
-batched decode) are already multi-threaded and go to `F.linear` as before.
+batched decode) are already multi-threaded and go to `F.linear`.
 """
 
 from __future__ import annotations

@@ -68,7 +68,8 @@ class Rotary(nn.Module):
         if rope_type == "default":
             base = params.get("rope_theta", 10000.0)
             # device="cpu" even inside the loader's meta-device context: a meta arange imports
-            # torch._dynamo (~3 s of a model load); the loader builds the real Rotary afterwards
+            # torch._dynamo, a cost on every model load (docs/benchmarks.md, 'Start-up'); the
+            # loader builds the real Rotary afterwards
             steps = torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu")
             inv_freq = 1.0 / (base ** (steps / head_dim))
             self.scaling = 1.0
@@ -197,7 +198,7 @@ class DecoderModel(nn.Module):
                  norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         # _weight: no random init (the loader fills it; on the meta device, init would import
-        # torch._dynamo, ~4 s of a model load)
+        # torch._dynamo, a cost on every model load: docs/benchmarks.md, 'Start-up')
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(layer(config, head_dim) for _ in range(config.num_hidden_layers))

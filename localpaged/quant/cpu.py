@@ -14,7 +14,8 @@ The forms:
   (scale, zero) pairs with w = (q - 8) * scale + zero, i.e. zero = min + 8 * scale for our
   w = q * scale + min. The canonical PackedWeight is dropped: one copy in memory.
 - int8 grouped (GGUF Q8_0, group 32): requantized per output channel (the packed int8 op takes
-  one scale per row); SmolLM2's Q8_0 embedding/lm_head lose < 0.1% perplexity by it.
+  one scale per row; docs/benchmarks.md, 'Quantized weights', has what it costs SmolLM2's Q8_0
+  embedding/lm_head in perplexity).
 - int8 per channel: as is.
 """
 

@@ -5,10 +5,11 @@ holding output row n's K / block_elems blocks (layouts: kernels/ggml_reference.p
 a view of the mapped file (quant/gguf_file.py): loading copies nothing, and the weights in memory
 are the file's own pages; except the formats the extension keeps interleaved (Q4_K, Q5_K, Q6_K
 with N a multiple of 8): those are copied once at load into the x8 layout (the same bytes, each
-group of 8 rows side by side: ggml_reference.interleave), which its batch-1 loop streams
-faster (a 1.5B Q4_K_M decodes at 22.5 tok/s instead of 18.5 on the SPR VM), and the file's
-pages dropped. On CPU the extension multiplies it (kernels/cpu_ggml.cpp: activations quantized
-to int8 per block, integer dot products, the way llama.cpp does); on CUDA a Triton kernel reads the same bytes
+group of 8 rows side by side: ggml_reference.interleave) and the file's pages dropped; its
+batch-1 loop reads that layout as one linear stream, 4 codes of each of 8 rows in every 32-byte
+load (docs/benchmarks.md, 'Real models', has the decode figures, from bench/real_model.py). On CPU
+the extension multiplies it (kernels/cpu_ggml.cpp: activations quantized to int8 per block,
+integer dot products, the way llama.cpp does); on CUDA a Triton kernel reads the same bytes
 (kernels/triton_ggml.py: dequantized in registers); elsewhere, or where a kernel is missing,
 `dequantize()` (the torch reference, bit-exact with gguf-py) then F.linear. Which serves a
 weight is fixed when it is made, never switched while a model serves.

@@ -11,8 +11,9 @@ read on first touch, shared with the page cache and never copied unless changed.
 extent is checked against the file size when the directory is read, so a truncated or damaged
 file is an error naming the tensor before any weight is used.
 
-gguf-py's GGUFReader does the same and more, but builds a Python object per metadata item: ~2 s
-for a 151k-token vocabulary, where skipping the values costs ~0.1 s.
+gguf-py's GGUFReader does the same and more, but builds a Python object per metadata item, which
+for a large vocabulary takes many times as long as skipping the values (docs/benchmarks.md,
+'Start-up', has the times).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ def trim_heap() -> None:
     """Return freed heap pages to the OS (glibc's malloc_trim; a no-op elsewhere). Loading frees
     many few-MB temporaries between long-lived weights; glibc raises its mmap threshold after the
     first large free, so later ones come from the heap and stay resident, fragmented, unless
-    trimmed: measured on the bundled SmolLM2, +270 MB of RSS at the end of read_gguf (int8)."""
+    trimmed (docs/benchmarks.md, 'Quantized weights', has what it costs untrimmed)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -33,10 +33,10 @@ def _malloc_trim():
 def mapped_bytes(n: int) -> torch.Tensor:
     """uint8 [n] in an anonymous mapping of its own, unmapped when the tensor goes: long-lived
     weight copies made while loading never sit in malloc's heap, where a model let go would leave
-    them resident (measured: ~360 MB of a 1.1 GB model still resident after it was deleted, and
-    the next load's peak on top). No huge pages asked for: with the kernel's defrag=madvise a
-    fault would compact memory in line (a second load measured 2x slower), and decode did not
-    gain from them."""
+    much of them resident, and the next load's peak on top. No huge pages asked for: with the
+    kernel's defrag=madvise a fault compacts memory in line, which slows a second load, and decode
+    does not gain from them (docs/benchmarks.md, 'Quantized weights' and 'Real models', have the
+    figures)."""
     if n == 0:
         return torch.empty(0, dtype=torch.uint8)
     return torch.frombuffer(mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE), dtype=torch.uint8, count=n)

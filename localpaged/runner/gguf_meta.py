@@ -1,8 +1,8 @@
 """A GGUF file's config and tokenizer: converted by transformers once, then kept on disk.
 
 transformers builds both from the file's metadata with gguf-py's reader, which makes a Python
-object per metadata item: ~10 s for the config and as long again for the tokenizer of a 49k-token
-vocabulary on 2 cores, several times the whole weight load (a mapping, quant/gguf_file.py). The
+object per metadata item, for the config and again for the tokenizer: several times the whole
+weight load (a mapping, quant/gguf_file.py; docs/benchmarks.md, 'Start-up', has the times). The
 converted pair is saved (save_pretrained: config.json, tokenizer.json, the chat template) under
 the cache folder, keyed by the file's path, size and modification time and the transformers
 version, so a second load of the same file reads two small JSON files instead.

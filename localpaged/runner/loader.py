@@ -366,7 +366,7 @@ def _load_weights(model: Model, state: dict, device: torch.device, dtype: torch.
 def _empty_on(model: Model, device: torch.device, dtype: torch.dtype) -> None:
     """model.to_empty(device).to(dtype) for the meta model, parameter by parameter: to_empty's
     empty_like on meta tensors goes through torch._refs, whose first use imports torch's
-    symbolic-shapes machinery (~1 s of a model load)."""
+    symbolic-shapes machinery, a cost on every model load (docs/benchmarks.md, 'Start-up')."""
     for module in model.modules():
         for table in (module._parameters, module._buffers):
             for name, t in table.items():

@@ -27,7 +27,7 @@ The layout rule: one folder per feature, each with the same three modules, by wh
 Shared, at the top: `controller.py` (ChatController, every handler reads and writes through it;
 it composes the features' logic), `turns.py` (Turn, and the TurnRegistry of running turns),
 `values.py` (the only place handler results become Gradio outputs), `render.py` (messages and
-labels as the components show them), `markdown.py` and `math.py` (untrusted text as safe HTML),
+labels as the components show them), `markdown.py` and `math_rule.py` (untrusted text as safe HTML),
 `keyboard.py` (shortcuts, their help, a message queued behind a streaming reply), `event_settings.py` (concurrency groups), `toasts.py` (user
 messages), `style.py` (theme and CSS). Views and events import the controller and the shared
 modules; the controller imports the logic it composes; no logic module imports Gradio.

@@ -9,7 +9,8 @@ of `<head>`.
 What it mends: Gradio's app loader shows a status tracker while the page loads; a "pending"
 tracker runs a requestAnimationFrame loop (its elapsed-time counter), and when the loader goes
 away the loop is not stopped, so the page asks for a frame sixty times a second for as long as
-it is open: ~8% of a core on an idle page (bench/page_cost.py: 9.6% with it, 1.0% without).
+it is open, a steady cost on an idle page (bench/page_cost.py measures it; docs/benchmarks.md,
+'The page's cost in the browser', has the figures).
 Every event of this app hides its progress (event_settings.py), so no status tracker's counter is ever
 shown: the script refuses the frames that status trackers ask for (it knows them by their
 module, `statustracker-*.js`, in the caller's stack). Every other frame request is untouched.

@@ -35,9 +35,9 @@ log = logging.getLogger(__name__)
 STORE_WRITE_INTERVAL_S = 1.0
 # How often a streaming reply wakes its follower: the selected tab's ten times a second (a
 # redraw each); a tab in the background once a second, and its follower then sends only the
-# tab's label (chat/events.py `_follow`: the ● mark, which sent only at the start was at times
-# lost when two replies started at once) until it is shown or the reply ends. Every redraw
-# costs the page a Gradio update of the whole chat; four tabs at 10/s kept a core busy.
+# tab's label (chat/events.py `_follow`: the ● mark, which, sent only at the start, can be lost
+# when two replies start at once) until it is shown or the reply ends. Every redraw costs the
+# page a Gradio update of the whole chat, so only the tab in view redraws often.
 FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
 BUSY = "this conversation is still generating: stop it or wait"
 

@@ -42,10 +42,10 @@ log = logging.getLogger(__name__)
 
 QUEUE_WAIT_S = 600.0        # the longest a message sent during a reply waits for it to end
 # A streaming reply's tab label (its ● mark) is sent when it changes and, during the turn's
-# first LABEL_AGAIN_FOR_S, again every LABEL_AGAIN_S, shown or not: sent only at the start, it
-# was at times not shown on the page (test_ui_browser's two tabs starting at once, the one in the
+# first LABEL_AGAIN_FOR_S, again every LABEL_AGAIN_S, shown or not: a label sent only at the start
+# can go unshown on the page (test_ui_browser's two tabs starting at once, the one in the
 # background too). Not for longer: every label update costs the page a pass over the whole tab
-# (four tabs streaming, each label once a second, took the page past half a core).
+# (bench/page_cost.py measures four tabs streaming).
 LABEL_AGAIN_S, LABEL_AGAIN_FOR_S = 1.0, 5.0
 NOTHING_TO_REGENERATE = ("Nothing to regenerate yet: this chat has no message. Send one first; "
                          "Regenerate then writes a new reply beside the last one.")

@@ -123,7 +123,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
                        chatbot=render.chat_messages(view),
                        sel_md=render.selection_label(view, sel), sel=sel)
     # The gauge follows the chat here, in the handler that changed it, rather than through an
-    # event on the Chatbot's change: that was a round trip per streamed chunk. A streaming
+    # event on the Chatbot's change: that costs a round trip per streamed chunk. A streaming
     # reply keeps the gauge it had (an opened tab shows it empty) until the reply ends.
     values.gauge = gauge_value(ctl, cid) if not view.busy else GAUGE_EMPTY if settings else KEEP
     if settings:

@@ -1,10 +1,11 @@
 """The engine panel's wiring: the server pushes the panel to the page when it changed; the page
 never polls through Gradio.
 
-A Gradio `Timer` (a tick a second) cost an idle page ~27% of a core: every tick is a client-side
-event dispatch over the whole app state, even when the server answers "no change". A Gradio
-generator that never ends keeps its component's status tracker animating (and showing its
-timer). So the panel bypasses Gradio's event machinery:
+A Gradio `Timer` (a tick a second) keeps an idle page busy: every tick is a client-side event
+dispatch over the whole app state, even when the server answers "no change" (docs/benchmarks.md,
+'The page's cost in the browser', has the figure). A Gradio generator that never ends keeps its
+component's status tracker animating (and showing its timer). So the panel bypasses Gradio's
+event machinery:
   - `panel_router` serves GET /lp/engine-panel?etag=E, a long poll: it answers as soon as the
     panel's HTML differs from the one with etag E (at once for a new page), or 204 after
     `LONG_POLL_S`. Waiting costs the page nothing; the server draws the snapshot every POLL_S.

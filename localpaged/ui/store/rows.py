@@ -33,7 +33,7 @@ class Conversation:
     model: str | None
     sampling: dict[str, Any]  # default sampling settings for new replies
     active_root_id: int | None
-    options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared.py)
+    options: dict[str, Any] = field(default_factory=dict)  # app options (see ui/prepared/logic.py)
     context_policy: str = "drop_oldest"  # one of CONTEXT_POLICIES
     pinned: bool = False              # listed first
     archived: bool = False            # listed only when archived ones are asked for
