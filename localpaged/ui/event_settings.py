@@ -17,8 +17,9 @@ for each page-level event: megabytes on every load).
 Every event's progress is shown on one hidden marker (`quiet_progress`), not on its outputs.
 Gradio's page keeps a loading status for each component that was ever an event's progress
 target and, on every message of every event (each streamed chunk), writes all of them again:
-with the page-level handlers writing into every tab's ~75 components, that was ~1,000
-component updates per streamed chunk, which kept a core busy and a Stop click seconds late.
+with the page-level handlers writing into every tab's components, one hidden marker keeps that
+to one update a chunk instead of one per component of every tab (bench/page_cost.py measures
+the page's cost).
 """
 
 from __future__ import annotations

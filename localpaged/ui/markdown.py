@@ -17,7 +17,7 @@ No style, no event handler, no src: an image becomes link text naming its host (
 A token this module does not know shows as escaped text. The Chatbot's own sanitizer and the
 page's Content-Security-Policy stay on as further lines of defence.
 
-Math (`math.py` finds it): `$...$` and `\(...\)` inline, `$$...$$` and `\[...\]` displayed,
+Math (`math_rule.py` finds it): `$...$` and `\(...\)` inline, `$$...$$` and `\[...\]` displayed,
 written out as escaped text between `\(` `\)` (or `\[` `\]`) in a `<span class="lp-math">`;
 the browser's KaTeX (the Chatbot's `latex_delimiters`, `MATH_DELIMITERS`) typesets them with
 `trust` off, so \href, \url, \includegraphics, \htmlClass and the like show as error text.
