@@ -3,12 +3,13 @@ decode loop.
 
 One torch.utils.cpp_extension build of kernels/cpu_decode.cpp (paged decode attention, the `cpu`
 attention backend's), kernels/cpu_int4.cpp (int4 weight-only matmul; layout in cpu_int4_layout.py),
-kernels/cpu_ggml.cpp and its parts cpu_ggml_*.h (matmul over GGUF quantized blocks kept as the
-file's bytes: Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS; `ggml_matmul(x, w, type_id)`),
+kernels/cpu_ggml.cpp with cpu_ggml_common.h and its fragments cpu_ggml_*.inc (matmul over GGUF
+quantized blocks kept as the file's bytes: Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS;
+`ggml_matmul(x, w, type_id)`),
 kernels/cpu_norm.cpp (RMSNorm, models/llama.py), kernels/batch1_cpu.cpp (the decoder layers of a
 batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
-per machine and source version (the .cpp files and a digest of the headers), then it is cached
-under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
+per machine and source version (the .cpp files and a digest of the .h and .inc files), then it
+is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
 scripts/setup.sh builds it ahead of the app; docs/benchmarks.md ('Start-up') has the build
 times. Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API:
 most of that file's compile time); the kernels include ATen's Tensor and the ops they call.
@@ -138,10 +139,10 @@ def clear_stale_lock(folder: str, max_age_s: float = STALE_LOCK_S) -> bool:
 
 
 def _headers_digest() -> str:
-    """A digest of the kernels' headers: torch rebuilds a cached extension only when its sources
-    or build arguments change, so it goes into the arguments (cpu_ggml.cpp's parts are headers)."""
+    """A digest of the kernels' headers and fragments (.h, .inc): torch rebuilds a cached
+    extension only when its sources or build arguments change, so it goes into the arguments."""
     digest = hashlib.sha1()
-    for name in sorted(f for f in os.listdir(_HERE) if f.endswith(".h")):
+    for name in sorted(f for f in os.listdir(_HERE) if f.endswith((".h", ".inc"))):
         with open(os.path.join(_HERE, name), "rb") as f:
             digest.update(name.encode() + f.read())
     return digest.hexdigest()[:12]

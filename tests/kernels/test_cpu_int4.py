@@ -174,12 +174,16 @@ def test_activations_round_to_bf16_as_torch_rounds(tiles_ready):
 
 def test_a_changed_header_changes_the_build_arguments(monkeypatch, tmp_path):
     """torch rebuilds a cached extension only when its sources or arguments change; the kernels'
-    headers (cpu_ggml.cpp's parts among them) go into the arguments as a digest."""
+    headers and fragments (.h, .inc: cpu_ggml.cpp's parts) go into the arguments as a digest."""
     monkeypatch.setattr(cpu_extension, "_HERE", str(tmp_path))
     (tmp_path / "part.h").write_text("int a;\n")
+    (tmp_path / "tiles.inc").write_text("int c;\n")
     (tmp_path / "notes.txt").write_text("not a header\n")
     before = cpu_extension._headers_digest()
     (tmp_path / "notes.txt").write_text("still not a header\n")
     assert cpu_extension._headers_digest() == before
     (tmp_path / "part.h").write_text("int b;\n")
-    assert cpu_extension._headers_digest() != before
+    changed = cpu_extension._headers_digest()
+    assert changed != before
+    (tmp_path / "tiles.inc").write_text("int d;\n")                # a fragment counts too
+    assert cpu_extension._headers_digest() != changed
