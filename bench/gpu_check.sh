@@ -79,7 +79,7 @@ engine_tests() {
         echo "no engine equality test files: nothing to run"
         return 0
     fi
-    "$PY" -m pytest -x -q -p no:cacheprovider "${files[@]}"
+    "$PY" -m pytest -q -rfE -p no:cacheprovider "${files[@]}"
 }
 
 # the model of the last two steps: the bundled SmolLM2, else the committed tiny Q4_K_M file
@@ -109,9 +109,9 @@ throughput() {
 export PY DEST
 export -f install_project engine_tests model throughput cuda_graphs
 step install 60 install_project
-step kernel_tests 130 "$PY" -m pytest -q -p no:cacheprovider -rs tests/kernels/test_kernels.py \
+step kernel_tests 130 "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/kernels/test_kernels.py \
     tests/kernels/test_kernels_window.py
-step quant_tests 110 "$PY" -m pytest -q -p no:cacheprovider -rs tests/quant/test_quant_kernels.py \
+step quant_tests 110 "$PY" -m pytest -q -p no:cacheprovider -rfEs tests/quant/test_quant_kernels.py \
     tests/kernels/test_triton_ggml.py
 step engine_tests 90 engine_tests
 step bench_kernels 55 "$PY" bench/gpu_kernels.py --out "$DEST/gpu_kernels.json"
