@@ -65,7 +65,7 @@
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
-// dispatch and the entry points; each path's kernels are a fragment of this translation unit,
+// per-format table of every path's kernels (kFormatKernels), the dispatch and the entry points; each path's kernels are a fragment of this translation unit,
 // included inside its anonymous namespace: cpu_ggml_scalar.inc (plain C++), cpu_ggml_avx2.inc
 // (AVX2 / VNNI over GGUF's rows), cpu_ggml_x8.inc (the interleaved layout's loops),
 // cpu_ggml_avx512.inc (512-bit tiles, 5-9 rows), cpu_ggml_amx.inc (AMX tiles).
@@ -102,6 +102,70 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
+// Every path's kernels, one row per GGML format: the table the dispatch reads (nullptr: this
+// build, or this format, has no kernel on that path). The instruction-set macros of
+// cpu_ggml_common.h decide which columns a build fills.
+#ifdef LOCALPAGED_GGML_AVX2
+#define LP_AVX2(...) __VA_ARGS__
+#else
+#define LP_AVX2(...) nullptr
+#endif
+#ifdef LOCALPAGED_GGML_AVX512
+#define LP_AVX512(...) __VA_ARGS__
+#else
+#define LP_AVX512(...) nullptr
+#endif
+#ifdef LOCALPAGED_GGML_AMX
+#define LP_AMX(...) __VA_ARGS__
+#else
+#define LP_AMX(...) nullptr
+#endif
+
+struct FormatKernels {
+  int id;
+  TileFn scalar;   // plain C++, kScalarTileRows rows of x a tile (every CPU)
+  TileFn avx2;     // AVX2 / VNNI over GGUF's rows, kTileRows rows a tile
+  TileFn wide;     // AVX-512 tiles of the K formats, kWideRows rows, for batches above kTileRows
+  X8Fn x8;         // the interleaved (x8) layout's loops; nullptr: the format is not interleaved
+  AmxFn amx;       // AMX tiles, from amx_min_rows rows
+};
+
+const FormatKernels kFormatKernels[] = {
+    {kQ4_0, scalar_b_tile<unpack_q4_0, 18>, LP_AVX2(avx_tile<AvxQ4_0, false>), nullptr, nullptr,
+     LP_AMX(amx_b_matmul<AvxQ4_0>)},
+    {kQ4_1, scalar_b_tile<unpack_q4_1, 20>, LP_AVX2(avx_tile<AvxQ4_1, false>), nullptr, nullptr,
+     LP_AMX(amx_b_matmul<AvxQ4_1>)},
+    {kQ5_0, scalar_b_tile<unpack_q5_0, 22>, LP_AVX2(avx_tile<AvxQ5_0, false>), nullptr, nullptr,
+     LP_AMX(amx_b_matmul<AvxQ5_0>)},
+    {kQ5_1, scalar_b_tile<unpack_q5_1, 24>, LP_AVX2(avx_tile<AvxQ5_1, false>), nullptr, nullptr,
+     LP_AMX(amx_b_matmul<AvxQ5_1>)},
+    {kQ8_0, scalar_b_tile<unpack_q8_0, 34>, LP_AVX2(avx_tile<AvxQ8_0, false>), nullptr, nullptr,
+     LP_AMX(amx_b_matmul<AvxQ8_0>)},
+    {kIQ4_NL, scalar_b_tile<unpack_iq4_nl, 18>, LP_AVX2(avx_tile<AvxIQ4NL, false>), nullptr,
+     nullptr, LP_AMX(amx_b_matmul<AvxIQ4NL>)},
+    {kQ2_K, scalar_k_tile<unpack_q2_k, 84>, LP_AVX2(avx_tile<AvxQ2K, true>),
+     LP_AVX512(wide_k_tile<AvxQ2K>), nullptr, LP_AMX(amx_matmul<AvxQ2K>)},
+    {kQ3_K, scalar_k_tile<unpack_q3_k, 110>, LP_AVX2(avx_tile<AvxQ3K, true>),
+     LP_AVX512(wide_k_tile<AvxQ3K>), nullptr, LP_AMX(amx_matmul<AvxQ3K>)},
+    {kQ4_K, scalar_k_tile<unpack_q4_k, 144>, LP_AVX2(avx_tile<AvxQ4K, true>),
+     LP_AVX512(wide_k_tile<AvxQ4K>), LP_AVX2(x8_tile<X8Q4K>), LP_AMX(amx_matmul<AvxQ4K>)},
+    {kQ5_K, scalar_k_tile<unpack_q5_k, 176>, LP_AVX2(avx_tile<AvxQ5K, true>),
+     LP_AVX512(wide_k_tile<AvxQ5K>), LP_AVX2(x8_tile<X8Q5K>), LP_AMX(amx_matmul<AvxQ5K>)},
+    {kQ6_K, scalar_k_tile<unpack_q6_k, 210>, LP_AVX2(avx_tile<AvxQ6K, true>),
+     LP_AVX512(wide_k_tile<AvxQ6K>), LP_AVX2(x8_tile<X8Q6K>), LP_AMX(amx_matmul<AvxQ6K>)},
+    {kIQ4_XS, scalar_k_tile<unpack_iq4_xs, 136>, LP_AVX2(avx_tile<AvxIQ4XS, true>), nullptr,
+     nullptr, LP_AMX(amx_matmul<AvxIQ4XS>)},
+};
+static_assert(sizeof(kFormatKernels) / sizeof(kFormatKernels[0]) == sizeof(kTypes) / sizeof(kTypes[0]),
+              "one row of kernels for each of kTypes");
+
+const FormatKernels& kernels_of(int id) {
+  for (const FormatKernels& k : kFormatKernels)
+    if (k.id == id) return k;
+  TORCH_CHECK(false, "ggml_matmul: no kernel for GGML type ", id);
+  return kFormatKernels[0];
+}
+
 // The tile function of a type, the rows it takes at once, and whether it asks for its weights'
 // lines itself at batch 1 (tm == 1).
 struct Kernel {
@@ -111,49 +175,14 @@ struct Kernel {
 };
 
 Kernel kernel_for(int id, int64_t M) {
+  const FormatKernels& k = kernels_of(id);
 #ifdef LOCALPAGED_GGML_AVX512
-  const auto wide = [](TileFn fn) { return Kernel{fn, kWideRows, true}; };
-  if (M > kTileRows) switch (id) {   // up to 4 rows the 256-bit tiles measured faster
-    case kQ2_K: return wide(wide_k_tile<AvxQ2K>);
-    case kQ3_K: return wide(wide_k_tile<AvxQ3K>);
-    case kQ4_K: return wide(wide_k_tile<AvxQ4K>);
-    case kQ5_K: return wide(wide_k_tile<AvxQ5K>);
-    case kQ6_K: return wide(wide_k_tile<AvxQ6K>);
-  }
+  // up to kTileRows rows of x the 256-bit tiles are faster (bench/ggml_kernels.py measures both)
+  if (M > kTileRows && k.wide) return {k.wide, kWideRows, true};
 #endif
-#ifdef LOCALPAGED_GGML_AVX2
-  const auto avx = [](TileFn fn) { return Kernel{fn, kTileRows, true}; };   // all prefetch
-  switch (id) {
-    case kQ4_0: return avx(avx_tile<AvxQ4_0, false>);
-    case kQ4_1: return avx(avx_tile<AvxQ4_1, false>);
-    case kQ5_0: return avx(avx_tile<AvxQ5_0, false>);
-    case kQ5_1: return avx(avx_tile<AvxQ5_1, false>);
-    case kQ8_0: return avx(avx_tile<AvxQ8_0, false>);
-    case kIQ4_NL: return avx(avx_tile<AvxIQ4NL, false>);
-    case kQ2_K: return avx(avx_tile<AvxQ2K, true>);
-    case kQ3_K: return avx(avx_tile<AvxQ3K, true>);
-    case kQ4_K: return avx(avx_tile<AvxQ4K, true>);
-    case kQ5_K: return avx(avx_tile<AvxQ5K, true>);
-    case kQ6_K: return avx(avx_tile<AvxQ6K, true>);
-    case kIQ4_XS: return avx(avx_tile<AvxIQ4XS, true>);
-  }
-#endif
-  switch (id) {   // plain C++ (every format has an AVX2 kernel: this is for other CPUs)
-    case kQ4_0: return {scalar_b_tile<unpack_q4_0, 18>, kScalarTileRows};
-    case kQ4_1: return {scalar_b_tile<unpack_q4_1, 20>, kScalarTileRows};
-    case kQ5_0: return {scalar_b_tile<unpack_q5_0, 22>, kScalarTileRows};
-    case kQ5_1: return {scalar_b_tile<unpack_q5_1, 24>, kScalarTileRows};
-    case kQ8_0: return {scalar_b_tile<unpack_q8_0, 34>, kScalarTileRows};
-    case kIQ4_NL: return {scalar_b_tile<unpack_iq4_nl, 18>, kScalarTileRows};
-    case kQ2_K: return {scalar_k_tile<unpack_q2_k, 84>, kScalarTileRows};
-    case kQ3_K: return {scalar_k_tile<unpack_q3_k, 110>, kScalarTileRows};
-    case kQ4_K: return {scalar_k_tile<unpack_q4_k, 144>, kScalarTileRows};
-    case kQ5_K: return {scalar_k_tile<unpack_q5_k, 176>, kScalarTileRows};
-    case kQ6_K: return {scalar_k_tile<unpack_q6_k, 210>, kScalarTileRows};
-    case kIQ4_XS: return {scalar_k_tile<unpack_iq4_xs, 136>, kScalarTileRows};
-  }
-  TORCH_CHECK(false, "ggml_matmul: no kernel for GGML type ", id);
-  return {nullptr, 1};
+  (void)M;
+  if (k.avx2) return {k.avx2, kTileRows, true};   // every format has one where AVX2 is built
+  return {k.scalar, kScalarTileRows};             // other CPUs
 }
 
 // Items [0, n) in one contiguous share per thread: take(t) gives thread t its share's items
@@ -195,14 +224,8 @@ class Items {
 
 // The batch-1 kernel of a type in the x8 layout; nullptr: none (the type is not interleaved).
 X8Fn x8_kernel(int id) {
-#ifdef LOCALPAGED_GGML_AVX2
-  switch (id) {
-    case kQ4_K: return x8_tile<X8Q4K>;
-    case kQ5_K: return x8_tile<X8Q5K>;
-    case kQ6_K: return x8_tile<X8Q6K>;
-  }
-#endif
-  (void)id;
+  for (const FormatKernels& k : kFormatKernels)
+    if (k.id == id) return k.x8;
   return nullptr;
 }
 
@@ -241,7 +264,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const int64_t stride = w.stride(0);
   float* yp = y.data_ptr<float>();
 #ifdef LOCALPAGED_GGML_AMX
-  if (const AmxFn amx = M >= amx_min_rows(t->id, x8) ? amx_kernel_for(t->id) : nullptr; amx && amx_ready()) {
+  if (const AmxFn amx = M >= amx_min_rows(t->id, x8) ? kernels_of(t->id).amx : nullptr; amx && amx_ready()) {
     const int64_t rows = (M + kAmxRows - 1) / kAmxRows * kAmxRows;
     amx(quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, rows), M, wp, stride, x8, N, yp);
     return y;

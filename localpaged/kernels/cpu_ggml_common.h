@@ -302,6 +302,9 @@ using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t t
                       float* y, int64_t ldy);
 constexpr int64_t kX8Rows = 4;
 
+// A whole matmul on the AMX tiles: (activations, M, w, w's row stride, w in x8, N, y).
+using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, bool, int64_t, float*);
+
 // One tile: rows [m0, m0 + tm) of x against weight row `row`, results to y[m * ldy].
 using TileFn = void (*)(const uint8_t* row, const Acts& a, int64_t m0, int64_t tm, float* y,
                         int64_t ldy);
