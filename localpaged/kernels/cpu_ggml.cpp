@@ -65,10 +65,11 @@
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
-// per-format table of every path's kernels (kFormatKernels), the dispatch and the entry points; each path's kernels are a fragment of this translation unit,
-// included inside its anonymous namespace: cpu_ggml_scalar.inc (plain C++), cpu_ggml_avx2.inc
-// (AVX2 / VNNI over GGUF's rows), cpu_ggml_x8.inc (the interleaved layout's loops),
-// cpu_ggml_avx512.inc (512-bit tiles, 5-9 rows), cpu_ggml_amx.inc (AMX tiles).
+// per-format table of every path's kernels (kFormatKernels), the dispatch and the entry points.
+// Each path's kernels are a fragment of this translation unit, included inside its anonymous
+// namespace: cpu_ggml_scalar.inc (plain C++), cpu_ggml_avx2.inc (AVX2 / VNNI over GGUF's rows),
+// cpu_ggml_x8.inc (the interleaved layout's loops), cpu_ggml_avx512.inc (512-bit tiles, 5-9
+// rows), cpu_ggml_amx.inc (AMX tiles).
 //
 // Speed: bench/ggml_kernels.py times this kernel at Qwen2.5-1.5B's shapes (M = 1 streamed from
 // DRAM, M = 8, M = 512) beside torch float32 on the dequantized weights and llama.cpp's ggml on
