@@ -16,8 +16,8 @@ import os
 import torch
 
 from localpaged.models.llama import FUSED
-from localpaged.quant.ggml import GgmlWeight, PartsWeight, cat_ggml
-from localpaged.quant.layout import PackedWeight, cat_rows, quantize_int4, quantize_int8
+from localpaged.quant.ggml import GgmlWeight, PartsWeight
+from localpaged.quant.layout import PackedWeight, quantize_int4, quantize_int8
 
 QUANTIZED_SUFFIXES = tuple(f"{p}.weight" for parts in FUSED.values() for p in parts) + \
     ("self_attn.o_proj.weight", "mlp.down_proj.weight")
@@ -62,12 +62,8 @@ def fuse_biases(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def stack(parts: list) -> PackedWeight | GgmlWeight | PartsWeight:
     """Weights stacked along N: one weight where the parts share a layout, else a PartsWeight."""
-    if all(isinstance(p, GgmlWeight) for p in parts) and \
-            len({(p.kind, p.shape[1], p.interleaved) for p in parts}) == 1:
-        return cat_ggml(parts)
-    if all(isinstance(p, PackedWeight) for p in parts) and \
-            len({(p.bits, p.group_size, p.shape[1], p.scales.dtype) for p in parts}) == 1:
-        return cat_rows(parts)
+    if len({p.stack_key() for p in parts}) == 1:
+        return parts[0].stack(parts)
     return PartsWeight(parts)
 
 

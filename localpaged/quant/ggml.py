@@ -120,6 +120,18 @@ class GgmlWeight(WeightDefaults):
         """data as GGUF's rows (a copy where it is interleaved)."""
         return ggml_reference.deinterleave(self.data, self.kind) if self.interleaved else self.data
 
+    def load_layout(self) -> GgmlWeight:
+        """The layout a linear's weight is kept in from load on: x8 where the CPU kernel has it."""
+        return self.to_x8()
+
+    def stack_key(self) -> tuple:
+        """Weights with equal keys stack into one (cat_ggml): one format, K and layout."""
+        return ("ggml", self.kind, self.shape[1], self.interleaved)
+
+    @staticmethod
+    def stack(parts: list[GgmlWeight]) -> GgmlWeight:
+        return cat_ggml(parts)
+
     def to_x8(self) -> GgmlWeight:
         """In the x8 layout, where the CPU kernel has one for this format and N % 8 == 0 (a copy:
         the file's pages are dropped); else self."""

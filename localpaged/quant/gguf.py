@@ -31,7 +31,6 @@ from localpaged.quant.layout import (
     PackedWeight,
     cat_rows,
     pack_int4,
-    permute_rows,
     quantize_int4,
     quantize_int8,
 )
@@ -126,11 +125,11 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
         if permute and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             value = _unpermute(value, heads)
-        if isinstance(value, GgmlWeight) and "embed_tokens" not in name:
-            value = value.to_x8()    # the CPU kernel's batch-1 layout, where it has one
+        if not isinstance(value, torch.Tensor) and "embed_tokens" not in name:
+            value = value.load_layout()   # e.g. the CPU kernel's batch-1 layout, where it has one
         if norm_minus_one and name.endswith("norm.weight"):
             value = value - 1.0
-        (packed if isinstance(value, (PackedWeight, GgmlWeight)) else floats)[name] = value
+        (floats if isinstance(value, torch.Tensor) else packed)[name] = value
     return floats, packed
 
 
@@ -148,9 +147,7 @@ def _check_types(file: GgufFile, path: str) -> None:
 
 def _unpermute(value, heads: int):
     index = _unpermute_index(int(value.shape[0]), heads)
-    if isinstance(value, GgmlWeight):
-        return value.permute_rows(index)
-    return permute_rows(value, index) if isinstance(value, PackedWeight) else value.index_select(0, index)
+    return value.index_select(0, index) if isinstance(value, torch.Tensor) else value.permute_rows(index)
 
 
 def _convert(data: np.ndarray, t: TensorInfo, bits: int | None, exact: bool):

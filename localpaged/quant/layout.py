@@ -103,6 +103,24 @@ class PackedWeight(WeightDefaults):
                                 pw.shape)
         return self
 
+    def permute_rows(self, index: torch.Tensor) -> PackedWeight:
+        """Output rows reordered (e.g. undoing llama.cpp's q/k rotary permutation): exact."""
+        pick = (lambda t: None if t is None else t.index_select(0, index))
+        return PackedWeight(self.bits, self.group_size, pick(self.qweight), pick(self.scales),
+                            pick(self.mins), self.shape)
+
+    def load_layout(self) -> PackedWeight:
+        """The layout a linear's weight is kept in from load on: this one."""
+        return self
+
+    def stack_key(self) -> tuple:
+        """Weights with equal keys stack into one (cat_rows): the same quantization and K."""
+        return ("packed", self.bits, self.group_size, self.shape[1], self.scales.dtype)
+
+    @staticmethod
+    def stack(parts: list[PackedWeight]) -> PackedWeight:
+        return cat_rows(parts)
+
     def to(self, device: torch.device) -> PackedWeight:
         move = (lambda t: None if t is None else t.to(device))
         return PackedWeight(self.bits, self.group_size, move(self.qweight), move(self.scales),
@@ -139,13 +157,6 @@ def cat_rows(parts: list[PackedWeight]) -> PackedWeight:
     return PackedWeight(first.bits, first.group_size, cat([p.qweight for p in parts]),
                         cat([p.scales for p in parts]), cat([p.mins for p in parts]),
                         (sum(p.shape[0] for p in parts), first.shape[1]))
-
-
-def permute_rows(pw: PackedWeight, index: torch.Tensor) -> PackedWeight:
-    """Reorder output rows (e.g. undoing llama.cpp's q/k rotary permutation): exact."""
-    pick = (lambda t: None if t is None else t.index_select(0, index))
-    return PackedWeight(pw.bits, pw.group_size, pick(pw.qweight), pick(pw.scales), pick(pw.mins),
-                        pw.shape)
 
 
 def quantize_int8(w: torch.Tensor) -> PackedWeight:
