@@ -287,8 +287,8 @@ def walk_through(app, page) -> None:
     open_app(page, app)
     shot(page, "01-open")
 
-    # The idle page costs nothing: no animation frame (Gradio's loader left a status timer
-    # asking for 60 a second: page_head.py) and at most 2% of a core (issue 25; 9.6% before).
+    # The idle page costs nothing: no animation frame (Gradio's loader leaves a status timer
+    # asking for 60 a second: page_head.py stops it) and at most 2% of a core.
     frames, share = idle_cost(page)
     print(f"idle page: {frames} frames, {100 * share:.1f}% of a core")
     assert frames == 0 and share <= 0.02, (frames, share)
