@@ -160,11 +160,17 @@ const FormatKernels kFormatKernels[] = {
 static_assert(sizeof(kFormatKernels) / sizeof(kFormatKernels[0]) == sizeof(kTypes) / sizeof(kTypes[0]),
               "one row of kernels for each of kTypes");
 
-const FormatKernels& kernels_of(int id) {
+// The kernels of a type; nullptr: not a type of kTypes.
+const FormatKernels* find_kernels(int id) {
   for (const FormatKernels& k : kFormatKernels)
-    if (k.id == id) return k;
-  TORCH_CHECK(false, "ggml_matmul: no kernel for GGML type ", id);
-  return kFormatKernels[0];
+    if (k.id == id) return &k;
+  return nullptr;
+}
+
+const FormatKernels& kernels_of(int id) {
+  const FormatKernels* k = find_kernels(id);
+  TORCH_CHECK(k != nullptr, "ggml_matmul: no kernel for GGML type ", id);
+  return *k;
 }
 
 // The tile function of a type, the rows it takes at once, and whether it asks for its weights'
@@ -225,9 +231,8 @@ class Items {
 
 // The batch-1 kernel of a type in the x8 layout; nullptr: none (the type is not interleaved).
 X8Fn x8_kernel(int id) {
-  for (const FormatKernels& k : kFormatKernels)
-    if (k.id == id) return k.x8;
-  return nullptr;
+  const FormatKernels* k = find_kernels(id);
+  return k != nullptr ? k->x8 : nullptr;
 }
 
 }  // namespace
