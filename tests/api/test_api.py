@@ -19,9 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers.api_server import (API_KEY, MAX_NUM_SEQS, MODEL, chat_msgs, gate, make_engine,
-                                serve_switchable, start_server, steps_of, stop_server, wait_idle,
-                                words)
+from helpers.api_server import (API_KEY, MAX_NUM_SEQS, MODEL, chat_msgs, gate, serve_switchable,
+                                start_server, steps_of, stop_server, wait_idle, words)
 from helpers.engine_helpers import hf_sampled
 from helpers.step_gate import StepGate, poll, shared_step
 
@@ -33,20 +32,6 @@ from localpaged.engine.llm import apply_chat_template
 
 
 # ---- fixtures -----------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = make_engine(tiny_llama)
-    yield eng
-    eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def base_url(engine):
-    url, server = start_server(engine)
-    yield url
-    stop_server(server)
 
 
 @pytest.fixture(autouse=True)

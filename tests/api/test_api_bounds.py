@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import test_api
-from test_api import MODEL, wait_idle, words
+from helpers.api_server import MODEL, wait_idle, words
 
 from localpaged.api.prompt_bound import max_chars, max_token_chars
 from localpaged.api.protocol import (
@@ -33,8 +32,6 @@ HUGE = 20_000_000            # characters: under the 32 MB body limit, far over 
 LONG = 3_000                 # characters: within the bound, over the context once tokenized
 
 
-engine = test_api.engine              # the tiny model's engine and server, as test_api's
-base_url = test_api.base_url
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import httpx
 import pytest
 import torch
+from helpers.api_server import MODEL, words
 from helpers.engine_helpers import hf_greedy, hf_model
-from test_api import MODEL, words
-# the API tests' fixtures: a module-scoped engine and server of our own, no block left held
-from test_api import _no_blocks_leak, base_url, client, engine  # noqa: F401
+# no block left held, and an openai client on this module's server (conftest.py: engine, base_url)
+from test_api import _no_blocks_leak, client  # noqa: F401
 
 ATOL = 2e-4
 

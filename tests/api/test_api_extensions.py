@@ -9,8 +9,8 @@ import json
 
 import httpx
 import pytest
+from helpers.api_server import MODEL, make_engine, start_server, stop_server, wait_idle, words
 from helpers.engine_helpers import greedy
-from test_api import MODEL, make_engine, start_server, stop_server, wait_idle, words
 
 from localpaged import LLM
 from localpaged.chat.context_window import ContextWindow

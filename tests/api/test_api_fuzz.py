@@ -14,7 +14,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_api import MODEL, make_engine, start_server, stop_server, wait_idle
+from helpers.api_server import MODEL, start_server, stop_server, wait_idle
 
 from localpaged.api.protocol import MAX_NAME_CHARS
 from localpaged.core.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -112,22 +112,13 @@ requests = st.one_of(
     st.tuples(st.sampled_from(["chat/completions", "completions"]), json_values),
 )
 
-# Derandomized: the same examples on every run and machine (no example database), and a failure
-# prints the falsifying example with its @reproduce_failure blob.
-SETTINGS = settings(max_examples=60, deadline=None, database=None, derandomize=True,
-                    print_blob=True,
+# Derandomized, with no example database, by the suite's hypothesis profile (tests/conftest.py).
+SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 # ---- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def engine(tiny_llama):
-    eng = make_engine(tiny_llama)
-    yield eng
-    eng.shutdown()
-
-
 @pytest.fixture(scope="module")
 def http(engine):
     url, server = start_server(engine)
