@@ -13,9 +13,8 @@ KV-cache group, engine.kv_sizing sizing each group's pool); only this constructo
 `kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env
 LOCALPAGED_DEBUG_CHECKS=1) every step ends with `check_invariants()`; env
 LOCALPAGED_SPECULATION (off | ngram | draft) overrides `EngineConfig.speculation` for every
-engine of the process, and LOCALPAGED_DRAFT_MODEL its
-`draft_model` ("self": each engine's own model, where its layers all attend fully; to run a
-test suite with draft-model speculation).
+engine of the process, and LOCALPAGED_DRAFT_MODEL its `draft_model` ("self": each engine's own
+model, where its layers all attend fully; to run a test suite with draft-model speculation).
 See docs/architecture.md §5 (the life of a request, from make_group to the output).
 """
 
