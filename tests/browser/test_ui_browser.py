@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import _require_part as require_part
+from helpers.parts import require_part
 from helpers.tiny_chat import poll
 
 from localpaged.ui.store import DB_FILENAME
