@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from localpaged.core.config import check_choice
+from localpaged.core.guided import GuidedDecoding
 
 GREEDY_EPSILON = 1e-5
 
@@ -54,6 +55,8 @@ class SamplingParams:
     # "interactive": someone is waiting for it; "background": runs on capacity left over (see
     # scheduler.py), preempted first.
     priority: str = INTERACTIVE
+    # The output must match this (engine/grammar.py masks every token the grammar refuses).
+    guided: GuidedDecoding | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -94,6 +97,8 @@ class SamplingParams:
             ("stop_token_ids", all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
              "must be non-negative integers"),
             ("speculative", isinstance(self.speculative, bool), "must be True or False"),
+            ("guided", self.guided is None or isinstance(self.guided, GuidedDecoding),
+             "must be a GuidedDecoding or None"),
             ("draft_sources", len(self.draft_sources) <= MAX_DRAFT_SOURCES
              and all(len(src) <= MAX_DRAFT_SOURCE_TOKENS and all(_is_int(t) and t >= 0 for t in src)
                      for src in self.draft_sources),
