@@ -1,0 +1,117 @@
+"""The tool-call families, told apart by what a chat template declares, and the grammar that
+makes a model write its family's calls.
+
+- "hermes": Hermes, Qwen2.5, Qwen3: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`.
+- "llama3": Llama 3.1 / 3.2 JSON calls `{"name": ..., "parameters": {...}}` (results in the
+  `ipython` role, which the template makes of `role: "tool"`).
+- "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- "generic": a template that knows no tools. We describe the tools in a system message
+  (prompt.py) and ask for the hermes syntax, which the grammar then enforces after its trigger.
+
+`ToolFormat.guided` builds an xgrammar structural tag (core/guided.py's "structural_tag" kind):
+for "auto", free text in which each call, once its trigger is written, is held to the called
+tool's JSON schema; for "required", at least one call and nothing before it; for a named tool,
+exactly that call. So with "required" or a named tool the arguments always validate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localpaged.chat.tools.parsing import StreamParser, Syntax, parse
+from localpaged.chat.tools.spec import Choice, ParsedReply, ToolSpec, call_id, normalize_choice
+from localpaged.core.guided import GuidedDecoding
+
+FAMILIES = ("hermes", "llama3", "mistral", "generic")
+
+_HERMES = Syntax(openers=("<tool_call>",), closer="</tool_call>")
+_SYNTAX = {
+    "hermes": _HERMES,
+    "generic": _HERMES,
+    "llama3": Syntax(openers=("<|python_tag|>",), inline=('{"name"',), separators=";"),
+    "mistral": Syntax(openers=("[TOOL_CALLS]",), inline=('[{"name"',), array=True),
+}
+
+
+@dataclass(frozen=True)
+class _CallText:
+    """How a grammar writes one call: begin + arguments JSON + end, and the trigger of auto."""
+    trigger: str
+    begin: str                  # with {name} where the tool's name goes
+    end: str
+
+
+_CALL_TEXT = {
+    "hermes": _CallText("<tool_call>", '<tool_call>\n{{"name": "{name}", "arguments": ',
+                        "}\n</tool_call>"),
+    "llama3": _CallText('{"name": ', '{{"name": "{name}", "parameters": ', "}"),
+    "mistral": _CallText("[TOOL_CALLS]", '[TOOL_CALLS][{{"name": "{name}", "arguments": ', "}]"),
+}
+_CALL_TEXT["generic"] = _CALL_TEXT["hermes"]
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    family: str
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"tool format must be one of {FAMILIES}, got {self.family!r}")
+
+    @property
+    def template_has_tools(self) -> bool:
+        """Whether the chat template itself renders `tools=` (else prompt.py describes them)."""
+        return self.family != "generic"
+
+    @property
+    def syntax(self) -> Syntax:
+        return _SYNTAX[self.family]
+
+    def new_id(self) -> str:
+        return call_id(self.family)
+
+    def parse(self, text: str) -> ParsedReply:
+        return parse(self.syntax, self.new_id, text)
+
+    def stream_parser(self) -> StreamParser:
+        return StreamParser(self.syntax, self.new_id)
+
+    def call_text(self, name: str, arguments: str) -> str:
+        """One call as this family writes it (what the grammar of a named call accepts)."""
+        t = _CALL_TEXT[self.family]
+        return t.begin.format(name=name) + arguments + t.end
+
+    def guided(self, tools: list[ToolSpec] | None, tool_choice="auto",
+               parallel_tool_calls: bool = True) -> GuidedDecoding | None:
+        """The constraint for a reply with these tools (None: no tools, or tool_choice none)."""
+        choice = tool_choice if isinstance(tool_choice, Choice) else \
+            normalize_choice(tool_choice, tools)
+        if choice.mode == "none" or not tools:
+            return None
+        t = _CALL_TEXT[self.family]
+
+        def tag(tool: ToolSpec) -> dict:
+            return {"type": "tag", "begin": t.begin.format(name=tool.name),
+                    "content": {"type": "json_schema", "json_schema": tool.parameters},
+                    "end": t.end}
+
+        if choice.mode == "named":
+            fmt = tag(next(x for x in tools if x.name == choice.name))
+        else:
+            fmt = {"type": "triggered_tags", "triggers": [t.trigger],
+                   "tags": [tag(x) for x in tools], "at_least_one": choice.mode == "required",
+                   "stop_after_first": not parallel_tool_calls}
+        return GuidedDecoding.structural_tag({"type": "structural_tag", "format": fmt})
+
+
+def tool_format(chat_template: str | None) -> ToolFormat:
+    """The family a chat template's tool calls belong to, from the markers it declares."""
+    text = chat_template or ""
+    if "[TOOL_CALLS]" in text or "[AVAILABLE_TOOLS]" in text:
+        return ToolFormat("mistral")
+    if "<|python_tag|>" in text or "ipython" in text:
+        return ToolFormat("llama3")
+    if "<tool_call>" in text:
+        return ToolFormat("hermes")
+    return ToolFormat("generic")
+

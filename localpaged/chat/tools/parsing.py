@@ -1,0 +1,412 @@
+"""Finding tool calls in a model's reply, incrementally: `StreamParser.feed(delta)` returns what
+can be told apart so far (text, the start of a call with its id and name, fragments of its
+arguments), `finish()` the rest. `parse(text)` is the same machine over the whole text, so a
+reply parses the same however it was streamed.
+
+A family's `Syntax` says how its calls are written:
+- a call region opens with a consumed marker (`<tool_call>`, `[TOOL_CALLS]`, `<|python_tag|>`)
+  or with text that is already part of the call (Llama's `{"name"`; Mistral's `[{"name"` when
+  the tokenizer dropped its special `[TOOL_CALLS]` token while detokenizing);
+- the region holds one JSON object per call (`{"name": ..., "arguments": {...}}`) or, for
+  Mistral, a JSON array of them, and Hermes closes it with `</tool_call>`.
+
+Invariants of the parser:
+- Text is held back only while it may still be the start of a marker, or while it is whitespace
+  right before a call (dropped if a call follows, so content is not padded with newlines).
+- A call is announced (`CallStart`) once its name is known: at once when the object is written
+  name first (`{"name": "f", "arguments": ...`: the arguments then stream as they arrive), else
+  when the whole object is read. Arguments text is exactly the JSON of the arguments value.
+- A region that turns out not to be a call (no object, no name, not JSON) goes out as text,
+  unless a call of it was already announced. `parse` also turns a call whose arguments are not
+  a JSON object back into its text: in a streamed reply such a call has already gone out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from localpaged.chat.tools.spec import ParsedReply, ToolCall
+
+MAX_REGION_CHARS = 1 << 20       # a call region longer than this is given up as text
+_NAME_FIRST = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"'
+                         r'\s*:\s*', re.S)
+
+
+@dataclass(frozen=True)
+class Syntax:
+    openers: tuple[str, ...]            # consumed markers that open a call region
+    inline: tuple[str, ...] = ()        # text that opens a region and is part of it
+    array: bool = False                 # the region is a JSON array of call objects
+    closer: str | None = None           # the marker that closes a region
+    separators: str = ""                # besides whitespace, dropped between calls
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgsDelta:
+    index: int
+    text: str
+
+
+Delta = TextDelta | CallStart | ArgsDelta
+
+
+class _Scanner:
+    """Where a JSON value ends: depth of brackets outside strings."""
+
+    def __init__(self) -> None:
+        self.depth, self.in_string, self.escaped, self.started = 0, False, False, False
+
+    def step(self, ch: str) -> bool:
+        """Take one character; True when it ends the (object or array) value."""
+        if self.in_string:
+            if self.escaped:
+                self.escaped = False
+            elif ch == "\\":
+                self.escaped = True
+            elif ch == '"':
+                self.in_string = False
+            return False
+        if ch == '"':
+            self.in_string = True
+        elif ch in "{[":
+            self.depth += 1
+        elif ch in "}]":
+            self.depth -= 1
+            return self.started and self.depth <= 0
+        if not ch.isspace():
+            self.started = True
+        return False
+
+
+@dataclass
+class _Call:
+    """A call being read: its raw text, and what was announced of it."""
+    index: int | None = None            # set once announced
+    name: str = ""
+    args: str = ""                      # the arguments text as streamed
+    raw: str = ""                       # the region text it came from (for parse's fallback)
+    args_scanner: _Scanner | None = None
+    args_done: bool = False
+
+
+@dataclass
+class _Segment:
+    text: str | None = None
+    call: ToolCall | None = None
+    raw: str = ""
+
+
+class StreamParser:
+    def __init__(self, syntax: Syntax, new_id: Callable[[], str]) -> None:
+        self.syntax = syntax
+        self._new_id = new_id
+        self._markers = syntax.openers + syntax.inline
+        self._buf = ""                  # text not yet decided
+        self._pending_ws = ""           # whitespace held after text (dropped before a call)
+        self._after_call = False        # at whitespace that follows a call
+        self._dropped_ws = ""           # the whitespace before the open region
+        self._raw_from = 0              # where the current call's text starts in the region
+        self._any_text = False          # whether any content went out
+        self._region: str | None = None    # None: in text; else the region's raw text so far
+        self._state = "text"
+        self._obj = ""                  # the current call object's text
+        self._scanner = _Scanner()
+        self._call = _Call()
+        self._announced_in_region = False
+        self._ids: list[str] = []
+        self.segments: list[_Segment] = []
+        self._out: list[Delta] = []
+
+    # ---- public -----------------------------------------------------------------------------
+    def feed(self, delta: str) -> list[Delta]:
+        self._buf += delta
+        self._run(final=False)
+        return self._take()
+
+    def finish(self) -> list[Delta]:
+        self._run(final=True)
+        if self._state != "text":
+            self._end_region(complete=False)
+        self._flush_text(self._buf, final=True)
+        self._buf = ""
+        if self._pending_ws and not self._after_call:
+            self._emit_text(self._pending_ws)
+        self._pending_ws = ""
+        return self._take()
+
+    # ---- the machine ------------------------------------------------------------------------
+    def _take(self) -> list[Delta]:
+        out, self._out = _merged(self._out), []
+        return out
+
+    def _run(self, final: bool) -> None:
+        while self._buf:
+            if self._state == "text":
+                if not self._scan_text(final):
+                    return
+            elif not self._scan_region(final):
+                return
+
+    def _scan_text(self, final: bool) -> bool:
+        """Move text out up to the next marker; False when waiting for more input."""
+        buf = self._buf
+        hits = [(buf.find(m), m) for m in self._markers if m in buf]
+        if hits:
+            at, marker = min(hits, key=lambda h: (h[0], -len(h[1])))
+            self._flush_text(buf[:at], final=False)
+            self._dropped_ws, self._pending_ws = self._pending_ws, ""   # restored if no call
+            consumed = marker if marker in self.syntax.openers else ""
+            self._buf = buf[at + len(consumed):]
+            self._open_region(consumed)
+            return True
+        keep = 0 if final else _held(buf, self._markers)
+        self._flush_text(buf[:len(buf) - keep], final=False)
+        self._buf = buf[len(buf) - keep:]
+        return False
+
+    def _flush_text(self, text: str, final: bool) -> None:
+        if not text:
+            return
+        if self._after_call:
+            # Whitespace after a call is dropped, or kept as the break between two texts.
+            rest = text.lstrip(" \t\r\n" + self.syntax.separators)
+            if not rest:
+                return
+            self._after_call = False
+            gap = text[:len(text) - len(rest)]
+            text = (gap.strip(self.syntax.separators) or "\n") + rest if self._any_text else rest
+        stripped = text.rstrip()
+        if stripped:
+            self._emit_text(self._pending_ws + stripped)
+            self._pending_ws = ""
+        self._pending_ws += text[len(stripped):]
+
+    def _emit_text(self, text: str) -> None:
+        self._any_text = True
+        self._out.append(TextDelta(text))
+        if self.segments and self.segments[-1].text is not None:
+            self.segments[-1].text += text
+        else:
+            self.segments.append(_Segment(text=text))
+
+    def _open_region(self, consumed: str) -> None:
+        self._region = consumed
+        self._raw_from = 0
+        self._announced_in_region = False
+        self._state = "open"
+
+    def _scan_region(self, final: bool) -> bool:
+        while self._buf:
+            if len(self._region) > MAX_REGION_CHARS:
+                self._end_region(complete=False)
+                return True
+            ch = self._buf[0]
+            if self._state in ("open", "next"):
+                if ch.isspace():
+                    self._take_char()
+                    continue
+                want = "[" if self._state == "open" and self.syntax.array else "{"
+                if ch != want:
+                    self._end_region(complete=False)
+                    return True
+                self._take_char()
+                if want == "{":
+                    self._start_object()
+                else:
+                    self._state = "next"
+            elif self._state == "object":
+                self._take_char()
+                self._object_char(ch)
+            elif self._state == "after":
+                if not self._after_object(final):
+                    return False
+            if self._state == "text":
+                return True
+        return False
+
+    def _take_char(self) -> str:
+        ch, self._buf = self._buf[0], self._buf[1:]
+        self._region += ch
+        return ch
+
+    def _start_object(self) -> None:
+        self._state = "object"
+        self._obj = "{"
+        self._scanner = _Scanner()
+        self._scanner.step("{")
+        self._call = _Call()
+
+    def _object_char(self, ch: str) -> None:
+        self._obj += ch
+        call = self._call
+        if call.args_scanner is not None and not call.args_done:
+            if call.args_scanner.started or not ch.isspace():
+                call.args += ch
+                self._out.append(ArgsDelta(call.index, ch))
+            if call.args_scanner.step(ch):
+                call.args_done = True
+        done = self._scanner.step(ch)
+        if call.index is None and not done:
+            m = _NAME_FIRST.fullmatch(self._obj)
+            if m:
+                try:
+                    name = json.loads(f'"{m.group(1)}"')
+                except json.JSONDecodeError:
+                    name = None
+                if name:
+                    self._announce(name)
+                    call.args_scanner = _Scanner()
+        if done:
+            self._object_done()
+
+    def _announce(self, name: str) -> None:
+        index = len(self._ids)
+        self._ids.append(self._new_id())
+        self._call.index, self._call.name = index, name
+        self._announced_in_region = True
+        self._out.append(CallStart(index, self._ids[index], name))
+
+    def _object_done(self) -> None:
+        call = self._call
+        try:
+            obj = json.loads(self._obj)
+        except json.JSONDecodeError:
+            obj = None
+        name, args = _name_and_args(obj)
+        if call.index is None:
+            if name is None or args is None:
+                self._end_region(complete=False)
+                return
+            self._announce(name)
+            call.args = json.dumps(args, ensure_ascii=False)
+            self._out.append(ArgsDelta(call.index, call.args))
+        self.segments.append(_Segment(call=ToolCall(self._ids[call.index], call.name, call.args),
+                                      raw=self._region[self._raw_from:]))
+        self._raw_from = len(self._region)
+        self._state = "after"
+
+    def _after_object(self, final: bool) -> bool:
+        """After a call object: the closer, the next object of an array, or text."""
+        s = self.syntax
+        stripped = self._buf.lstrip()
+        if not stripped and not final:
+            return False
+        if s.array:
+            if stripped[:1] in (",", "]"):
+                self._buf = stripped[1:]
+                self._region += stripped[:1]
+                if stripped[0] == ",":
+                    self._state = "next"
+                else:
+                    self._end_region(complete=True)
+                return True
+        elif s.closer:
+            if stripped.startswith(s.closer):
+                self.segments[-1].raw += self._buf[:len(self._buf) - len(stripped)] + s.closer
+                self._buf = stripped[len(s.closer):]
+                self._end_region(complete=True)
+                return True
+            if s.closer.startswith(stripped) and not final:
+                return False
+        self._end_region(complete=True)
+        return True
+
+    def _end_region(self, complete: bool) -> None:
+        """Back to text. A region without an announced call goes out as text; an unfinished
+        call that was announced stays a call (its text is gone to the client already)."""
+        region, self._region = self._region or "", None
+        current = self._obj if self._state == "object" else ""
+        self._state = "text"
+        if not self._announced_in_region:
+            # Not a call: the region's text is content, and scanning goes on after its marker
+            # (or its first character), so a real call later in the text is still found.
+            marker = next((m for m in self.syntax.openers if m and region.startswith(m)), "")
+            cut = len(marker) or 1
+            self._pending_ws, self._dropped_ws = self._dropped_ws, ""
+            self._flush_text(region[:cut], final=False)
+            self._buf = region[cut:] + self._buf
+            return
+        self._after_call = True
+        if current and self._call.index is not None:      # announced, cut off
+            self.segments.append(_Segment(call=ToolCall(
+                self._ids[self._call.index], self._call.name, self._call.args),
+                raw=region[self._raw_from:]))
+        elif current:                   # an object that is no call, after calls: text
+            self._flush_text(current[:1], final=False)
+            self._buf = current[1:] + self._buf
+
+def parse(syntax: Syntax, new_id: Callable[[], str], text: str) -> ParsedReply:
+    """The reply's content and calls; a call whose arguments are not a JSON object stays text."""
+    parser = StreamParser(syntax, new_id)
+    parser.feed(text)
+    parser.finish()
+    content, calls = [], []
+    for seg in parser.segments:
+        if seg.call is None:
+            content.append(seg.text)
+        elif _is_object(seg.call.arguments):
+            calls.append(seg.call)
+        else:
+            content.append(seg.raw)
+    return ParsedReply("".join(content), calls)
+
+
+def _name_and_args(obj) -> tuple[str | None, dict | None]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None, None
+    args = obj.get("arguments", obj.get("parameters"))
+    if isinstance(args, str):           # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return obj["name"], None
+    if args is None and "arguments" not in obj and "parameters" not in obj:
+        args = {}
+    return obj["name"], args if isinstance(args, dict) else None
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def _held(buf: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of `buf` that is the start of a marker."""
+    best = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(buf)), best, -1):
+            if buf.endswith(m[:k]):
+                best = k
+                break
+    return best
+
+
+def _merged(deltas: list[Delta]) -> list[Delta]:
+    """Neighbouring text deltas, and argument deltas of one call, joined."""
+    out: list[Delta] = []
+    for d in deltas:
+        last = out[-1] if out else None
+        if isinstance(d, TextDelta) and isinstance(last, TextDelta):
+            out[-1] = TextDelta(last.text + d.text)
+        elif isinstance(d, ArgsDelta) and isinstance(last, ArgsDelta) and last.index == d.index:
+            out[-1] = ArgsDelta(d.index, last.text + d.text)
+        else:
+            out.append(d)
+    return out
