@@ -69,7 +69,7 @@ def test_add_message_validates(store, chat):
     other = store.create_conversation("other")
     with pytest.raises(ValueError, match=f"message {u1.id} is not in conversation {other.id}"):
         store.add_message(other.id, u1.id, "assistant", "x")
-    with pytest.raises(ValueError, match=r"role must be one of \('system', 'user', 'assistant'\), "
+    with pytest.raises(ValueError, match=r"role must be one of \('system', 'user', 'assistant', 'tool'\), "
                                          r"not 'robot'"):
         store.add_message(c.id, u1.id, "robot", "x")
     with pytest.raises(ValueError, match=r"status must be one of \('complete', .*\), not 'done'"):

@@ -53,7 +53,7 @@ BAD = [  # (the export, the error it must raise)
      r"messages\[1\].content: expected a string, got dict"),
     (export({**msg(1), "content": None}), r"messages\[0\].content: missing \(expected a string\)"),
     (export({k: v for k, v in msg(1).items() if k != "role"}), r"messages\[0\].role: missing"),
-    (export(msg(1, role="tool")), r"messages\[0\].role: expected one of \['system', 'user', "),
+    (export(msg(1, role="robot")), r"messages\[0\].role: expected one of \['system', 'user', "),
     (export(msg(1, status="done")), r"messages\[0\].status: expected one of"),
     (export(msg(1, stats=[1, 2])), r"messages\[0\].stats: expected an object, got list"),
     (export(msg(1, sampling="hot")), r"messages\[0\].sampling: expected an object, got str"),

@@ -33,7 +33,7 @@ class ExportImport(MessageTree):
             parent = None
             for m in path:
                 parent = self._insert(cid, parent, m.role, m.content, m.sampling, m.status,
-                                      m.stats, m.created, token_ids=m.token_ids)
+                                      m.stats, m.created, token_ids=m.token_ids, extra=m.extra)
         return self.get_conversation(cid)
 
     @guarded
@@ -60,7 +60,8 @@ class ExportImport(MessageTree):
             ids: dict[Any, int] = {}
             for m in plan.messages:     # parents first
                 ids[m["id"]] = self._insert(cid, ids.get(m["parent_id"]), m["role"], m["content"],
-                                            m["sampling"], m["status"], m["stats"], m["created"])
+                                            m["sampling"], m["status"], m["stats"], m["created"],
+                                            extra=m["extra"])
             self._restore_active(cid, c["active_root_id"], plan.messages, ids)
             self._write_tags(cid, c["tags"])
         return self.get_conversation(cid)
@@ -86,5 +87,26 @@ class ExportImport(MessageTree):
             parts.append(f"### System\n\n{conv.system_prompt}\n")
         for m in self.active_path(conversation_id):
             note = "" if m.status == "complete" else f"\n\n*(reply {m.status})*"
-            parts.append(f"### {m.role.capitalize()}\n\n{m.content}{note}\n")
+            parts.append(f"### {_heading(m)}\n\n{m.content}{_extra_markdown(m.extra)}{note}\n")
         return "\n".join(parts)
+
+
+def _heading(m) -> str:
+    """A message's section title: its role; a tool result names its tool."""
+    if m.role == "tool":
+        return f"Tool result: {str(m.extra.get('name', 'tool'))[:100]}"
+    return m.role.capitalize()
+
+
+def _extra_markdown(extra: dict[str, Any]) -> str:
+    """What a message's `extra` adds to its Markdown export: the calls of a reply, the names
+    of a message's attachments (their text is in the JSON export)."""
+    out = ""
+    for call in extra.get("tool_calls") or []:
+        if isinstance(call, dict):
+            out += (f"\n\n*Tool call* `{str(call.get('name', ''))[:100]}`:\n\n```json\n"
+                    f"{str(call.get('arguments', ''))}\n```")
+    for att in extra.get("attachments") or []:
+        if isinstance(att, dict):
+            out += f"\n\n*Attached:* {str(att.get('name', 'file'))[:200]}"
+    return out

@@ -54,6 +54,7 @@ class Message:
     stats: dict[str, Any]  # see STATS_KEYS
     prepared: str | None = None  # one of PREPARED: a reply made in the background, opened or not
     token_ids: list[int] | None = None  # a reply's tokens as generated (None: unknown)
+    extra: dict[str, Any] = field(default_factory=dict)  # tool calls, a tool card, attachments
 
 
 def conversation_from_row(row: dict) -> Conversation:
@@ -75,7 +76,7 @@ def message_from_row(row: dict) -> Message:
         created=r.time("created"), sampling=r.json_object("sampling", None),
         active_child_id=r.ref("active_child_id"), status=r.choice("status", STATUSES),
         stats=r.json_object("stats", {}), prepared=r.choice("prepared", PREPARED),
-        token_ids=r.token_ids("token_ids"))
+        token_ids=r.token_ids("token_ids"), extra=r.json_object("extra", {}))
 
 
 _logged: set[str] = set()       # "table.column" already reported

@@ -18,11 +18,17 @@ The version lives in `PRAGMA user_version`:
      prompt, sampling settings and context policy a new conversation starts with) and `presets`
      (named system prompts the user saved; the built-in ones are not stored, see
      `ui/settings/presets.py`). Added tables only: every conversation and message is kept as it was.
-  5  current: `conversations.pinned` and `conversations.archived` (0 | 1: pinned ones are listed
+  5  `conversations.pinned` and `conversations.archived` (0 | 1: pinned ones are listed
      first, archived ones only when asked for), `tags` (conversation id, tag: any number of tags
      a conversation, each at most once) and the full-text index of the messages (`fts.py`: an
      FTS5 table kept by triggers; the migration indexes every existing message). Added columns
      and tables only: every conversation and message is kept as it was.
+  6  current: role 'tool' (a tool's result, answering an assistant message's tool call) and
+     `messages.extra` (JSON: an assistant message's `tool_calls`, a tool message's card: the
+     call it answers, its arguments, state, duration; a user message's `attachments`), and
+     `tool_servers` (the MCP servers the user added: name, kind 'stdio' | 'http', target: an
+     argv list or a URL, as JSON). The role's CHECK changes, so `messages` is rebuilt
+     (`rebuild_messages`: copied row for row, ids kept, foreign keys off while it runs).
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -42,8 +48,8 @@ from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 5
-ROLES = ("system", "user", "assistant")
+SCHEMA_VERSION = 6
+ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
 # Keys the app writes into Message.stats (others are kept as given).
@@ -56,7 +62,30 @@ CONTEXT_POLICIES = ("drop_oldest", "error")
 
 _STATUS_CHECK = "CHECK (status IN ('complete', 'streaming', 'stopped', 'interrupted'))"
 _PREPARED_CHECK = "CHECK (prepared IS NULL OR prepared IN ('unseen', 'seen'))"
+_ROLE_CHECK = "CHECK (role IN ('system', 'user', 'assistant', 'tool'))"
+TOOL_SERVER_KINDS = ("stdio", "http")
 
+# The messages table, named {name} (the migration to version 6 builds it beside the old one).
+MESSAGES_DDL = f"""CREATE TABLE {{name}} (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
+        role TEXT NOT NULL {_ROLE_CHECK},
+        content TEXT NOT NULL,
+        created REAL NOT NULL,
+        sampling TEXT,
+        active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
+        status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
+        stats TEXT NOT NULL DEFAULT '{{{{}}}}',
+        prepared TEXT {_PREPARED_CHECK},
+        token_ids TEXT,
+        extra TEXT NOT NULL DEFAULT '{{{{}}}}'
+    )"""
+_MESSAGE_INDEXES = [
+    "CREATE INDEX messages_conversation ON messages(conversation_id)",
+    "CREATE INDEX messages_parent ON messages(parent_id)",
+    "CREATE INDEX messages_status ON messages(status)",
+]
 # Times are Unix seconds (REAL); sampling, stats are JSON text.
 CREATE_CURRENT = [
     """CREATE TABLE conversations (
@@ -73,23 +102,8 @@ CREATE_CURRENT = [
         pinned INTEGER NOT NULL DEFAULT 0 CHECK (pinned IN (0, 1)),
         archived INTEGER NOT NULL DEFAULT 0 CHECK (archived IN (0, 1))
     )""",
-    f"""CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-        parent_id INTEGER REFERENCES messages(id) ON DELETE CASCADE,
-        role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
-        content TEXT NOT NULL,
-        created REAL NOT NULL,
-        sampling TEXT,
-        active_child_id INTEGER REFERENCES messages(id) ON DELETE SET NULL,
-        status TEXT NOT NULL DEFAULT 'complete' {_STATUS_CHECK},
-        stats TEXT NOT NULL DEFAULT '{{}}',
-        prepared TEXT {_PREPARED_CHECK},
-        token_ids TEXT
-    )""",
-    "CREATE INDEX messages_conversation ON messages(conversation_id)",
-    "CREATE INDEX messages_parent ON messages(parent_id)",
-    "CREATE INDEX messages_status ON messages(status)",
+    MESSAGES_DDL.format(name="messages"),
+    *_MESSAGE_INDEXES,
 ]
 # Version 4's tables: in CREATE_CURRENT and, for an older file, in MIGRATIONS[3].
 _APP_TABLES = [
@@ -111,6 +125,30 @@ _TAGS = [
     "CREATE INDEX tags_tag ON tags(tag)",
 ]
 CREATE_CURRENT += _TAGS
+# Version 6's table.
+_TOOL_SERVERS = [
+    """CREATE TABLE tool_servers (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('stdio', 'http')),
+        target TEXT NOT NULL,
+        created REAL NOT NULL
+    )""",
+]
+CREATE_CURRENT += _TOOL_SERVERS
+_MESSAGE_COLUMNS = ("id, conversation_id, parent_id, role, content, created, sampling,"
+                    " active_child_id, status, stats, prepared, token_ids")
+# Version 5 -> 6: messages copied into the new table, which then takes the old one's place
+# (foreign keys are off meanwhile: `migrate`); the full-text triggers go with the old table and
+# fts.ensure_index makes them again.
+_REBUILD_MESSAGES = [
+    MESSAGES_DDL.format(name="messages_v6"),
+    f"INSERT INTO messages_v6 ({_MESSAGE_COLUMNS}) SELECT {_MESSAGE_COLUMNS} FROM messages",
+    "DROP TABLE messages",
+    "ALTER TABLE messages_v6 RENAME TO messages",
+    *_MESSAGE_INDEXES,
+    *_TOOL_SERVERS,
+]
 
 # Tree queries (recursive CTEs, no depth limit): the active path of conversation ?, from its
 # active root down the active children; the path from the root down to message ?; the ids of
@@ -154,7 +192,11 @@ MIGRATIONS: dict[int, list[str]] = {
         " CHECK (archived IN (0, 1))",
         *_TAGS,
     ],   # and the full-text index: fts.ensure_index, run after every migration
+    5: _REBUILD_MESSAGES,
 }
+# Migrations that rebuild a table another one references: run with foreign keys off (a DROP
+# TABLE would otherwise run the references' ON DELETE actions), checked before commit.
+_FOREIGN_KEYS_OFF = {5}
 
 
 def user_version(db: Database) -> int:
@@ -171,7 +213,10 @@ def migrate(db: Database, path: Path) -> int:
         _create(db, path)
         return old
     for version in range(old, SCHEMA_VERSION):
-        _run(db, MIGRATIONS[version], version + 1)
+        if version in _FOREIGN_KEYS_OFF:
+            _run_without_foreign_keys(db, MIGRATIONS[version], version + 1)
+        else:
+            _run(db, MIGRATIONS[version], version + 1)
         log.info("migrated %s from schema version %d to %d", path, version, version + 1)
     return old
 
@@ -189,3 +234,20 @@ def _run(db: Database, statements: list[str], version: int) -> None:
         for sql in statements:
             db.execute(sql)
         db.execute(f"PRAGMA user_version = {int(version)}")
+
+
+def _run_without_foreign_keys(db: Database, statements: list[str], version: int) -> None:
+    """`_run` with foreign keys off (PRAGMA foreign_keys cannot change inside a transaction),
+    the references checked before the commit: a violation rolls the step back."""
+    db.execute("PRAGMA foreign_keys = OFF")
+    try:
+        with db.atomic():
+            for sql in statements:
+                db.execute(sql)
+            bad = db.execute("PRAGMA foreign_key_check").fetchall()
+            if bad:
+                raise StoreError(f"migrating to schema version {version} broke {len(bad)} "
+                                 f"reference(s), e.g. {bad[0]}: nothing was changed")
+            db.execute(f"PRAGMA user_version = {int(version)}")
+    finally:
+        db.execute("PRAGMA foreign_keys = ON")

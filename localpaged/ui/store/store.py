@@ -23,9 +23,10 @@ from .fts import like_pattern
 from .organise import Organise
 from .rows import Conversation, Message, conversation_from_row
 from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES
+from .tool_servers import ToolServer, ToolServerRows
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
-           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT"]
+           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT", "ToolServer"]
 
 # A conversation row with its tags (a JSON list, sorted).
 _SELECT = ("SELECT c.*, (SELECT json_group_array(tag) FROM (SELECT tag FROM tags"
@@ -47,7 +48,7 @@ def default_data_dir() -> Path:
     return base / "localpaged"
 
 
-class Store(AppSettings, ExportImport, Organise):
+class Store(AppSettings, ExportImport, Organise, ToolServerRows):
     """The conversation store. `path` is the database file, or a directory to hold
     DB_FILENAME; missing directories are created (see StoreBase)."""
 

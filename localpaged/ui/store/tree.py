@@ -34,9 +34,10 @@ class MessageTree(StoreBase):
     def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str,
                     sampling: dict[str, Any] | None = None, status: str = "complete",
                     stats: dict[str, Any] | None = None, prepared: str | None = None,
-                    activate: bool = True) -> Message:
+                    activate: bool = True, extra: dict[str, Any] | None = None) -> Message:
         """Add a child of `parent_id` (None: a new root) and make it the active child (unless
-        `activate` is off: a reply prepared in the background stays off the shown path)."""
+        `activate` is off: a reply prepared in the background stays off the shown path).
+        `extra`: tool calls, a tool card or attachments (schema.py, version 6)."""
         self._check(role=role, status=status, prepared=prepared)
         self.get_conversation(conversation_id)
         # Invariant: a message's parent is in the same conversation.
@@ -44,20 +45,21 @@ class MessageTree(StoreBase):
             raise ValueError(f"message {parent_id} is not in conversation {conversation_id}")
         with self._write():
             mid = self._insert(conversation_id, parent_id, role, content, sampling, status,
-                               stats or {}, time.time(), prepared, activate)
+                               stats or {}, time.time(), prepared, activate, extra=extra)
             self._touch(conversation_id)
         return self.get_message(mid)
 
     def _insert(self, cid: int, parent_id: int | None, role: str, content: str,
                 sampling: dict | None, status: str, stats: dict, created: float,
                 prepared: str | None = None, activate: bool = True,
-                token_ids: list[int] | None = None) -> int:
+                token_ids: list[int] | None = None, extra: dict | None = None) -> int:
         mid = self.db.table("messages").insert({
             "conversation_id": cid, "parent_id": parent_id, "role": role, "content": content,
             "created": created, "status": status, "stats": json.dumps(stats),
             "sampling": None if sampling is None else json.dumps(sampling),
             "prepared": prepared,
-            "token_ids": None if token_ids is None else json.dumps(token_ids)}).last_pk
+            "token_ids": None if token_ids is None else json.dumps(token_ids),
+            "extra": json.dumps(extra or {})}).last_pk
         if activate:
             self._activate(cid, parent_id, mid)
         return mid
@@ -74,15 +76,17 @@ class MessageTree(StoreBase):
                        status: str | None = None,
                        stats: dict[str, Any] | None = None,
                        prepared: str | None = None,
-                       token_ids: list[int] | None = None) -> Message:
-        """Rewrite a message (a streaming reply as it grows); `stats` is merged into the old
-        stats; `token_ids` (a reply's tokens, kept in step with `content`) replaces the old.
-        Committed before returning."""
+                       token_ids: list[int] | None = None,
+                       extra: dict[str, Any] | None = None) -> Message:
+        """Rewrite a message (a streaming reply as it grows); `stats` and `extra` are merged
+        into the old ones; `token_ids` (a reply's tokens, kept in step with `content`) replaces
+        the old. Committed before returning."""
         self._check(status=status, prepared=prepared)
         old = self.get_message(message_id)
         new = {"content": content, "status": status, "prepared": prepared,
                "stats": None if stats is None else json.dumps({**old.stats, **stats}),
-               "token_ids": None if token_ids is None else json.dumps(list(token_ids))}
+               "token_ids": None if token_ids is None else json.dumps(list(token_ids)),
+               "extra": None if extra is None else json.dumps({**old.extra, **extra})}
         new = {k: v for k, v in new.items() if v is not None}
         with self._write():
             if new:

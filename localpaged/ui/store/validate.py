@@ -35,13 +35,14 @@ MAX_MODEL_CHARS = 1_000
 MAX_JSON_DEPTH = 8                  # sampling / stats: {"a": {"b": ...}} is depth 2
 MAX_JSON_CHARS = 64_000             # sampling / stats, as JSON text
 MAX_ID_CHARS = 200                  # a string id
+MAX_EXTRA_CHARS = 4_000_000         # a message's extra: tool calls, a tool card, attachments
 
 
 @dataclass
 class ImportPlan:
     """A checked export: the conversation's fields and its messages, parents first. Message
     records hold exactly: id, parent_id, role, content, sampling, status, stats, created,
-    active_child_id."""
+    active_child_id, extra."""
     conversation: dict[str, Any]
     messages: list[dict[str, Any]]
 
@@ -148,7 +149,8 @@ def _message(m: Any, w: str, now: float) -> dict[str, Any]:
             # nothing streams into an imported reply: one cut off is kept as such
             "status": "interrupted" if status == "streaming" else status,
             "stats": _json_object(m, "stats", w) or {}, "created": _time(m, "created", w, now),
-            "active_child_id": _id(m, "active_child_id", w, required=False)}
+            "active_child_id": _id(m, "active_child_id", w, required=False),
+            "extra": _json_object(m, "extra", w, MAX_EXTRA_CHARS) or {}}
 
 
 # -- fields --------------------------------------------------------------------------------
@@ -209,15 +211,17 @@ def _time(record: dict, key: str, w: str, now: float) -> float:
     return float(value)
 
 
-def _json_object(record: dict, key: str, w: str) -> dict | None:
+def _json_object(record: dict, key: str, w: str, cap: int = MAX_JSON_CHARS) -> dict | None:
+    """record[key]: plain JSON of bounded depth, at most `cap` characters (an `extra` holds
+    attachments' text: MAX_EXTRA_CHARS)."""
     value = _get(record, key, dict, w)
     if value:
         try:
             size = _json_size(value, 1)
         except _BadJson as e:
             raise _error(f"{w}.{key}" + "".join(reversed(e.path)), e.problem) from None
-        if size > MAX_JSON_CHARS:
-            raise _error(f"{w}.{key}", f"more than {MAX_JSON_CHARS} characters of JSON")
+        if size > cap:
+            raise _error(f"{w}.{key}", f"more than {cap} characters of JSON")
     return value
 
 
