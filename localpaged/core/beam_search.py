@@ -72,6 +72,8 @@ def _top_candidates(group: SequenceGroup, beams: list[Sequence], rows: torch.Ten
     vocab = rows.shape[1]
     out = []
     for score, index in zip(scores.tolist(), flat.tolist()):
+        if score == float("-inf"):          # a token a grammar refuses (engine/grammar.py)
+            break
         parent, token = beams[index // vocab], index % vocab
         length = parent.num_output_tokens + 1
         ends = token in eos or length >= group.params.max_tokens or \
@@ -110,6 +112,8 @@ def _advance(beams: list[Sequence], running: list[Candidate]) -> BeamStep:
     frees = [beam for beam in beams if beam.seq_id not in claimed]
     # Forks above copied their parent's tokens before any of this step's tokens is appended.
     for index, (seq, c) in enumerate(zip(new_beams, running)):
+        if seq.grammar is not None:
+            seq.grammar.accept(c.token)
         seq.token_ids.append(c.token)
         seq.cumulative_logprob = c.score
         seq.index = index

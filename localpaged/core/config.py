@@ -78,6 +78,10 @@ class EngineConfig:
     speculation: str = "off"             # SPECULATION
     num_speculative_tokens: int = 16     # the longest draft; DraftState picks each one's length
     draft_model: str | None = None       # a model name or path, as `model`; for "draft"
+    # Constrained requests (SamplingParams.guided): where the grammar forces a run of text, its
+    # tokens are drafted and verified in one step (engine/grammar.py: jump_forward); the output
+    # is the same either way.
+    jump_forward: bool = True
     # The KV cache's dtype (KV_CACHE_DTYPES): "auto" the model's; a smaller one holds more
     # tokens in the same memory (the block count from a budget grows), the kernels convert
     # on load (int8: a float32 scale per token and KV head, kernels/kv_quant.py).

@@ -7,7 +7,8 @@ the compile cache keys on, so the same schema sent twice compiles once.
 
 Kinds (the names follow vLLM's guided decoding; `value` is always text):
 - "json_object": any JSON object (OpenAI's `response_format: {"type": "json_object"}`); no value.
-- "json_schema": a JSON schema, canonical JSON text (keys sorted), OpenAI's `json_schema.schema`.
+- "json_schema": a JSON schema as compact JSON text, OpenAI's `json_schema.schema` (its key order
+  kept: properties are generated in that order).
 - "regex": a regular expression the whole output matches.
 - "grammar": an EBNF grammar (GBNF-style, with a `root` rule).
 - "choice": one of a list of strings, as a JSON array.
@@ -98,4 +99,4 @@ class GuidedDecoding:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)    # key order is kept

@@ -12,6 +12,7 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -25,6 +26,24 @@ def make_generator(seed: int | None, index: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(random.getrandbits(63) if seed is None else (seed * 1_000_003 + index) % 2**63)
     return g
+
+
+class Grammar(Protocol):
+    """The grammar state of one sequence (engine/grammar.py: SequenceGrammar). Invariant: it has
+    accepted exactly the sequence's output tokens."""
+
+    def fork(self) -> "Grammar": ...
+
+    def accept(self, token: int) -> None: ...
+
+    @property
+    def is_terminated(self) -> bool: ...
+
+
+class GrammarSource(Protocol):
+    """A compiled constraint (engine/grammar.py: CompiledGrammar): each sequence's start state."""
+
+    def matcher(self) -> Grammar: ...
 
 
 class GroupStatus(enum.Enum):
@@ -64,6 +83,7 @@ class Sequence:
         self.num_draft_tokens = 0
         self.drafted = 0                        # draft tokens verified for it so far
         self.accepted = 0                       # of those, tokens it kept
+        self.grammar: Grammar | None = None     # SamplingParams.guided's state, forked with it
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -94,6 +114,7 @@ class Sequence:
         child.logprobs = list(self.logprobs)
         child.cumulative_logprob = self.cumulative_logprob
         child.text, child.detok_state = self.text, self.detok_state
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child
 
 
@@ -139,6 +160,9 @@ class SequenceGroup:
     num_disk_tokens: int = 0             # of those, read back from the disk tier (set with them)
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
+    # Per output index (one entry, or one per column): the compiled constraint of its params'
+    # `guided`, None where unconstrained; empty when nothing is constrained.
+    grammars: tuple[GrammarSource | None, ...] = ()
     # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
 
@@ -154,6 +178,11 @@ class SequenceGroup:
 
     def params_for_index(self, index: int) -> SamplingParams:
         return self.column_params[index] if self.column_params else self.params
+
+    def new_grammar(self, index: int) -> Grammar | None:
+        """A fresh grammar state for output `index` (None: unconstrained)."""
+        source = self.grammars[index if len(self.grammars) > 1 else 0] if self.grammars else None
+        return source.matcher() if source is not None else None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

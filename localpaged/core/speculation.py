@@ -243,7 +243,7 @@ class Drafter:
 
     def _draft(self, group: SequenceGroup, seq: Sequence, wanted: list[tuple[Sequence, int]]) -> None:
         state = self.states.setdefault(seq.seq_id, DraftState(self.k_max))
-        room, sources = _room(group, seq), group.params_for(seq).draft_sources
+        room, sources = draft_room(group, seq), group.params_for(seq).draft_sources
         self.drafting[seq.seq_id] = state
         if self.model is None:
             k = min(state.next_k(self.cost), room)
@@ -313,7 +313,7 @@ def eligible(group: SequenceGroup) -> bool:
     return all(p.speculative and not p.has_penalties for p in params)
 
 
-def _room(group: SequenceGroup, seq: Sequence) -> int:
+def draft_room(group: SequenceGroup, seq: Sequence) -> int:
     """Draft tokens that could still be kept: within max_tokens and the model's context (the
     verification also yields one token of its own)."""
     p = group.params_for(seq)

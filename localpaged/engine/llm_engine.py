@@ -45,10 +45,11 @@ from localpaged.core.request import (
 )
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
-from localpaged.core.speculation import Drafter
+from localpaged.core.speculation import Drafter, draft_room, eligible
 from localpaged.engine import kv_sizing, step_decisions
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.draft_model import DraftModel
+from localpaged.engine.grammar import GrammarCompiler
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
@@ -118,6 +119,9 @@ class LLMEngine:
         self.drafter = None if speculation == "off" else Drafter(
             config.num_speculative_tokens, self._draft_model() if speculation == "draft" else None,
             background_idle=not shares)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
+                                        set(self.eos_token_ids))
+        self.jump_forward_tokens = 0      # tokens jump-forward drafted and the model kept
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -220,18 +224,27 @@ class LLMEngine:
         else:
             text, ids = None, [int(t) for t in prompt]
         self._check_prompt(ids)
+        grammars = self._compile(column_params or [params])
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
         seq.detok_state = start_offsets(len(ids))
         group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
                               self.max_model_len, beam, column_params=column_params,
                               beam_state=BeamState() if beam else None,
-                              priority=priority)
+                              priority=priority, grammars=grammars)
+        seq.grammar = group.new_grammar(0)
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
                              f"beam width); this engine runs at most "
                              f"max_num_seqs={self.config.max_num_seqs}")
         return group
+
+    def _compile(self, params: list[SamplingParams]) -> tuple:
+        """Each output's compiled `guided` constraint (a GrammarError, a ValueError naming it,
+        for one the library refuses); () when none is constrained."""
+        if all(p.guided is None for p in params):
+            return ()
+        return tuple(None if p.guided is None else self.grammars.compile(p.guided) for p in params)
 
     def _check_prompt(self, ids: list[int]) -> None:
         if not ids:
@@ -280,6 +293,7 @@ class LLMEngine:
         with phase("schedule"):
             if self.drafter is not None:
                 self.drafter.attach(self.scheduler.running)
+            jumped = self._constrain_drafts()
             out = self.scheduler.schedule()
         logits, rows, prompt_lps = self.runner.execute(out, timings)
         prompt_logprobs.record(out.scheduled, prompt_lps)
@@ -296,6 +310,9 @@ class LLMEngine:
                 self._end(seq, "length", "kv_cache_full")
             result.finished.append(group)
             touched.append(group)
+        for seq_id in jumped:           # jump-forward drafts are the grammar's, not speculation's
+            drafted, accepted = result.drafts.pop(seq_id, (0, 0))
+            self.jump_forward_tokens += accepted
         if self.drafter is not None:
             self._account_drafts(out, result, time.perf_counter() - started)
         self._update(out, result)
@@ -307,6 +324,28 @@ class LLMEngine:
         if timings is not None:
             timings.steps += 1
         return outputs
+
+    def _constrain_drafts(self) -> set[int]:
+        """Drafts of constrained sequences cut at the first token their grammar refuses; where a
+        decoding sequence has no draft and its grammar forces text next, that text's tokens are
+        its draft (jump-forward: verified in this one step, kept exactly as decoding would keep
+        them). Returns the seq_ids drafted by jump-forward."""
+        jumped: set[int] = set()
+        for group in self.scheduler.running:
+            if not group.grammars:
+                continue
+            for seq in group.unfinished_seqs():
+                if seq.grammar is None or seq.num_uncomputed_tokens != 1 + seq.num_draft_tokens:
+                    continue
+                if seq.num_draft_tokens:
+                    draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
+                    seq.drop_drafts(keep=seq.grammar.check_draft(draft))
+                elif self.config.jump_forward and eligible(group) and (
+                        tokens := seq.grammar.jump_forward(draft_room(group, seq))):
+                    seq.token_ids.extend(tokens)
+                    seq.num_draft_tokens = len(tokens)
+                    jumped.add(seq.seq_id)
+        return jumped
 
     def _account_drafts(self, out: SchedulerOutput, result: StepResult, seconds: float) -> None:
         """Per sequence, what its draft earned; for a decode-only step, what it cost."""

@@ -23,15 +23,19 @@ class SampleResult:
     top: dict[int, float]
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence],
-           params: list[SamplingParams]) -> list[SampleResult]:
-    """logits [S, V] float32, one row per sequence; the rows are processed as one batch."""
+def sample(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams],
+           allowed: torch.Tensor | None = None) -> list[SampleResult]:
+    """logits [S, V] float32, one row per sequence; the rows are processed as one batch.
+    `allowed` [S, V] bool: the tokens each row may take (grammar masks), applied after the
+    penalties and before every sampling rule, so greedy and every filter choose among them."""
     logprobs = torch.log_softmax(logits, dim=-1)
     if any(p.has_penalties for p in params):
         logits = logits.clone()
         for i, (seq, p) in enumerate(zip(seqs, params)):
             if p.has_penalties:
                 apply_penalties(logits[i], seq, p)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     tokens = logits.argmax(dim=-1)
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
@@ -41,8 +45,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence],
             for i, (t, p) in enumerate(zip(tokens.tolist(), params))]
 
 
-def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
-           draft: list[int]) -> list[SampleResult]:
+def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams, draft: list[int],
+           allowed: torch.Tensor | None = None) -> list[SampleResult]:
     """The tokens a sequence keeps from a draft of d tokens, given the logits [d + 1, V] at its
     input token and at each draft token: the accepted drafts, then one token of its own (the
     correction of the first rejected draft, or one more after them all).
@@ -56,9 +60,12 @@ def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams,
     takes one number per kept token from the same stream, a seeded request keeps exactly the
     tokens it would decode one at a time. Logprobs as in `sample`: the raw distribution at
     each position. Requests with penalties are not drafted (speculation.eligible): their
-    distribution at a position depends on the tokens before it.
+    distribution at a position depends on the tokens before it. `allowed` [d + 1, V] bool: the
+    grammar's mask at each position (engine/grammar.py: draft_masks), as `sample` applies it.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
     if p.greedy:
         target = logits.argmax(dim=-1).tolist()
         accepted = next((j for j, t in enumerate(draft) if target[j] != t), len(draft))
@@ -148,7 +155,9 @@ def apply_penalties(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> torc
 
 
 def record(seq: Sequence, result: SampleResult) -> None:
-    """Append a sampled token to seq with its logprobs."""
+    """Append a sampled token to seq with its logprobs (and advance its grammar)."""
+    if seq.grammar is not None:
+        seq.grammar.accept(result.token_id)
     seq.token_ids.append(result.token_id)
     seq.cumulative_logprob += result.logprob
     seq.logprobs.append(TokenLogprob(result.token_id, result.logprob, result.top))

@@ -20,6 +20,7 @@ from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
 from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
+from localpaged.engine.grammar import allowed_rows
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localpaged.engine.sampler import record, verify
 from localpaged.engine.sampler import sample as sample_rows
@@ -42,7 +43,7 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
             verified.append(group)
             continue
         if group.beam is not None:
-            beams.setdefault(group, {})[item.seq.seq_id] = logits[row]
+            beams.setdefault(group, {})[item.seq.seq_id] = _masked(logits[row], item.seq)
             continue
         for seq in _fork_samples(group, item.seq, result):
             rows.append(row)
@@ -51,7 +52,8 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
             groups.append(group)
     if rows:
         batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
-        for seq, group, sampled in zip(seqs, groups, sample_rows(batch, seqs, params)):
+        allowed = allowed_rows([s.grammar for s in seqs], batch.shape[1])
+        for seq, group, sampled in zip(seqs, groups, sample_rows(batch, seqs, params, allowed)):
             record(seq, sampled)
             check_stop(group, seq, result, tokenizer)
     groups += verified
@@ -70,7 +72,9 @@ def _verify_draft(group: SequenceGroup, seq: Sequence, logits: torch.Tensor,
     the stop rules; result.kept says how many of the step's positions keep their K/V."""
     draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
     seq.drop_drafts()
-    chosen = verify(logits, seq, group.params_for(seq), draft)
+    # engine/grammar.py: a draft was cut where the grammar refused it before it ran
+    allowed = seq.grammar.draft_masks(draft) if seq.grammar is not None else None
+    chosen = verify(logits, seq, group.params_for(seq), draft, allowed)
     accepted = len(chosen) - 1
     recorded = 0
     for sampled in chosen:
@@ -92,9 +96,18 @@ def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> li
     for i in range(1, group.width):
         seed_index = 0 if group.column_params else i     # a column samples like a lone request
         child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
+        if group.column_params:                          # a column keeps its own constraint
+            child.grammar = group.new_grammar(i)
         result.forks.append(Fork(seq, child))
         group.seqs.append(child)
     return list(group.seqs)
+
+
+def _masked(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    """A beam's logits with the tokens its grammar refuses at -inf (beam scores are then the
+    log-probabilities among the allowed tokens)."""
+    allowed = allowed_rows([seq.grammar], row.shape[0])
+    return row if allowed is None else row.masked_fill(~allowed[0], float("-inf"))
 
 
 def _beam_step(group: SequenceGroup, logits: dict[int, torch.Tensor], result: StepResult,
@@ -118,7 +131,9 @@ def check_stop(group: SequenceGroup, seq: Sequence, result: StepResult, tokenize
     p = group.params_for(seq)
     token = seq.token_ids[-1]
     new_text = detokenize(tokenizer, seq)
-    if token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
+    if seq.grammar is not None and seq.grammar.is_terminated:      # nothing may follow
+        seq.finish_reason, seq.finish_detail = "stop", "eos"
+    elif token in p.stop_token_ids or (token in group.eos_token_ids and not p.ignore_eos):
         seq.finish_reason, seq.stop_reason = "stop", (token if token in p.stop_token_ids else None)
         seq.finish_detail = "stop_token" if token in p.stop_token_ids else "eos"
     elif (stop := find_stop(seq, new_text, p.stop, p.include_stop_str_in_output)) is not None:

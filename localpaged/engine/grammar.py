@@ -1,0 +1,182 @@
+"""Grammar-constrained decoding: the compiled grammars of an engine and the matcher of each
+sequence, on xgrammar (bench/grammar.py compares it with llguidance on our tokenizers and
+schemas: docs/benchmarks.md has why xgrammar).
+
+Owns:
+- `GrammarCompiler`: one per engine. The tokenizer's vocabulary as xgrammar reads it (built on
+  the first constrained request) and a cache of compiled grammars keyed by
+  `GuidedDecoding.key`, so a schema sent many times compiles once. A spec the library refuses
+  raises `GrammarError` (a ValueError naming the constraint) before any engine state is
+  touched: `LLMEngine.make_group` compiles.
+- `SequenceGrammar`: the matcher state of one sequence. It is forked with the sequence
+  (parallel samples, beams, branches: `Sequence.fork`), advanced by every token the sequence
+  keeps (`sampler.record`), and nothing else. Preemption keeps it as it is: a recomputed or
+  swapped-in sequence has the same tokens, so the same state.
+- `allowed_rows`: the token masks of a batch of sequences, as a bool tensor the sampler applies.
+- Drafts (`check_draft`, `draft_masks`, `jump_forward`): speculation's drafts are cut at the
+  first token the grammar refuses before they are verified, the verification samples each
+  position under that position's mask, and where the grammar forces a run of text (a fixed key,
+  a closing brace) its tokens become a draft of their own (jump-forward), verified in one step.
+
+Invariant: a sequence's matcher has accepted exactly its output tokens (drafts are checked and
+rolled back, never left accepted); so the masks of a step depend only on kept tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict
+
+import torch
+import xgrammar as xgr
+
+from localpaged.core.guided import GuidedDecoding
+
+logger = logging.getLogger(__name__)
+
+CACHE_SIZE = 64                     # compiled grammars kept per engine (LRU)
+MAX_JUMP_TOKENS = 32                # tokens a jump-forward draft holds at most
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class GrammarError(ValueError):
+    """A constraint the grammar library cannot compile; the message names it."""
+
+
+class GrammarCompiler:
+    """Compiles GuidedDecoding specs for one tokenizer; thread-safe (make_group runs on callers'
+    threads)."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
+        self._compiler: xgr.GrammarCompiler | None = None
+        self._cache: OrderedDict[tuple[str, str], xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiles = 0               # grammars compiled (cache misses), for tests and stats
+
+    def compile(self, spec: GuidedDecoding) -> "CompiledGrammar":
+        with self._lock:
+            compiled = self._cache.get(spec.key)
+            if compiled is None:
+                compiled = self._compile(spec)
+                self.compiles += 1
+                self._cache[spec.key] = compiled
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(spec.key)
+        return CompiledGrammar(spec, compiled, self.vocab_size)
+
+    def _compile(self, spec: GuidedDecoding) -> xgr.CompiledGrammar:
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids)
+            self._compiler = xgr.GrammarCompiler(info)
+        c = self._compiler
+        try:
+            if spec.kind == "json_object":
+                return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
+            if spec.kind == "json_schema":
+                return c.compile_json_schema(spec.value, any_whitespace=False)
+            if spec.kind == "regex":
+                return c.compile_regex(spec.value)
+            if spec.kind == "grammar":
+                return c.compile_grammar(spec.value)
+            if spec.kind == "choice":
+                options = json.loads(spec.value)
+                return c.compile_grammar("root ::= " + " | ".join(json.dumps(o) for o in options))
+            return c.compile_structural_tag(spec.value)
+        except Exception as e:          # the library raises RuntimeError, ValueError and its own
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise GrammarError(f"{spec.label} cannot be compiled: {first}") from None
+
+
+class CompiledGrammar:
+    """A compiled spec: what a new sequence's matcher starts from."""
+
+    def __init__(self, spec: GuidedDecoding, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+        self.spec = spec
+        self.compiled = compiled
+        self.vocab_size = vocab_size
+
+    def matcher(self) -> "SequenceGrammar":
+        return SequenceGrammar(xgr.GrammarMatcher(self.compiled), self.vocab_size)
+
+
+class SequenceGrammar:
+    """The grammar state of one sequence (see the module's invariant)."""
+
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int) -> None:
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+
+    def fork(self) -> "SequenceGrammar":
+        return SequenceGrammar(self.matcher.fork(), self.vocab_size)
+
+    def accept(self, token: int) -> None:
+        """Advance by a kept token. A token the mask allowed is always accepted; one it did not
+        (a caller bypassing the sampler) is a bug, raised here rather than decoded wrong."""
+        if not self.matcher.accept_token(token):
+            raise RuntimeError(f"token {token} is not allowed by the sequence's grammar")
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and its stop token was accepted: nothing more may follow."""
+        return self.matcher.is_terminated()
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def check_draft(self, draft: list[int]) -> int:
+        """How many of draft's leading tokens the grammar accepts (the state is unchanged)."""
+        n = 0
+        for token in draft:
+            if self.matcher.is_terminated() or not self.matcher.accept_token(token):
+                break
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
+    def draft_masks(self, draft: list[int]) -> torch.Tensor:
+        """The allowed tokens at the sequence's next position and after each draft token,
+        [len(draft) + 1, V] bool; draft must be one check_draft accepted whole."""
+        bitmask = xgr.allocate_token_bitmask(len(draft) + 1, self.vocab_size)
+        for j, token in enumerate(draft):
+            self.matcher.fill_next_token_bitmask(bitmask, j)
+            self.accept(token)
+        self.matcher.fill_next_token_bitmask(bitmask, len(draft))
+        if draft:
+            self.matcher.rollback(len(draft))
+        return unpack(bitmask, self.vocab_size)
+
+    def jump_forward(self, limit: int) -> list[int]:
+        """Tokens of the text the grammar forces next (a fixed key, closing brackets), at most
+        `limit`; [] where the next token is free. They are only a draft: the model verifies
+        them under the masks, so the output is exactly what decoding one by one gives."""
+        if limit <= 0 or self.matcher.is_terminated():
+            return []
+        tokens = self.matcher.find_jump_forward_tokens()[:min(limit, MAX_JUMP_TOKENS)]
+        return tokens[:self.check_draft(tokens)]
+
+
+def allowed_rows(grammars: list[SequenceGrammar | None], vocab_size: int) -> torch.Tensor | None:
+    """Bool [S, V]: the tokens each row may take (all of them for a row without a grammar);
+    None when no row has one."""
+    rows = [i for i, g in enumerate(grammars) if g is not None]
+    if not rows:
+        return None
+    bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)      # all allowed
+    for i in rows:
+        grammars[i].fill(bitmask, i)
+    return unpack(bitmask, vocab_size)
+
+
+def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """xgrammar's packed int32 bitmask [S, ceil(V / 32)] as bool [S, V] (bit j of word w is
+    token 32 w + j)."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
