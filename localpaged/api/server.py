@@ -31,6 +31,7 @@ from localpaged.api import (
     install_error_handlers,
     resolve_api_key,
 )
+from localpaged.api.anthropic import create_messages_api
 from localpaged.api.body_limit import limit_bodies
 from localpaged.api.guard import GuardPolicy, guard_app
 from localpaged.api.security import (
@@ -53,6 +54,7 @@ def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
     served = as_served(engine, model_name)
     metrics = MetricsRecorder()                 # this app's own registry behind /metrics
     app.include_router(create_api(served, api_key=api_key, recorder=metrics))
+    app.include_router(create_messages_api(served, api_key, metrics))     # /v1/messages
     install_error_handlers(app)
     limit_bodies(app)                           # counts the bytes read, chunked or not
     app.state.metrics = metrics

@@ -1,0 +1,178 @@
+"""Anthropic Messages requests in the shapes the rest of the server uses.
+
+- `chat_messages(body)`: the conversation as OpenAI-shaped chat messages, which the chat template
+  renders: `system` becomes a system message; a user message's text blocks one user message,
+  each `tool_result` block a `role: "tool"` message carrying `tool_call_id` (its text, marked
+  as an error when `is_error`); an assistant message's text its content and its `tool_use`
+  blocks `tool_calls` (arguments as JSON text). Blocks of other types are refused by name.
+- `openai_tools(body)` / `openai_tool_choice(body)`: `tools` as OpenAI function tools and
+  `tool_choice` in OpenAI's shapes (`any` -> "required", `tool` -> the named function).
+- `sampling_params(body)`: the engine's SamplingParams (Anthropic's defaults: temperature 1).
+
+Every refusal is an APIError naming the field, answered as a 400.
+"""
+
+from __future__ import annotations
+
+import json
+
+from localpaged.api.anthropic.protocol import (
+    CountTokensRequest,
+    Message,
+    MessagesRequest,
+    OtherBlock,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from localpaged.api.errors import APIError
+from localpaged.api.protocol import check_text
+from localpaged.core.sampling_params import SamplingParams
+
+ERROR_PREFIX = "Error: "        # before a tool result sent with is_error
+
+
+def _refuse_block(block: OtherBlock, param: str) -> APIError:
+    return APIError(f"Content blocks of type '{block.type}' are not supported by this server "
+                    f"({param}); send text, tool_use and tool_result blocks.", param=param,
+                    code="unsupported_content")
+
+
+def _text_of(blocks: list, param: str) -> str:
+    """The text of text blocks; any other block is refused."""
+    for j, b in enumerate(blocks):
+        if not isinstance(b, TextBlock):
+            raise _refuse_block(b, f"{param}[{j}]")
+    return check_text("".join(b.text for b in blocks), param)
+
+
+def _system(body: CountTokensRequest) -> list[dict]:
+    if body.system is None:
+        return []
+    text = body.system if isinstance(body.system, str) else _text_of(body.system, "system")
+    return [{"role": "system", "content": check_text(text, "system")}] if text else []
+
+
+def _tool_result(block: ToolResultBlock, param: str) -> dict:
+    content = block.content or ""
+    text = content if isinstance(content, str) else _text_of(content, f"{param}.content")
+    if block.is_error:
+        text = ERROR_PREFIX + text
+    return {"role": "tool", "tool_call_id": block.tool_use_id,
+            "content": check_text(text, f"{param}.content")}
+
+
+def _call(block: ToolUseBlock) -> dict:
+    return {"id": block.id, "type": "function",
+            "function": {"name": block.name,
+                         "arguments": json.dumps(block.input, ensure_ascii=False)}}
+
+
+def _message(m: Message, param: str, called: set[str]) -> list[dict]:
+    """One message: its text and tool calls as one message of its role, each tool result (in
+    a user message) as a tool message, in the order of the blocks."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": check_text(m.content, param)}]
+    out: list[dict] = []
+    text: list[str] = []
+    calls: list[dict] = []
+    for j, b in enumerate(m.content):
+        where = f"{param}[{j}]"
+        if isinstance(b, TextBlock):
+            text.append(check_text(b.text, where))
+        elif isinstance(b, ToolUseBlock) and m.role == "assistant":
+            called.add(b.id)
+            calls.append(_call(b))
+        elif isinstance(b, ToolResultBlock) and m.role == "user":
+            if b.tool_use_id not in called:
+                raise APIError(f"{where}.tool_use_id is '{b.tool_use_id}', which no earlier "
+                               "tool_use block has as its id.", param=f"{where}.tool_use_id",
+                               code="invalid_value")
+            if text:
+                out.append({"role": "user", "content": "".join(text)})
+                text = []
+            out.append(_tool_result(b, where))
+        elif isinstance(b, (ToolUseBlock, ToolResultBlock)):
+            raise APIError(f"{where} is a {b.type} block in a {m.role} message; tool_use "
+                           "blocks belong in assistant messages, tool_result blocks in user "
+                           "messages.", param=where, code="invalid_value")
+        else:
+            raise _refuse_block(b, where)
+    if text or calls or not out:
+        out.append({"role": m.role, "content": "".join(text)})
+        if calls:
+            out[-1]["tool_calls"] = calls
+    return out
+
+
+def chat_messages(body: CountTokensRequest) -> list[dict]:
+    """The conversation as OpenAI-shaped chat messages (system first)."""
+    out = _system(body)
+    called: set[str] = set()
+    for i, m in enumerate(body.messages):
+        out.extend(_message(m, f"messages[{i}].content", called))
+    return out
+
+
+def prefills(messages: list[dict]) -> bool:
+    """Whether the reply continues the last message: Anthropic's prefill, a final assistant
+    message with text and no tool call."""
+    last = messages[-1]
+    return last["role"] == "assistant" and bool(last["content"]) and "tool_calls" not in last
+
+
+def openai_tools(body: CountTokensRequest) -> list[dict]:
+    """`tools` as OpenAI function tools; server tools (a `type` other than custom) refused."""
+    out = []
+    for i, t in enumerate(body.tools or ()):
+        if t.type not in (None, "custom"):
+            raise APIError(f"tools[{i}] is a server tool of type '{t.type}', which this server "
+                           "does not run; send client tools (name, description, input_schema).",
+                           param=f"tools[{i}].type", code="unsupported_parameter")
+        if t.input_schema.get("type", "object") != "object":
+            raise APIError(f"tools[{i}].input_schema must describe an object (its type is "
+                           f"{t.input_schema.get('type')!r}).", param=f"tools[{i}].input_schema",
+                           code="invalid_value")
+        function = {"name": t.name, "parameters": t.input_schema}
+        if t.description is not None:
+            function["description"] = t.description
+        out.append({"type": "function", "function": function})
+    names = [t.name for t in body.tools or ()]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise APIError(f"The tool name '{dup}' is used by more than one tool.", param="tools",
+                       code="invalid_value")
+    return out
+
+
+def openai_tool_choice(body: CountTokensRequest) -> str | dict:
+    """`tool_choice` in OpenAI's shapes; a named tool must be one of `tools`."""
+    choice = body.tool_choice
+    if choice is None or choice.type == "auto":
+        return "auto" if body.tools else "none"
+    if choice.type == "none":
+        return "none"
+    if not body.tools:
+        raise APIError(f"tool_choice '{choice.type}' needs tools to choose from.",
+                       param="tool_choice", code="invalid_value")
+    if choice.type == "any":
+        return "required"
+    if choice.name is None:
+        raise APIError("tool_choice of type 'tool' needs the tool's name.",
+                       param="tool_choice.name", code="missing_required_parameter")
+    if choice.name not in {t.name for t in body.tools}:
+        raise APIError(f"tool_choice names the tool '{choice.name}', which is not in tools "
+                       f"({', '.join(t.name for t in body.tools)}).", param="tool_choice.name",
+                       code="invalid_value")
+    return {"type": "function", "function": {"name": choice.name}}
+
+
+def parallel_tool_calls(body: CountTokensRequest) -> bool:
+    return not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+
+
+def sampling_params(body: MessagesRequest) -> SamplingParams:
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
+        stop=body.stop_sequences, max_tokens=body.max_tokens)
