@@ -5,7 +5,8 @@ request if the client goes away meanwhile); `sse()` yields `data: {...}\\n\\n` c
 only what is new since the previous chunk, then `data: [DONE]\\n\\n`. `SSEResponse` makes sure the
 engine request is aborted however the response ends (finished, client gone, server error).
 A completion with echo puts the prompt (and its tokens' logprobs, the first null) before the
-generated text, in the whole response or in each choice's first chunk.
+generated text, in the whole response or in each choice's first chunk. A chat that offered
+tools renders its replies through tool_output.ToolReplies (message.tool_calls, call deltas).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.prompt_bound import chars_of, check_fits, drop_turns_beyond
 from localpaged.api.protocol import ChatCompletionRequest, Echo
+from localpaged.api.tool_output import ToolReplies, chunk_rows
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
     ContextOverflowError,
@@ -41,7 +43,8 @@ MIN_LOGPROB = -9999.0          # JSON has no -Infinity
 
 
 def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, limit: int,
-                max_tokens: int | None) -> tuple[list[int], dict]:
+                max_tokens: int | None, *,
+                template_kwargs: dict | None = None) -> tuple[list[int], dict]:
     """The chat's prompt token ids, and the extension fields its response carries.
 
     Text that cannot fit is refused before the template or the tokenizer runs (prompt_bound.py).
@@ -49,10 +52,11 @@ def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, li
     as before). With it, ContextWindow.fit keeps prompt + reply within `limit`: the reply's room
     is max_tokens, else min(DEFAULT_REPLY_RESERVE, limit // 4); "drop_oldest" leaves out the
     oldest whole turns and the response says how many messages (`dropped_messages`).
+    `template_kwargs` go to the chat template (its `tools=`).
     """
     flags = dict(add_generation_prompt=body.add_generation_prompt is not False,
                  continue_final_message=bool(body.continue_final_message))
-    window = ContextWindow(tokenizer, limit)
+    window = ContextWindow(tokenizer, limit, template_kwargs=template_kwargs)
     if body.context_overflow is None:
         check_fits(tokenizer, chars_of(messages), limit, "The conversation", "messages")
         return window.token_ids(messages, **flags), {}
@@ -164,13 +168,15 @@ class Generation:
 
     def __init__(self, stream: RequestStream, kind: str, model: str, text_of: TokenText,
                  logprobs: bool, include_usage: bool, recorder: MetricsRecorder,
-                 extensions: dict | None = None, echo: Echo | None = None) -> None:
+                 extensions: dict | None = None, echo: Echo | None = None,
+                 tools: ToolReplies | None = None) -> None:
         self.stream, self.kind, self.model = stream, kind, model
         self.id = stream.request_id
         self.created = int(time.time())
         self.text_of, self.logprobs, self.include_usage = text_of, logprobs, include_usage
         self.recorder = recorder
         self.echo = echo
+        self.tools = tools
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         # Extension fields a request asked for (e.g. dropped_messages): on the response, and on
         # the first chunk of a stream; none unless asked, so OpenAI clients see no change.
@@ -227,6 +233,11 @@ class Generation:
         if self.echo is not None:
             return self._echo_choice(o, out)
         lps = self._logprobs_of(o.logprobs)
+        if self.kind == "chat" and self.tools is not None:
+            message, called = self.tools.message(o.text)
+            return {"index": o.index, "message": message, "logprobs": lps,
+                    "finish_reason": "tool_calls" if called and o.finish_reason == "stop"
+                    else o.finish_reason}
         if self.kind == "chat":
             return {"index": o.index, "message": {"role": "assistant", "content": o.text},
                     "logprobs": lps, "finish_reason": o.finish_reason}
@@ -273,6 +284,7 @@ class Generation:
                                 "logprobs": None, "finish_reason": None} for i in range(n)],
                               extensions=self.extensions)
         final: RequestOutput | None = None
+        rows: list[dict] = []                   # tool replies: one choice entry per delta
         prompt_lps = None                       # a delta carries them only when they changed
         try:
             async for out in self.stream.deltas():
@@ -300,7 +312,9 @@ class Generation:
                     sent_tokens[i] += len(o.token_ids)
                     done[i] = done[i] or newly_done
                     reason = o.finish_reason if newly_done else None
-                    if self.kind == "chat":
+                    if self.kind == "chat" and self.tools is not None:
+                        rows.extend(self.tools.rows(i, delta, newly_done, lps, reason))
+                    elif self.kind == "chat":
                         choices.append({"index": i, "delta": {"content": delta} if delta else {},
                                         "logprobs": lps, "finish_reason": reason})
                     else:
@@ -308,6 +322,9 @@ class Generation:
                                         "finish_reason": reason})
                 if choices:
                     yield self._chunk(choices)
+                for row in chunk_rows(rows):
+                    yield self._chunk(row)
+                rows.clear()
         except (ValueError, RuntimeError) as exc:
             kind = "invalid_request_error" if isinstance(exc, ValueError) else "server_error"
             yield f"data: {json.dumps(APIError(str(exc), type=kind).body())}\n\n"

@@ -2,8 +2,10 @@
 
 Types are strict (a string is not a number, 3.0 is not an integer) and NaN/Infinity are refused,
 so a bad field is answered with a 400 naming it before anything reaches the engine. Fields the
-engine cannot honour (tools, logit_bias, suffix, ...) are refused rather than silently ignored;
+engine cannot honour (logit_bias, suffix, ...) are refused rather than silently ignored;
 other unknown fields are ignored, as OpenAI's clients send a few of their own.
+`response_format`, the guided_* extensions and `tools` are read by structured.py; messages carry
+assistant `tool_calls` and `role: "tool"` results (with `tool_call_id`) to the chat template.
 `echo` on /v1/completions returns the prompt before the completion, and with `logprobs` the
 prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allowed with echo
 (log-likelihood clients such as lm-eval's local-completions score a text that way).
@@ -42,6 +44,8 @@ MAX_LOGIT_BIAS = 300          # entries (logit_bias is refused anyway; this boun
 MAX_STOP_TOKEN_IDS = 64
 MAX_N = 128                   # samples per request (also at most the engine's max_num_seqs)
 MAX_TOP_LOGPROBS = 20
+MAX_TOOL_CALLS = 128          # calls of one assistant message
+MAX_CHOICES = 1024            # guided_choice options
 
 _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -98,6 +102,13 @@ class _Common(BaseModel):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     speculative: bool | None = None       # ours: False keeps this request from being drafted
+    # output constraints (structured.py): OpenAI's, then vLLM's extensions
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_grammar: str | None = None
+    guided_choice: Annotated[list[str], Field(max_length=MAX_CHOICES)] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -137,12 +148,28 @@ class OtherPart(BaseModel):
     type: str
 
 
+class FunctionCall(BaseModel):
+    model_config = _CONFIG
+    name: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+    arguments: str
+
+
+class ToolCallParam(BaseModel):
+    """A call an assistant message made: {"id", "type": "function", "function": {...}}."""
+    model_config = _CONFIG
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = _CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | Annotated[list[TextPart | OtherPart],
                              Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: Name | None = None
+    tool_calls: Annotated[list[ToolCallParam], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Name | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -163,7 +190,7 @@ class ChatCompletionRequest(_Common):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tools: Annotated[list[Any], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     # extensions: vLLM's names for continuing the last assistant message in place
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
@@ -183,25 +210,33 @@ class ChatCompletionRequest(_Common):
                            f"assistant's reply to continue; it is {self.messages[-1].role!r}.",
                            param="continue_final_message", code="invalid_value")
 
-    def template_messages(self) -> list[dict[str, str]]:
-        """The messages as the chat template wants them: role and plain-text content."""
+    def template_messages(self) -> list[dict]:
+        """The messages in OpenAI's shape with plain-text content (tool calls and results kept;
+        structured.ToolRequest.prompt shapes them for the model's template)."""
         out = []
         for i, m in enumerate(self.messages):
             if m.has_non_text():
                 raise APIError("Only text content parts are supported by this model.",
                                param=f"messages[{i}].content", code="unsupported_content")
             role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": check_text(m.text(), f"messages[{i}].content")})
+            msg: dict = {"role": role,
+                         "content": check_text(m.text(), f"messages[{i}].content")}
+            if m.tool_calls:
+                if role != "assistant":
+                    raise APIError("Only assistant messages carry tool_calls.",
+                                   param=f"messages[{i}].tool_calls", code="invalid_value")
+                msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if role == "tool":
+                if m.tool_call_id is None:
+                    raise APIError("A message with role 'tool' needs the 'tool_call_id' of "
+                                   "the call it answers.", param=f"messages[{i}].tool_call_id",
+                                   code="missing_required_parameter")
+                msg["tool_call_id"] = m.tool_call_id
+            out.append(msg)
         return out
 
     def sampling_params(self) -> SamplingParams:
         self._check_unsupported()
-        if self.tools:
-            raise APIError("tools are not supported by this server.", param="tools",
-                           code="unsupported_parameter")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise APIError("Only response_format {'type': 'text'} is supported.",
-                           param="response_format", code="unsupported_parameter")
         if self.top_logprobs is not None and not self.logprobs:
             raise APIError("top_logprobs requires logprobs to be true.", param="top_logprobs",
                            code="invalid_value")

@@ -5,6 +5,9 @@ Requests from every client go to the one AsyncEngine, so they share its batches.
 read from a `ServedModel` at each request, so the UI can switch the model under a running server.
 Tokenizing and the chat template run in a worker thread, after a cheap bound on the prompt's
 length (prompt_bound.py) and under no shared lock; the engine request is created in the event loop.
+Output constraints and tools (structured.py) become SamplingParams.guided; the engine compiles
+the grammar when the request is made, and a grammar it cannot compile is a 400 naming the
+parameter that asked for it, before anything of the engine is held.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served_model import Model, ServedModel, as_served
 from localpaged.api.generation import Generation, SSEResponse, chat_prompt
+from localpaged.api.structured import constrain, tool_request
+from localpaged.api.tool_output import ToolReplies
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
 
@@ -94,16 +99,19 @@ class _API:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         model = self._check_model(body.model)
         params = _params(body, "messages")
-        messages = body.template_messages()
+        tools = tool_request(body, model.engine.tokenizer.chat_template)
+        params, guided_param = constrain(params, body, tools)
+        messages, template_kwargs = tools.prompt(body.template_messages())
         body.check_template_flags()
         ids, extensions = await run_in_threadpool(self._chat_ids, model, messages, body,
-                                                  params.max_tokens)
+                                                  params.max_tokens, template_kwargs)
+        replies = ToolReplies(tools.fmt, params.n) if tools.active else None
         return await self._generate(model, "chat", body, ids, params, request, "messages",
-                                    extensions)
+                                    extensions, guided_param, replies)
 
     async def completions(self, body: CompletionRequest, request: Request):
         model = self._check_model(body.model)
-        params = _params(body, "prompt")
+        params, guided_param = constrain(_params(body, "prompt"), body, None)
         prompt = body.prompt_value()
         if isinstance(prompt, str):
             if not prompt:
@@ -111,13 +119,15 @@ class _API:
             check_fits(model.engine.tokenizer, len(prompt), model.engine.context_limit(),
                        "The prompt", "prompt")
             prompt = await run_in_threadpool(self._encode, model, prompt)
-        return await self._generate(model, "completion", body, prompt, params, request, "prompt")
+        return await self._generate(model, "completion", body, prompt, params, request, "prompt",
+                                    guided_param=guided_param)
 
     def _chat_ids(self, model: Model, messages: list[dict], body: ChatCompletionRequest,
-                  max_tokens: int | None) -> tuple[list[int], dict]:
+                  max_tokens: int | None, template_kwargs: dict) -> tuple[list[int], dict]:
         try:
             return chat_prompt(model.engine.tokenizer, messages, body,
-                               model.engine.context_limit(), max_tokens)
+                               model.engine.context_limit(), max_tokens,
+                               template_kwargs=template_kwargs)
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
@@ -132,17 +142,21 @@ class _API:
     async def _generate(self, model: Model, kind: str,
                         body: ChatCompletionRequest | CompletionRequest, ids: list[int],
                         params: SamplingParams, request: Request, prompt_param: str,
-                        extensions: dict | None = None):
+                        extensions: dict | None = None, guided_param: str | None = None,
+                        tools: ToolReplies | None = None):
         _check_limits(model, ids, params, body.max_tokens_param, prompt_param)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             stream = self.served.submit(
                 model, lambda: model.engine.submit(ids, params, request_id=rid))
         except ValueError as exc:
+            if params.guided is not None and params.guided.label in str(exc):
+                raise APIError(f"Invalid '{guided_param}': {exc}", param=guided_param,
+                               code="invalid_schema") from exc
             raise from_value_error(exc, prompt_param) from exc
         gen = Generation(stream, kind, model.name, model.text_of,
                          params.logprobs is not None, body.include_usage, self.recorder,
-                         extensions, echo=body.echo_request())
+                         extensions, echo=body.echo_request(), tools=tools)
 
         def close() -> None:
             stream.cancel()

@@ -76,11 +76,14 @@ def split_turns(messages: Messages) -> tuple[Messages, list[Messages]]:
 
 
 class ContextWindow:
-    def __init__(self, tokenizer, limit: int, cache_size: int = 4096) -> None:
+    def __init__(self, tokenizer, limit: int, cache_size: int = 4096,
+                 template_kwargs: dict | None = None) -> None:
         if limit < 2:
             raise ValueError(f"limit must be >= 2 tokens, got {limit}")
         self.tokenizer = tokenizer
         self.limit = limit
+        # Passed to every apply_chat_template call (the template's `tools=`: tool_calls.py).
+        self.template_kwargs = dict(template_kwargs or {})
         self._piece_counts: OrderedDict[str, int] = OrderedDict()   # LRU: text piece -> tokens
         self._cache_size = cache_size
         self._special: set[str] = set()
@@ -104,7 +107,7 @@ class ContextWindow:
             return self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message, tokenize=tokenize,
-                **({"return_dict": False} if tokenize else {}))
+                **({"return_dict": False} if tokenize else {}), **self.template_kwargs)
 
     def render(self, messages: Messages, add_generation_prompt: bool = True,
                continue_final_message: bool = False) -> str:

@@ -394,8 +394,8 @@ BAD_REQUESTS = [
     ("chat/completions", _with(OK_CHAT, top_logprobs=2), 400, "top_logprobs", "invalid_value"),
     ("chat/completions", _with(OK_CHAT, logit_bias={"5": 10}), 400, "logit_bias",
      "unsupported_parameter"),
-    ("chat/completions", _with(OK_CHAT, tools=[{"type": "function"}]), 400, "tools",
-     "unsupported_parameter"),
+    ("chat/completions", _with(OK_CHAT, tools=[{"type": "function"}]), 400, "tools[0]",
+     "invalid_value"),
     ("chat/completions", _with(OK_CHAT, messages=[{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages[0].content",
      "unsupported_content"),
