@@ -14,6 +14,7 @@ store, the backend provider, the settings reader) and holding none of their stat
   tabs.logic.OpenTabsFile           the open tabs, remembered across restarts
   sidebar.logic.Organiser           the list's query, search hits, pin, archive, tags, import
   delete_branch.logic.BranchDeletion  delete a message and its branch (stopping what writes there)
+  tools.logic.ToolFeatures          MCP servers, a conversation's tools and JSON schema, approvals
 
 and holds the operations every feature shares: conversations (new, rename, delete, search,
 export) and the message tree (the view a tab shows, branches, switch, pick, fork). It returns
@@ -41,6 +42,8 @@ from .settings.presets import Defaults, Presets
 from .sidebar.logic import Organiser
 from .store import Conversation, Message, Store
 from .tabs.logic import OpenTabsFile
+from .tools.logic import ToolFeatures
+from .tools.mcp_client import McpClient
 from .turns import ChatError, LiveReply, Turn, TurnRegistry
 
 
@@ -66,7 +69,8 @@ class Branch:
 class ChatController:
     def __init__(self, store: Store, backend: Callable[[], ChatBackend | None],
                  default_sampling: dict[str, Any] | None = None,
-                 state_file: str | Path | None = None) -> None:
+                 state_file: str | Path | None = None,
+                 tool_client: McpClient | None = None) -> None:
         self.store = store
         self._backend = backend
         self.turns = TurnRegistry()
@@ -75,7 +79,8 @@ class ChatController:
         parts = (self.turns, store, backend, self.conversation_settings)
         self.prepared = PreparedReplies(*parts)
         self.context = ContextFeatures(*parts)
-        self.chat = ChatTurns(*parts, self.prepared)
+        self.tools = ToolFeatures(store, self.turns, tool_client)
+        self.chat = ChatTurns(*parts, self.prepared, self.tools)
         self.compares = CompareTurns(self.turns, backend, self.conversation_settings, self.chat)
         self._open_tabs = OpenTabsFile(state_file)
         self.organise = Organiser(store)
@@ -214,9 +219,10 @@ class ChatController:
         return self.turns.busy(cid)
 
     def send(self, cid: int, text: str, sampling: Sampling | None = None,
-             policy: str | None = None) -> Turn:
-        """`policy`: this request's context policy (default: the conversation's)."""
-        return self.chat.send(cid, text, sampling, policy)
+             policy: str | None = None, attachments: list[dict] | None = None) -> Turn:
+        """`policy`: this request's context policy (default: the conversation's);
+        `attachments`: files' text sent with the message (tools/messages.py)."""
+        return self.chat.send(cid, text, sampling, policy, attachments)
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         return self.chat.regenerate(message_id, sampling)

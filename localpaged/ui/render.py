@@ -23,6 +23,7 @@ from localpaged.engine.outputs import FINISH_DETAILS, NATURAL_ENDS
 
 from . import markdown
 from .controller import View
+from .tools.cards import calls_note, tool_card
 from .store import Conversation, Message
 from .turns import LiveReply
 
@@ -106,13 +107,17 @@ def chat_messages(view: View) -> list[dict[str, str]]:
     cut = context_cut(view)
     for i, (msg, pos) in enumerate(zip(view.path, view.siblings)):
         live = view.live.get(msg.id)
-        body = f'<div class="lp-body">{markdown.render(_source(msg, live))}</div>'
+        if msg.role == "tool":
+            inner = tool_card(msg)
+        else:
+            inner = markdown.render(_source(msg, live)) + calls_note(msg)
+        body = f'<div class="lp-body">{inner}</div>'
         note = footer(msg, pos, live, index=i)
         if note:
             body += f'<div class="lp-foot"><sub>{note}</sub></div>'
         if cut and i == cut:
             body = f"<sub>{html.escape(context_marker(cut), quote=False)}</sub>{body}"
-        out.append({"role": msg.role, "content": body})
+        out.append({"role": "assistant" if msg.role == "tool" else msg.role, "content": body})
     return out
 
 
@@ -122,7 +127,8 @@ def _source(msg: Message, live: LiveReply | None) -> str:
     text = live.text if live else msg.content
     if live and live.status == "streaming":
         return prefill_note(*live.progress) if not text and live.progress else text + CURSOR
-    return text or ("*(empty reply)*" if msg.role == "assistant" else "")
+    called = bool(msg.extra.get("tool_calls"))
+    return text or ("*(empty reply)*" if msg.role == "assistant" and not called else "")
 
 
 def context_cut(view: View) -> int:

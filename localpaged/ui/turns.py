@@ -135,6 +135,11 @@ class Turn:
 
     # ---- the turn's thread ----------------------------------------------------------------
     def _run(self) -> None:
+        self._finish(self._consume())
+
+    def _consume(self) -> RequestOutput | None:
+        """Apply the stream to the replies until it ends, fails (`error`) or is stopped; the
+        last output (None: none came)."""
         last_write, out = time.monotonic(), None
         try:
             for out in self._stream:
@@ -151,7 +156,7 @@ class Turn:
             close = getattr(self._stream, "close", None)
             if close:
                 close()                   # an unfinished stream aborts its request
-            self._finish(out)
+        return out
 
     def _apply(self, out: RequestOutput) -> None:
         now = time.monotonic()
@@ -208,13 +213,23 @@ class Turn:
                 log.exception("could not save the partial reply %d", reply.message_id)
 
     def _finish(self, out: RequestOutput | None) -> None:
+        self._save_replies(out, self.replies)
+        self._end()
+
+    def _save_replies(self, out: RequestOutput | None, replies: list[LiveReply],
+                      extra: dict | None = None) -> None:
+        """Each reply's final status ('complete', or 'stopped' when stopped, failed or cut
+        short), written until it lands; `extra` goes into each reply's row."""
         stopped = self._stop.is_set() or self.error is not None
-        for i, reply in enumerate(self.replies):
+        for i, reply in enumerate(replies):
             reason = out.outputs[i].finish_reason if out and i < len(out.outputs) else None
             reply.status = "stopped" if stopped or reason in (None, "abort") else "complete"
             if self.error:
                 reply.stats["error"] = self.error
-            self._save_final(reply)
+            self._save_final(reply, extra)
+
+    def _end(self) -> None:
+        """on_done, then done (followers see the last version)."""
         if self.on_done is not None:
             try:
                 self.on_done(self)
@@ -225,7 +240,7 @@ class Turn:
             self.version += 1
             self._cond.notify_all()
 
-    def _save_final(self, reply: LiveReply) -> None:
+    def _save_final(self, reply: LiveReply, extra: dict | None = None) -> None:
         """Write the reply's last state, retried until it lands (`until_saved`). Until then
         the turn is not done: the UI keeps showing the reply from memory, and the
         conversation stays busy, so nothing is built on a reply the store does not hold."""
@@ -237,7 +252,7 @@ class Turn:
             else:
                 self._store.update_message(reply.message_id, content=reply.text,
                                            status=reply.status, stats=reply.stats,
-                                           token_ids=reply.token_ids)
+                                           token_ids=reply.token_ids, extra=extra)
         try:
             until_saved(self._store, write, f"reply {reply.message_id}")
         except Exception as exc:  # noqa: BLE001 - a closed store or a bug: say so, keep going

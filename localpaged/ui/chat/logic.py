@@ -17,9 +17,12 @@ from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_
                                              SamplingParams)
 
 from ..context.logic import fit_prompt, prompt_messages
+from ..tools.messages import message_dict
 from ..prepared.logic import PreparedReplies
 from ..settings.logic import ConversationSettings, Sampling, sampling_record
 from ..store import Message, Store
+from ..tools.logic import ToolFeatures
+from ..tools.turn import ToolTurn, open_stream
 from ..turns import ChatError, LiveReply, Turn, TurnRegistry
 
 NEW_TITLE = "New chat"
@@ -28,30 +31,34 @@ NEW_TITLE = "New chat"
 class ChatTurns:
     def __init__(self, turns: TurnRegistry, store: Store,
                  backend: Callable[[], ChatBackend | None], settings: ConversationSettings,
-                 prepared: PreparedReplies) -> None:
+                 prepared: PreparedReplies, tools: ToolFeatures | None = None) -> None:
         self.turns, self.store, self.backend, self.settings = turns, store, backend, settings
-        self.prepared = prepared
+        self.prepared, self.tools = prepared, tools
 
     def params(self, cid: int, sampling: Sampling | None, k: int = 1) -> list[SamplingParams]:
         """The params of k replies: from `sampling` (checked already) or the stored settings."""
         return (sampling or self.settings.sampling(cid)).columns(k)
 
     def send(self, cid: int, text: str, sampling: Sampling | None = None,
-             policy: str | None = None) -> Turn:
+             policy: str | None = None, attachments: list[dict] | None = None) -> Turn:
         """Add the user's message at the end of the shown path and answer it. With empty text,
         answer the last message if it is the user's (a reply that failed before). `policy`
         overrides the conversation's context policy for this request only (the "Stop and ask
         me" dialog's "drop the oldest"). Under policy "error", a conversation that no longer
-        fits raises ContextAsk (context/logic.py) when dropping would help."""
+        fits raises ContextAsk (context/logic.py) when dropping would help. `attachments`
+        ({"name", "kind", "text"}: tools/messages.py) go with the new message."""
         path = self.store.active_path(cid)
+        if not text.strip() and attachments:
+            text = "(attached)"
         if not text.strip():
             if path and path[-1].role == "user":
                 return self.generate(cid, path[-1].id, self.params(cid, sampling), policy=policy)
             raise ChatError("type a message first")
         params = self.params(cid, sampling)                   # bad settings: nothing written
         self.turns.check_idle(cid)
+        extra = {"attachments": list(attachments)} if attachments else None
         return self.generate(cid, path[-1].id if path else None, params, user_text=text,
-                             policy=policy)
+                             policy=policy, user_extra=extra)
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
@@ -88,39 +95,48 @@ class ChatTurns:
         return [c.token_ids[:MAX_DRAFT_SOURCE_TOKENS] for c in reversed(replies)]
 
     def generate(self, cid: int, parent_id: int | None, params: list[SamplingParams],
-                 user_text: str | None = None, beam: int = 0, policy: str | None = None) -> Turn:
+                 user_text: str | None = None, beam: int = 0, policy: str | None = None,
+                 user_extra: dict | None = None) -> Turn:
         """One reply per params to `parent_id` (a beam search of width `beam` if set); with
         `user_text`, to a new user message under it, stored only once the request is known to
         fit the context (else ContextError, nothing stored). The registry cancels the
         conversation's background alternatives first (see prepared/logic.py)."""
         if user_text is not None and self.backend() is None:
-            self._add_user(cid, parent_id, user_text)      # kept: a later empty send answers it
+            self._add_user(cid, parent_id, user_text, user_extra)  # kept: a later send answers it
         return self.turns.launch(cid, self.backend(),
                                  lambda b: self._start(b, cid, parent_id, params, user_text, beam,
-                                                       policy))
+                                                       policy, user_extra))
 
-    def _add_user(self, cid: int, parent_id: int | None, text: str) -> Message:
+    def _add_user(self, cid: int, parent_id: int | None, text: str,
+                  extra: dict | None = None) -> Message:
         if self.store.get_conversation(cid).title == NEW_TITLE:
             self.store.rename_conversation(cid, _title_from(text))
-        return self.store.add_message(cid, parent_id, "user", text)
+        return self.store.add_message(cid, parent_id, "user", text, extra=extra)
 
     def _start(self, backend: ChatBackend, cid: int, parent_id: int | None,
                params: list[SamplingParams], user_text: str | None, beam: int = 0,
-               policy: str | None = None) -> Turn:
+               policy: str | None = None, user_extra: dict | None = None) -> Turn:
         conv = self.store.get_conversation(cid)
+        policy = policy or conv.context_policy
+        plan = self.tools.plan(cid) if self.tools is not None and not beam else None
+        if plan is not None:
+            params = plan.constrain(params)             # the JSON schema, if any
+        tooled = plan is not None and bool(plan.specs) and len(params) == 1
         prompt = prompt_messages(self.store, cid, parent_id)
         if user_text is not None:
-            prompt.append({"role": "user", "content": user_text})
-        sent = fit_prompt(backend, prompt, params[0].max_tokens, policy or conv.context_policy)
+            prompt.append(message_dict(Message(0, cid, parent_id, "user", user_text, 0.0, None,
+                                               None, "complete", {}, extra=user_extra or {})))
+        sent = fit_prompt(backend, prompt, params[0].max_tokens, policy)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
         if beam:                                        # ValueError: bad input
             stream = backend.beam_search(sent.messages, beam, params[0].max_tokens, request_id)
         else:
-            stream = backend.chat(sent.messages, params, request_id=request_id)
+            stream = open_stream(backend, sent.messages, params, request_id,
+                                 plan if tooled else None, plan.first if tooled else "auto")
         user = None
         try:
             if user_text is not None:
-                user = self._add_user(cid, parent_id, user_text)
+                user = self._add_user(cid, parent_id, user_text, user_extra)
                 parent_id = user.id
             stats = {"context_dropped": sent.dropped} if sent.dropped else {}
             if getattr(backend, "model_name", None):          # the model that writes the reply
@@ -134,6 +150,9 @@ class ChatTurns:
             if user is not None:
                 self.store.delete_message(user.id)          # no orphan message
             raise
+        if tooled:
+            return ToolTurn(cid, request_id, replies[0], stream, backend, self.store, plan,
+                            params, policy)
         after = self.prepared.after if len(params) == 1 and not beam else None
         return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
                     beam=bool(beam))

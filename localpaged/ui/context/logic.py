@@ -30,6 +30,7 @@ from localpaged.engine.outputs import NATURAL_ENDS
 
 from ..settings.logic import ConversationSettings, Sampling
 from ..store import Conversation, Message, Store
+from ..tools.messages import message_dict
 from ..turns import ChatError, LiveReply, Turn, TurnRegistry
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
@@ -190,9 +191,10 @@ def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list
 
 
 def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
-    """The engine's chat messages for a path: the system prompt (if any), then the path."""
+    """The engine's chat messages for a path: the system prompt (if any), then the path (with
+    attachments, tool calls and tool results: tools/messages.py)."""
     msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return msgs + [{"role": m.role, "content": m.content} for m in path]
+    return msgs + [message_dict(m) for m in path]
 
 
 def prompt_messages(store: Store, cid: int, last_id: int | None) -> list[dict[str, str]]:
