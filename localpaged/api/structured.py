@@ -132,6 +132,8 @@ def tool_request(body, chat_template: str | None) -> ToolRequest:
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup:
         raise _bad("tools", f"Two tools are named {dup!r}.")
+    if body.tool_choice is not None and not specs:
+        raise _bad("tool_choice", "tool_choice is only allowed when tools are given.")
     try:
         choice = normalize_choice(body.tool_choice, specs)
     except ValueError as exc:

@@ -110,6 +110,8 @@ def normalize_choice(choice: Any, tools: list[ToolSpec] | None) -> Choice:
         choice = Choice(choice) if choice in CHOICES else Choice("named", choice)
     else:
         raise ValueError(f"tool_choice must be a string or an object, got {_shown(choice)}")
+    if choice.mode == "auto" and not tools:
+        return Choice("none")
     if choice.mode != "none" and not tools:
         raise ValueError(f"tool_choice {choice.name or choice.mode!r} needs tools")
     if choice.mode == "named" and choice.name not in {t.name for t in tools}:
