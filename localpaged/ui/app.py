@@ -21,6 +21,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   compare/       the side-by-side compare tab (CompareValues)
   engine_panel/  the KV-cache panel, pushed by the server (its own long-poll route)
   kv_disk/       the KV disk tier: the shown conversation read back ahead of a send, Clear
+  tools/         MCP servers, a conversation's tools and JSON schema, tool calls in a turn
+                 (approval, cards), attachments
   models/        the header's model badge, the model panel, loading and swapping the model
   store/         the conversation store (SQLite) and the one-app-per-data-directory lock
 
@@ -65,6 +67,8 @@ from .sidebar.view import build_sidebar
 from .style import CSS, THEME
 from .tabs.events import Page, TabSet, wire_scroll
 from .tabs.view import N_SLOTS, PageUI
+from .tools.events import wire_tools_panel
+from .tools.view import build_tools_panel
 
 __all__ = ["build_demo", "ui_routes", "CSS", "THEME"]
 
@@ -98,6 +102,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
                 panel = build_engine_panel()
                 kv_disk = build_kv_disk()
+                tools_panel = build_tools_panel()
                 picker = build_model_panel(models, header)
 
         page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query, more),
@@ -120,5 +125,6 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_engine_panel(loaded)
         wire_model_picker(picker, page, models, loaded)
         wire_kv_disk(kv_disk, page, KVDiskActions(ctl.store, ctl.backend))
+        wire_tools_panel(tools_panel, ctl, loaded)
         quiet_progress(demo, marker)
     return demo

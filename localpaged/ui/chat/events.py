@@ -33,6 +33,7 @@ from ..settings.events import wire_presets, wire_settings
 from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
+from ..tools.events import wire_approval, wire_tool_settings
 from ..toasts import USER_ERRORS, info, warn, why
 from ..turns import RedrawInterval
 from ..values import KEEP, changes
@@ -355,4 +356,6 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
     wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)
     wire_presets(ui, events.ctl, slots, i)
+    wire_tool_settings(ui.tool_ui, events.ctl, slots, i)
+    wire_approval(ui.approval_ui, events.ctl, slots, i)
     page.followers.append((follow, out))

@@ -12,7 +12,8 @@ Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
 `cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
 `askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `preset{i}`,
-`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}` ...
+`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}`, the tools'
+(tools/view.py) ...
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
 from ..settings.logic import PENALTY_KEYS, SAMPLING_KEYS
 from ..settings.view import build_presets, penalty_fields, sampling_fields
+from ..tools.view import (approval_values, build_approval, build_tool_settings,
+                          tool_settings_values)
 from ..values import KEEP, flatten, outputs
 
 
@@ -55,6 +58,9 @@ class TabValues:
     preset_name: Any = KEEP           # the name a preset is saved under
     ask: Any = KEEP                   # the "Stop and ask me" dialog (visibility)
     ask_md: Any = KEEP                # what the dialog says
+    approval: Any = KEEP              # a tool call waiting for approval (tools/view.py)
+    approval_md: Any = KEEP
+    tool_settings: Any = KEEP         # servers, steps, first step, JSON schema
 
 
 @dataclass
@@ -97,6 +103,11 @@ class ChatTabUI:
     sibnav: Any = None                # hidden: "index step" from a click on ‹ or › in a message
     sibgo: Any = None                 # hidden: clicked with it (chat/events.py: SIBLING_JS)
     delete_branch: Any = None         # delete_branch.view.DeleteBranchUI: Delete… and its question
+    approval: Any = None              # tools.view.ApprovalUI's row and text
+    approval_md: Any = None
+    approval_ui: Any = None
+    tool_settings: list = field(default_factory=list)  # tools.view.ToolSettingsUI's fields
+    tool_ui: Any = None
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -126,6 +137,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     # event on the Chatbot's change: that costs a round trip per streamed chunk. A streaming
     # reply keeps the gauge it had (an opened tab shows it empty) until the reply ends.
     values.gauge = gauge_value(ctl, cid) if not view.busy else GAUGE_EMPTY if settings else KEEP
+    values.approval, values.approval_md = approval_values(ctl, cid)
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
@@ -133,6 +145,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
         values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy
+        values.tool_settings = tool_settings_values(ctl, cid)
     return values
 
 
@@ -183,6 +196,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id=f"send{i}")
             stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id=f"stop{i}")
         ask = build_ask(i)
+        approval = build_approval(i)
         gauge = build_gauge(i)
         with gr.Accordion("Conversation settings", open=False, elem_id=f"settings{i}"):
             presets = build_presets(i)
@@ -191,6 +205,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             sampling = sampling_fields(f"s{i}-")
             penalties = penalty_fields(f"s{i}-")
             prepare = build_prepare_fields(i)
+            tool_ui = build_tool_settings(i)
             export = build_export(i)
         sibnav = gr.Textbox(visible="hidden", elem_id=f"sibnav{i}", show_label=False,
                             container=False)
@@ -199,7 +214,8 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
                      sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
                      penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
-                     sibnav, sibgo, delete_branch)
+                     sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
+                     [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui)
 
 
 @dataclass
