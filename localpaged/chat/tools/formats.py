@@ -11,7 +11,8 @@ makes a model write its family's calls.
 `ToolFormat.guided` builds an xgrammar structural tag (core/guided.py's "structural_tag" kind):
 for "auto", free text in which each call, once its trigger is written, is held to the called
 tool's JSON schema; for "required", at least one call and nothing before it; for a named tool,
-exactly that call. So with "required" or a named tool the arguments always validate.
+exactly that call. So with "required" or a named tool the arguments always validate. Runs of
+whitespace inside arguments are bounded (MAX_WHITESPACE).
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from localpaged.chat.tools.spec import Choice, ParsedReply, ToolSpec, call_id, n
 from localpaged.core.guided import GuidedDecoding
 
 FAMILIES = ("hermes", "llama3", "mistral", "generic")
+# Whitespace in a row inside call arguments: room for indented JSON, but a model cannot spend
+# its tokens on blank space before the call is written (templates write compact JSON).
+MAX_WHITESPACE = 8
 
 _HERMES = Syntax(openers=("<tool_call>",), closer="</tool_call>")
 _SYNTAX = {
@@ -92,7 +96,8 @@ class ToolFormat:
 
         def tag(tool: ToolSpec) -> dict:
             return {"type": "tag", "begin": t.begin.format(name=tool.name),
-                    "content": {"type": "json_schema", "json_schema": tool.parameters},
+                    "content": {"type": "json_schema", "json_schema": tool.parameters,
+                                "max_whitespace_cnt": MAX_WHITESPACE},
                     "end": t.end}
 
         if choice.mode == "named":
