@@ -14,13 +14,15 @@ import json
 
 import anthropic
 import httpx
+import jsonschema
 import pytest
 from helpers.api_server import (API_KEY, MODEL, gate, start_server, steps_of, stop_server,
                                 wait_idle, words)
 from helpers.step_gate import poll
 
-from localpaged import SamplingParams
+from localpaged import LLM, SamplingParams
 from localpaged.api.anthropic.events import Reply
+from localpaged.engine.async_engine import AsyncEngine
 from localpaged.engine.llm import apply_chat_template
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
@@ -312,3 +314,136 @@ def _check_keys(keyed_url):
     _error(post(keyed_url, body), 401, "authentication_error")
     _error(post(keyed_url, body, {"x-api-key": "nope"}), 401, "authentication_error")
     _error(post(keyed_url, body, {"authorization": "Bearer nope"}), 401, "authentication_error")
+
+
+# ---- tools --------------------------------------------------------------------------------------
+# A random model with SmolLM2's vocabulary and chat template (helpers/grammar_models.py), which
+# can write JSON; its template knows no tools, so the tools are described in the system prompt
+# and calls are written as <tool_call> blocks (chat/tool_calls.py's generic format).
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+                          "unit": {"enum": ["c", "f"]},
+                          "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TIME = {"type": "object", "properties": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "required": ["zone"], "additionalProperties": False}
+TOOLS = [{"name": "get_weather", "description": "The weather in a city", "input_schema": WEATHER},
+         {"name": "get_time", "description": "The time in a zone", "input_schema": TIME}]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_engine(tmp_path_factory):
+    from helpers.grammar_models import tiny_smol
+    llm = LLM(tiny_smol(str(tmp_path_factory.mktemp("smol"))), num_kv_blocks=256,
+              max_num_seqs=8)
+    eng = AsyncEngine(llm.engine)
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tools_client(tool_engine):
+    url, server = start_server(tool_engine)
+    yield anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    stop_server(server)
+
+
+@pytest.fixture
+def submitted(tool_engine, monkeypatch) -> list[list[int]]:
+    """The prompt ids the server gives the engine from now on."""
+    prompts: list[list[int]] = []
+    real = tool_engine.submit
+
+    def submit(prompt, *args, **kwargs):
+        prompts.append(list(prompt))
+        return real(prompt, *args, **kwargs)
+    monkeypatch.setattr(tool_engine, "submit", submit)
+    yield prompts
+    wait_idle(tool_engine)
+
+
+def _tool_uses(message) -> list:
+    calls = [b for b in message.content if b.type == "tool_use"]
+    for call in calls:
+        assert call.id.startswith("toolu_")
+        jsonschema.validate(call.input, SCHEMAS[call.name])
+    return calls
+
+
+def test_tool_choice_any_calls_a_tool(tools_client, submitted, tool_engine):
+    for _ in range(4):
+        r = tools_client.messages.create(
+            model=MODEL, max_tokens=120, messages=ASK, tools=TOOLS,
+            tool_choice={"type": "any", "disable_parallel_tool_use": True})
+        (call,) = _tool_uses(r)
+        assert r.stop_reason == "tool_use" and r.content[-1] is call
+        assert call.name in SCHEMAS
+    # the tools were described to the model
+    prompt = tool_engine.tokenizer.decode(submitted[0])
+    assert "get_weather" in prompt and "The time in a zone" in prompt
+
+
+def test_tool_choice_tool_streamed(tools_client, submitted):
+    for _ in range(3):
+        with tools_client.messages.stream(model=MODEL, max_tokens=120, messages=ASK, tools=TOOLS,
+                                          tool_choice={"type": "tool", "name": "get_time"}) \
+                as stream:
+            events = list(stream)
+            final = stream.get_final_message()
+        (call,) = _tool_uses(final)
+        assert call.name == "get_time" and final.stop_reason == "tool_use"
+        partial = "".join(e.delta.partial_json for e in events
+                          if e.type == "content_block_delta" and e.delta.type == "input_json_delta")
+        assert json.loads(partial) == call.input
+        starts = [e.content_block for e in events if e.type == "content_block_start"]
+        assert starts[-1].type == "tool_use" and starts[-1].input == {}
+        assert starts[-1].id == call.id
+
+
+def test_tool_result_round_trip(tools_client, submitted, tool_engine):
+    """A call and its result go back into the prompt, through the model's template."""
+    call = {"type": "tool_use", "id": "toolu_abc", "name": "get_weather",
+            "input": {"city": "Paris", "unit": "c"}}
+    msgs = ASK + [{"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                                    call]},
+                  {"role": "user", "content": [
+                      {"type": "tool_result", "tool_use_id": "toolu_abc",
+                       "content": [{"type": "text", "text": "Sunny and 21 degrees"}]},
+                      {"type": "text", "text": "And tomorrow?"}]}]
+    r = tools_client.messages.create(model=MODEL, max_tokens=4, messages=msgs, tools=TOOLS,
+                                     extra_body=GREEDY)
+    prompt = tool_engine.tokenizer.decode(submitted[-1])
+    assert r.usage.input_tokens == len(submitted[-1])
+    said, called, result, then = (prompt.index(s) for s in (
+        "Let me look.", '"city": "Paris"', "Sunny and 21 degrees", "And tomorrow?"))
+    assert said < called < result < then
+    # an error result is marked as one
+    msgs[2]["content"][0]["is_error"] = True
+    tools_client.messages.create(model=MODEL, max_tokens=2, messages=msgs, tools=TOOLS)
+    assert "Error: Sunny and 21 degrees" in tool_engine.tokenizer.decode(submitted[-1])
+
+
+def test_tool_choice_none_offers_no_tools(tools_client, submitted, tool_engine):
+    auto = tools_client.messages.count_tokens(model=MODEL, messages=ASK, tools=TOOLS)
+    r = tools_client.messages.create(model=MODEL, max_tokens=6, messages=ASK, tools=TOOLS,
+                                     tool_choice={"type": "none"})
+    assert all(b.type == "text" for b in r.content)
+    assert "get_weather" not in tool_engine.tokenizer.decode(submitted[-1])
+    assert r.usage.input_tokens < auto.input_tokens
+
+
+def test_tool_errors(tools_client, base_url):
+    def refused(match: str, **kw):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            tools_client.messages.create(model=MODEL, max_tokens=4, messages=ASK, **kw)
+        assert err.value.body["type"] == "error"
+        assert err.value.body["error"]["type"] == "invalid_request_error"
+        assert match in err.value.body["error"]["message"]
+
+    refused("get_date", tools=TOOLS, tool_choice={"type": "tool", "name": "get_date"})
+    refused("needs tools", tool_choice={"type": "any"})
+    refused("web_search", tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    refused("object", tools=[{"name": "f", "input_schema": {"type": "string"}}])
+    refused("tools[0].name", tools=[{"name": "bad name!", "input_schema": WEATHER}])

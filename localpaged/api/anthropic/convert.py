@@ -5,8 +5,9 @@
   each `tool_result` block a `role: "tool"` message carrying `tool_call_id` (its text, marked
   as an error when `is_error`); an assistant message's text its content and its `tool_use`
   blocks `tool_calls` (arguments as JSON text). Blocks of other types are refused by name.
-- `openai_tools(body)` / `openai_tool_choice(body)`: `tools` as OpenAI function tools and
-  `tool_choice` in OpenAI's shapes (`any` -> "required", `tool` -> the named function).
+- `openai_tool_fields(body)`: `tools` as OpenAI function tools, `tool_choice` in OpenAI's
+  shapes (`any` -> "required", `tool` -> the named function) and `disable_parallel_tool_use`
+  as `parallel_tool_calls`, which the OpenAI routes' tool handling (api/structured.py) takes.
 - `sampling_params(body)`: the engine's SamplingParams (Anthropic's defaults: temperature 1).
 
 Every refusal is an APIError naming the field, answered as a 400.
@@ -15,6 +16,7 @@ Every refusal is an APIError naming the field, answered as a 400.
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from localpaged.api.anthropic.protocol import (
     CountTokensRequest,
@@ -121,7 +123,7 @@ def prefills(messages: list[dict]) -> bool:
     return last["role"] == "assistant" and bool(last["content"]) and "tool_calls" not in last
 
 
-def openai_tools(body: CountTokensRequest) -> list[dict]:
+def _openai_tools(body: CountTokensRequest) -> list[dict]:
     """`tools` as OpenAI function tools; server tools (a `type` other than custom) refused."""
     out = []
     for i, t in enumerate(body.tools or ()):
@@ -129,29 +131,24 @@ def openai_tools(body: CountTokensRequest) -> list[dict]:
             raise APIError(f"tools[{i}] is a server tool of type '{t.type}', which this server "
                            "does not run; send client tools (name, description, input_schema).",
                            param=f"tools[{i}].type", code="unsupported_parameter")
-        if t.input_schema.get("type", "object") != "object":
-            raise APIError(f"tools[{i}].input_schema must describe an object (its type is "
-                           f"{t.input_schema.get('type')!r}).", param=f"tools[{i}].input_schema",
-                           code="invalid_value")
+        if t.input_schema is None:
+            raise APIError(f"tools[{i}].input_schema is required: the JSON schema of the tool's "
+                           "input.", param=f"tools[{i}].input_schema",
+                           code="missing_required_parameter")
         function = {"name": t.name, "parameters": t.input_schema}
         if t.description is not None:
             function["description"] = t.description
         out.append({"type": "function", "function": function})
-    names = [t.name for t in body.tools or ()]
-    dup = next((n for n in names if names.count(n) > 1), None)
-    if dup is not None:
-        raise APIError(f"The tool name '{dup}' is used by more than one tool.", param="tools",
-                       code="invalid_value")
     return out
 
 
-def openai_tool_choice(body: CountTokensRequest) -> str | dict:
-    """`tool_choice` in OpenAI's shapes; a named tool must be one of `tools`."""
+def _openai_tool_choice(body: CountTokensRequest) -> str | dict | None:
+    """`tool_choice` in OpenAI's shapes: `any` -> "required", `tool` -> the named function."""
     choice = body.tool_choice
-    if choice is None or choice.type == "auto":
-        return "auto" if body.tools else "none"
-    if choice.type == "none":
-        return "none"
+    if choice is None:
+        return None
+    if choice.type in ("auto", "none"):
+        return choice.type
     if not body.tools:
         raise APIError(f"tool_choice '{choice.type}' needs tools to choose from.",
                        param="tool_choice", code="invalid_value")
@@ -160,15 +157,15 @@ def openai_tool_choice(body: CountTokensRequest) -> str | dict:
     if choice.name is None:
         raise APIError("tool_choice of type 'tool' needs the tool's name.",
                        param="tool_choice.name", code="missing_required_parameter")
-    if choice.name not in {t.name for t in body.tools}:
-        raise APIError(f"tool_choice names the tool '{choice.name}', which is not in tools "
-                       f"({', '.join(t.name for t in body.tools)}).", param="tool_choice.name",
-                       code="invalid_value")
     return {"type": "function", "function": {"name": choice.name}}
 
 
-def parallel_tool_calls(body: CountTokensRequest) -> bool:
-    return not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+def openai_tool_fields(body: CountTokensRequest) -> SimpleNamespace:
+    """The tool fields of a chat completion request (tools, tool_choice, parallel_tool_calls)
+    that say the same as this request's, for the OpenAI routes' tool handling."""
+    parallel = not (body.tool_choice and body.tool_choice.disable_parallel_tool_use)
+    return SimpleNamespace(tools=_openai_tools(body), tool_choice=_openai_tool_choice(body),
+                           parallel_tool_calls=parallel)
 
 
 def sampling_params(body: MessagesRequest) -> SamplingParams:

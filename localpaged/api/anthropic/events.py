@@ -9,8 +9,10 @@
 Text arrives as `text_delta`s of a `text` block; a tool call as a `tool_use` block whose input
 arrives as `input_json_delta`s (`partial_json`, which joined are its JSON arguments). A streamed
 response sends the events as they come (`sse()` writes one); a whole response feeds the same
-outputs and returns `message()`, so both carry the same blocks. Which text is a tool call is the
-tool format's stream parser's business (chat/tool_calls.py); without tools, all text is text.
+outputs and returns `message()`. Which text is a tool call is the tool format's business
+(chat/tool_calls.py: its stream parser for events, `parse` of the whole text for `message()`,
+which find the same calls); without tools, all text is text. Call ids are Anthropic's
+(`toolu_...`), whatever the format's own.
 
 stop_reason: "tool_use" when the reply called a tool, "max_tokens" when it ran out of tokens,
 "stop_sequence" (with `stop_sequence`) when a stop sequence ended it, else "end_turn".
@@ -20,8 +22,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
 
+from localpaged.chat.tool_calls import CallStart, Delta, TextDelta, ToolFormat
 from localpaged.engine.outputs import RequestOutput
 
 
@@ -37,18 +39,22 @@ def new_id(prefix: str) -> str:
 class Reply:
     """The blocks of one reply, from the engine's outputs of a one-sample request.
 
-    `parser`: a tool format's stream parser (`feed(text) -> deltas`, `finish() -> deltas`, each
-    delta a text piece or a tool call's piece), or None when no tool can be called.
+    `fmt`: the tool format whose calls the reply may hold (chat/tool_calls.ToolFormat), or None
+    when no tool is offered. `streamed`: whether `feed` makes events (else it only keeps the
+    text, which `message()` reads).
     """
 
     def __init__(self, message_id: str, model: str, input_tokens: int,
-                 stop_sequences: list[str] | None = None, parser: Any = None) -> None:
+                 stop_sequences: list[str] | None = None, fmt: ToolFormat | None = None,
+                 streamed: bool = True) -> None:
         self.id, self.model, self.input_tokens = message_id, model, input_tokens
         self.stop_sequences = set(stop_sequences or ())
-        self.parser = parser
-        self.blocks: list[dict] = []            # the content so far; tool inputs as JSON text
+        self.fmt, self.streamed = fmt, streamed
+        self.parser = fmt.stream_parser() if fmt is not None and streamed else None
+        self.text = ""                          # the reply as the model wrote it
+        self.blocks: list[dict] = []            # the streamed blocks; tool inputs as JSON text
         self._open: dict | None = None          # the block being streamed
-        self._tool_keys: dict[Any, dict] = {}   # a parser's key of a call -> its block
+        self._calls: dict[int, dict] = {}       # a call's index in the reply -> its block
         self.output_tokens = 0
         self.finish_reason: str | None = None
         self.stop_string: str | None = None
@@ -63,20 +69,19 @@ class Reply:
         """The events of one output (a delta: only what is new)."""
         (o,) = out.outputs
         self.output_tokens += len(o.token_ids)
+        self.text += o.text
         if o.finish_reason is not None:
             self.finish_reason = o.finish_reason
             self.stop_string = o.stop_reason if isinstance(o.stop_reason, str) else None
-        if not o.text:
+        if not (o.text and self.streamed):
             return []
-        if self.parser is None:
-            return self._text(o.text)
-        return self._parsed(self.parser.feed(o.text))
+        return self._deltas(self.parser.feed(o.text)) if self.parser else self._text(o.text)
 
     def finish(self) -> list[dict]:
         """The events that end the message (after the last output)."""
-        events = self._parsed(self.parser.finish()) if self.parser is not None else []
+        events = self._deltas(self.parser.finish()) if self.parser is not None else []
         events += self._close()
-        reason, sequence = self.stop_reason()
+        reason, sequence = self.stop_reason(self.blocks)
         return events + [{"type": "message_delta",
                           "delta": {"stop_reason": reason, "stop_sequence": sequence},
                           "usage": self.usage()},
@@ -84,23 +89,35 @@ class Reply:
 
     # ---- the whole message --------------------------------------------------------------------
     def message(self) -> dict:
-        reason, sequence = self.stop_reason()
-        return {**self._head(), "content": [_final(b) for b in self.blocks],
-                "stop_reason": reason, "stop_sequence": sequence, "usage": self.usage()}
+        """The whole reply as one message (its text parsed for calls once, at the end)."""
+        content = self._parsed()
+        reason, sequence = self.stop_reason(content)
+        return {**self._head(), "content": content, "stop_reason": reason,
+                "stop_sequence": sequence, "usage": self.usage()}
 
     def usage(self) -> dict:
         return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
 
-    def stop_reason(self) -> tuple[str, str | None]:
-        if any(b["type"] == "tool_use" for b in self.blocks):
-            return "tool_use", None
+    def stop_reason(self, blocks: list[dict]) -> tuple[str, str | None]:
         if self.finish_reason == "length":
             return "max_tokens", None
+        if any(b["type"] == "tool_use" for b in blocks):
+            return "tool_use", None
         if self.stop_string is not None and self.stop_string in self.stop_sequences:
             return "stop_sequence", self.stop_string
         return "end_turn", None
 
-    # ---- blocks -------------------------------------------------------------------------------
+    def _parsed(self) -> list[dict]:
+        if self.fmt is None:
+            return [{"type": "text", "text": self.text}] if self.text else []
+        reply = self.fmt.parse(self.text)
+        if not reply.tool_calls:                # no call: the reply exactly as written
+            return [{"type": "text", "text": self.text}] if self.text else []
+        blocks = [{"type": "text", "text": reply.content}] if reply.content else []
+        return blocks + [{"type": "tool_use", "id": new_id("toolu"), "name": c.name,
+                          "input": json.loads(c.arguments)} for c in reply.tool_calls]
+
+    # ---- streamed blocks ----------------------------------------------------------------------
     def _head(self) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
 
@@ -111,27 +128,18 @@ class Reply:
         self._open["text"] += text
         return events + [self._delta({"type": "text_delta", "text": text})]
 
-    def _tool(self, key: Any, name: str | None, call_id: str | None,
-              arguments: str) -> list[dict]:
-        events = []
-        block = self._tool_keys.get(key)
-        if block is None:
-            block = {"type": "tool_use", "id": call_id or new_id("toolu"), "name": name or "",
-                     "input": ""}
-            self._tool_keys[key] = block
-            events += self._close() + self._begin(block)
-        if arguments:
-            block["input"] += arguments
-            events.append(self._delta({"type": "input_json_delta", "partial_json": arguments}))
-        return events
-
-    def _parsed(self, deltas: list) -> list[dict]:
+    def _deltas(self, deltas: list[Delta]) -> list[dict]:
         events = []
         for d in deltas:
-            if d.kind == "text":
+            if isinstance(d, TextDelta):
                 events += self._text(d.text)
+            elif isinstance(d, CallStart):
+                block = {"type": "tool_use", "id": new_id("toolu"), "name": d.name, "input": ""}
+                self._calls[d.index] = block
+                events += self._close() + self._begin(block)
             else:
-                events += self._tool(d.index, d.name, d.id, d.arguments or "")
+                self._calls[d.index]["input"] += d.text
+                events.append(self._delta({"type": "input_json_delta", "partial_json": d.text}))
         return events
 
     def _begin(self, block: dict) -> list[dict]:
@@ -149,15 +157,3 @@ class Reply:
             return []
         self._open = None
         return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
-
-
-def _final(block: dict) -> dict:
-    """A block as the whole response carries it: a tool's input parsed from its JSON text."""
-    if block["type"] != "tool_use":
-        return dict(block)
-    text = block["input"].strip()
-    try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError:
-        value = {"_raw": text}
-    return {**block, "input": value if isinstance(value, dict) else {"_value": value}}

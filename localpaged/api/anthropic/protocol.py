@@ -87,8 +87,8 @@ class Tool(BaseModel):
     model_config = _CONFIG
     name: ToolName
     description: str | None = None
-    input_schema: dict[str, Any]
-    type: Literal["custom"] | str | None = None
+    input_schema: dict[str, Any] | None = None      # required of client tools (convert.py)
+    type: str | None = None
 
 
 class ToolChoice(BaseModel):

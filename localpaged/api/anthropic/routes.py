@@ -1,7 +1,8 @@
 """The Anthropic Messages routes, `POST /v1/messages` and `POST /v1/messages/count_tokens`, over
-the same path as /v1/chat/completions: the request becomes OpenAI-shaped chat messages
-(convert.py), the model's chat template and the same bounds make the prompt
-(generation.chat_prompt), the one AsyncEngine of the ServedModel runs it, and SSEResponse
+the same path as /v1/chat/completions: the request becomes OpenAI-shaped chat messages and tool
+fields (convert.py); the OpenAI routes' tool handling (structured.py) shapes them for the
+model's template and gives the grammar of the calls; the chat template and the same bounds make
+the prompt (generation.chat_prompt); the one AsyncEngine of the ServedModel runs it. SSEResponse
 aborts the engine request however a stream ends; a whole response aborts it when its client
 goes away. Nothing of the engine is held once a response has ended, by error or not.
 
@@ -13,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
-from typing import Any
 
 import jinja2
 from fastapi import APIRouter, Request
@@ -31,6 +31,7 @@ from localpaged.api.generation import SSEResponse, chat_prompt
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.routes import _check_limits
 from localpaged.api.served_model import Model, ServedModel
+from localpaged.api.structured import ToolRequest, tool_request
 from localpaged.engine.async_engine import RequestStream
 from localpaged.engine.outputs import RequestOutput
 
@@ -53,9 +54,9 @@ def create_messages_api(served: ServedModel, api_key: str | None = None,
 
 @dataclass
 class Prompt:
-    """What the engine is sent for one request, and how its text is read back."""
+    """What the engine is sent for one request, and the tools its reply may call."""
     ids: list[int]
-    parser: Any = None          # a tool format's stream parser, when tools may be called
+    tools: ToolRequest
 
 
 class _Messages:
@@ -70,20 +71,19 @@ class _Messages:
 
     def _prompt(self, model: Model, body: CountTokensRequest) -> Prompt:
         """The prompt's token ids (run in a worker thread: the template and the tokenizer)."""
-        messages = convert.chat_messages(body)
-        if body.tools:
-            raise APIError("tools are not supported by this server yet.", param="tools",
-                           code="unsupported_parameter")
+        tools = tool_request(convert.openai_tool_fields(body), model.engine.tokenizer.chat_template)
+        messages, template_kwargs = tools.prompt(convert.chat_messages(body))
         prefill = convert.prefills(messages)
         flags = SimpleNamespace(add_generation_prompt=not prefill, continue_final_message=prefill,
                                 context_overflow=None, max_tokens_param="max_tokens")
         try:
             ids, _ = chat_prompt(model.engine.tokenizer, messages, flags,
-                                 model.engine.context_limit(), getattr(body, "max_tokens", None))
+                                 model.engine.context_limit(), getattr(body, "max_tokens", None),
+                                 template_kwargs=template_kwargs)
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
-        return Prompt(ids)
+        return Prompt(ids, tools)
 
     async def count_tokens(self, body: CountTokensRequest) -> dict:
         prompt = await run_in_threadpool(self._prompt, self._model(body.model), body)
@@ -97,14 +97,15 @@ class _Messages:
             raise from_value_error(exc, "messages") from exc
         prompt = await run_in_threadpool(self._prompt, model, body)
         _check_limits(model, prompt.ids, params, "max_tokens", "messages")
+        params = replace(params, guided=prompt.tools.guided())
         message_id = new_id("msg")
         try:
             stream = self.served.submit(
                 model, lambda: model.engine.submit(prompt.ids, params, request_id=message_id))
-        except ValueError as exc:
-            raise from_value_error(exc, "messages") from exc
+        except ValueError as exc:       # a tool's input_schema the grammar cannot compile
+            raise from_value_error(exc, "tools" if params.guided else "messages") from exc
         reply = Reply(message_id, model.name, len(prompt.ids), body.stop_sequences,
-                      prompt.parser)
+                      prompt.tools.fmt if prompt.tools.active else None, bool(body.stream))
 
         def close() -> None:
             stream.cancel()
