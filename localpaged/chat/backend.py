@@ -8,14 +8,27 @@ on `LocalChatBackend`: the UI checks `is_local(backend)` before it offers it.
 Only a local backend knows its tokenizer, so only it offers `context_window()` (exact counts,
 fitting a chat into the context limit), `submit_ids` (Continue from stored token ids) and
 `decode`; the UI treats their absence as "unknown" (no gauge, no Continue).
+Tools: `chat(..., tools=[ToolSpec], tool_choice=...)` offers them to the model and
+`parse_reply(text)` splits a finished reply into its text and its calls (chat/tool_calls.py).
+A local backend renders the tools through the model's template family and holds the calls to
+their schemas with a grammar; a remote one lets the server do both (remote.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Protocol
 
 from localpaged.chat.context_window import ContextWindow
+from localpaged.chat.tool_calls import (
+    ParsedReply,
+    ToolFormat,
+    ToolSpec,
+    normalize_choice,
+    prompt_messages,
+    tool_format,
+)
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
@@ -28,9 +41,15 @@ class ChatBackend(Protocol):
     supports_kv_stats: bool
 
     def chat(self, messages: list[dict], params: list[SamplingParams],
-             request_id: str | None = None) -> Iterator[RequestOutput]:
+             request_id: str | None = None, *, tools: list[ToolSpec] | None = None,
+             tool_choice="auto") -> Iterator[RequestOutput]:
         """Stream one reply per entry of params (cumulative outputs[i].text); raises ValueError
-        for bad input before streaming. Closing the iterator early cancels the request."""
+        for bad input before streaming. Closing the iterator early cancels the request.
+        `tools` are offered to the model (tool_choice: "auto", "none", "required" or a tool's
+        name); messages may hold assistant `tool_calls` and `role: "tool"` results."""
+
+    def parse_reply(self, text: str) -> ParsedReply:
+        """A reply's text and tool calls, as the model of this backend writes them."""
 
     def abort(self, request_id: str) -> None: ...
 
@@ -63,14 +82,41 @@ class LocalChatBackend:
     def decode(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
-        return apply_chat_template(self.engine.tokenizer, messages)
+    def prompt_ids(self, messages: list[dict], tools: list[ToolSpec] | None = None,
+                   tool_choice="auto") -> list[int]:
+        """The prompt of a chat; tool calls, results and offered tools go through the model's
+        template family (tool_calls.prompt_messages)."""
+        if not tools and not any(m.get("tool_calls") or m.get("role") == "tool"
+                                 for m in messages):
+            return apply_chat_template(self.engine.tokenizer, messages)
+        offered = tools if normalize_choice(tool_choice, tools).mode != "none" else None
+        msgs, kwargs = prompt_messages(messages, offered, self.tool_format())
+        return list(self.engine.tokenizer.apply_chat_template(
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs))
+
+    def tool_format(self) -> ToolFormat:
+        """How this model writes tool calls (read from its chat template at each call: the UI
+        may set a template on a model that has none)."""
+        return tool_format(self.engine.tokenizer.chat_template)
+
+    def parse_reply(self, text: str) -> ParsedReply:
+        return self.tool_format().parse(text)
 
     def chat(self, messages: list[dict], params: list[SamplingParams],
              request_id: str | None = None,
-             priority: str | None = None) -> Iterator[RequestOutput]:
-        """priority: "interactive" (default) or "background" (see localpaged/core/scheduler.py)."""
-        ids = self.prompt_ids(messages)
+             priority: str | None = None, *, tools: list[ToolSpec] | None = None,
+             tool_choice="auto") -> Iterator[RequestOutput]:
+        """priority: "interactive" (default) or "background" (see localpaged/core/scheduler.py).
+        With tools, every column's reply is held to the calls' grammar (ToolFormat.guided), so a
+        column may not carry a guided constraint of its own."""
+        ids = self.prompt_ids(messages, tools, tool_choice) if tools else \
+            self.prompt_ids(messages)
+        guided = self.tool_format().guided(tools, tool_choice)
+        if guided is not None:
+            if any(p.guided is not None for p in params):
+                raise ValueError("a reply with tools cannot also follow another output "
+                                 "constraint (SamplingParams.guided)")
+            params = [replace(p, guided=guided) for p in params]
         if len(params) == 1:
             return iter(self.engine.submit(ids, params[0], request_id, priority=priority))
         return iter(self.engine.submit(ids, None, request_id, column_params=params,

@@ -8,11 +8,16 @@ cumulative text. Closing the iterator (or `abort`) stops the readers, which clos
 streams, so the server aborts the requests. A remote server shows no KV blocks: `stats()` is
 None and `prompt_blocks()` is empty. Token ids are not sent over the API: `token_ids` stay empty
 and `metrics.num_generated_tokens` counts streamed chunks until the final usage replaces it.
+Tools go to the server as `tools` / `tool_choice`; the calls it streams back are written into
+the reply's text in the hermes syntax (`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
+the arguments as the server sent them), so the UI stores one text per reply and `parse_reply`
+gives the calls back (tool_calls.py), with the server's own call ids replaced by new ones.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import queue
 import threading
 import time
@@ -21,6 +26,7 @@ from dataclasses import replace
 
 import openai
 
+from localpaged.chat.tool_calls import ParsedReply, ToolFormat, ToolSpec
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.outputs import (
     CompletionOutput,
@@ -67,6 +73,7 @@ class _Call:
         self.arrival = time.monotonic()
         self.first_token: float | None = None
         self.usage: list = []
+        self.calls: dict[int, _CallText] = {}     # output index -> its open tool call
 
     def read(self, stream, first_index: int) -> None:
         """Reader thread: push (index, delta, finish_reason) events; None when the stream ends."""
@@ -77,8 +84,14 @@ class _Call:
                 if chunk.usage is not None:
                     self.usage.append((first_index, chunk.usage))
                 for choice in chunk.choices:
+                    index = first_index + choice.index
                     delta = choice.delta.content or "" if choice.delta else ""
-                    self.events.put((first_index + choice.index, delta, choice.finish_reason))
+                    calls = self.calls.setdefault(index, _CallText())
+                    for tc in (choice.delta.tool_calls or []) if choice.delta else []:
+                        delta += calls.add(tc)
+                    if choice.finish_reason is not None:
+                        delta += calls.close()
+                    self.events.put((index, delta, choice.finish_reason))
         except Exception as exc:  # noqa: BLE001 - handed to the consumer
             if not self.cancelled.is_set():
                 self.events.put(exc)
@@ -123,6 +136,36 @@ class _Call:
         return RequestOutput(self.request_id, None, [], outs, finished, metrics)
 
 
+class _CallText:
+    """Tool-call deltas of one output as hermes-syntax text (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.open: int | None = None      # the call being written (its index in the stream)
+        self.has_args = False
+
+    def add(self, tc) -> str:
+        fn = tc.function
+        text = ""
+        if self.open is None or tc.index != self.open:
+            text += self.close() + f'\n<tool_call>\n{{"name": {_json(fn.name or "")}, "arguments": '
+            self.open, self.has_args = tc.index, False
+        if fn is not None and fn.arguments:
+            text += fn.arguments
+            self.has_args = True
+        return text
+
+    def close(self) -> str:
+        if self.open is None:
+            return ""
+        text = ("" if self.has_args else "{}") + "}\n</tool_call>"
+        self.open = None
+        return text
+
+
+def _json(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 class RemoteChatBackend:
     supports_kv_stats = False
 
@@ -142,8 +185,13 @@ class RemoteChatBackend:
             model = models[0].id
         self.model_name = model
 
+    def parse_reply(self, text: str) -> ParsedReply:
+        """The reply's text and the calls the server made (written into it in hermes syntax)."""
+        return ToolFormat("hermes").parse(text)
+
     def chat(self, messages: list[dict], params: list[SamplingParams],
-             request_id: str | None = None) -> Iterator[RequestOutput]:
+             request_id: str | None = None, *, tools: list[ToolSpec] | None = None,
+             tool_choice="auto") -> Iterator[RequestOutput]:
         """Open the streams now (a bad request raises ValueError here), then stream replies."""
         if not params:
             raise ValueError("params must not be empty")
@@ -156,7 +204,8 @@ class RemoteChatBackend:
             for p, first_index in plan:
                 stream = self.client.chat.completions.create(
                     model=self.model_name, messages=_plain(messages), stream=True,
-                    stream_options={"include_usage": True}, **request_kwargs(p))
+                    stream_options={"include_usage": True}, **request_kwargs(p),
+                    **_tool_kwargs(tools, tool_choice))
                 call.streams.append(stream)
         except openai.APIStatusError as exc:
             _close_all(call.streams)
@@ -236,15 +285,29 @@ def _single(p: SamplingParams) -> SamplingParams:
 
 
 def _plain(messages: list[dict]) -> list[dict]:
-    """Messages with text content (Gradio's list-of-blocks content flattened)."""
+    """Messages with text content (Gradio's list-of-blocks content flattened), and their tool
+    calls and the ids tool results answer."""
     out = []
     for m in messages:
         content = m.get("content")
         if isinstance(content, list):
             content = "".join(b.get("text", "") for b in content
                               if isinstance(b, dict) and b.get("type", "text") == "text")
-        out.append({"role": m["role"], "content": content or ""})
+        msg = {"role": m["role"], "content": content or ""}
+        for key in ("tool_calls", "tool_call_id"):
+            if m.get(key):
+                msg[key] = m[key]
+        out.append(msg)
     return out
+
+
+def _tool_kwargs(tools: list[ToolSpec] | None, tool_choice) -> dict:
+    """tools and tool_choice as chat.completions.create arguments (none without tools)."""
+    if not tools:
+        return {}
+    if tool_choice not in ("auto", "none", "required") and isinstance(tool_choice, str):
+        tool_choice = {"type": "function", "function": {"name": tool_choice}}
+    return {"tools": [t.openai() for t in tools], "tool_choice": tool_choice}
 
 
 def _message(exc: openai.APIStatusError) -> str:

@@ -257,3 +257,47 @@ def test_bad_requests_are_400s_naming_the_parameter(client, served, extra, param
     assert err["param"] == param, err
     assert err["message"]
     wait_idle(served[0])
+
+
+# ---- the chat backends --------------------------------------------------------------------------
+def _final(outputs) -> str:
+    *_, last = outputs
+    return last.outputs[0].text
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
+def test_chat_backend_tools(served, template, remote):
+    """ChatBackend.chat with tools and parse_reply, local (grammar and template family here)
+    and remote (the server's tool_calls, written into the reply's text)."""
+    from localpaged.chat.backend import LocalChatBackend
+    from localpaged.chat.remote import RemoteChatBackend
+    from localpaged.chat.tool_calls import ToolSpec
+    from localpaged.core.sampling_params import SamplingParams
+    engine, url, tokenizer = served
+    backend = RemoteChatBackend(url + "/v1", model=MODEL) if remote else LocalChatBackend(engine)
+    specs = [ToolSpec.from_openai(t) for t in TOOLS]
+    for seed, choice in [(1, "required"), (2, "get_time")]:
+        text = _final(backend.chat(ASK, [SamplingParams(temperature=1.0, seed=seed,
+                                                        max_tokens=300)],
+                                   tools=specs, tool_choice=choice))
+        reply = backend.parse_reply(text)
+        assert reply.tool_calls, text
+        for call in reply.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), PARAMS[call.name])
+        if choice == "get_time":
+            assert [c.name for c in reply.tool_calls] == ["get_time"]
+    plain = _final(backend.chat(ASK, [SamplingParams(temperature=0, max_tokens=4)]))
+    assert backend.parse_reply(plain).tool_calls == []
+
+
+def test_local_backend_renders_tool_results(served, template):
+    from localpaged.chat.backend import LocalChatBackend
+    backend = LocalChatBackend(served[0])
+    messages = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_9", "type": "function",
+             "function": {"name": "get_time", "arguments": '{"tz": "UTC"}'}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": "12:00 UTC"}]
+    text = served[2].decode(backend.prompt_ids(messages))
+    assert "<tool_response>\n12:00 UTC\n</tool_response>" in text
+    assert '{"name": "get_time", "arguments": {"tz": "UTC"}}' in text
