@@ -447,3 +447,31 @@ def test_tool_errors(tools_client, base_url):
     refused("web_search", tools=[{"type": "web_search_20250305", "name": "web_search"}])
     refused("object", tools=[{"name": "f", "input_schema": {"type": "string"}}])
     refused("tools[0].name", tools=[{"name": "bad name!", "input_schema": WEATHER}])
+
+
+def test_greedy_tool_call_streamed_as_whole(tools_client):
+    """Greedy, the streamed reply (the stream parser's events) carries the same blocks as the
+    whole reply (the reply parsed once), tool calls included."""
+    kw = dict(model=MODEL, max_tokens=120, messages=ASK, tools=TOOLS, extra_body=GREEDY,
+              tool_choice={"type": "any"})
+    whole = tools_client.messages.create(**kw)
+    with tools_client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+
+    def shape(m):
+        return [(b.type, b.text) if b.type == "text" else (b.type, b.name, b.input)
+                for b in m.content], m.stop_reason, m.usage.output_tokens
+    assert _tool_uses(whole)
+    assert shape(final) == shape(whole)
+
+
+def test_schema_the_grammar_cannot_compile(tools_client, tool_engine):
+    bad = {"name": "f", "input_schema": {"type": "object",
+                                         "properties": {"a": {"$ref": "#/nowhere"}}}}
+    with pytest.raises(anthropic.BadRequestError) as err:
+        tools_client.messages.create(model=MODEL, max_tokens=4, messages=ASK, tools=[bad],
+                                     tool_choice={"type": "any"})
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "input_schema" in err.value.body["error"]["message"]
+    assert "nowhere" in err.value.body["error"]["message"]
+    wait_idle(tool_engine)

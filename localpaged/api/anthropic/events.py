@@ -9,9 +9,9 @@
 Text arrives as `text_delta`s of a `text` block; a tool call as a `tool_use` block whose input
 arrives as `input_json_delta`s (`partial_json`, which joined are its JSON arguments). A streamed
 response sends the events as they come (`sse()` writes one); a whole response feeds the same
-outputs and returns `message()`. Which text is a tool call is the tool format's business
-(chat/tool_calls.py: its stream parser for events, `parse` of the whole text for `message()`,
-which find the same calls); without tools, all text is text. Call ids are Anthropic's
+outputs and returns `message()`. Which text is a tool call is the tool format's stream parser's
+business (chat/tool_calls.py), run on the deltas for events and on the whole text for
+`message()`, so both find the same calls in the same order; without tools, all text is text. Call ids are Anthropic's
 (`toolu_...`), whatever the format's own.
 
 stop_reason: "tool_use" when the reply called a tool, "max_tokens" when it ran out of tokens,
@@ -108,14 +108,29 @@ class Reply:
         return "end_turn", None
 
     def _parsed(self) -> list[dict]:
+        """The whole text's blocks in the order written: the stream parser's segments, read
+        as `parse` reads them (a call whose arguments are not a JSON object stays text), but
+        keeping text after a call after it."""
         if self.fmt is None:
             return [{"type": "text", "text": self.text}] if self.text else []
-        reply = self.fmt.parse(self.text)
-        if not reply.tool_calls:                # no call: the reply exactly as written
+        parser = self.fmt.stream_parser()
+        parser.feed(self.text)
+        parser.finish()
+        blocks: list[dict] = []
+        for seg in parser.segments:
+            value = _object(seg.call.arguments) if seg.call is not None else None
+            if value is not None:
+                blocks.append({"type": "tool_use", "id": new_id("toolu"), "name": seg.call.name,
+                               "input": value})
+                continue
+            text = seg.text if seg.call is None else seg.raw
+            if blocks and blocks[-1]["type"] == "text":
+                blocks[-1]["text"] += text
+            elif text:
+                blocks.append({"type": "text", "text": text})
+        if not any(b["type"] == "tool_use" for b in blocks):     # the reply exactly as written
             return [{"type": "text", "text": self.text}] if self.text else []
-        blocks = [{"type": "text", "text": reply.content}] if reply.content else []
-        return blocks + [{"type": "tool_use", "id": new_id("toolu"), "name": c.name,
-                          "input": json.loads(c.arguments)} for c in reply.tool_calls]
+        return blocks
 
     # ---- streamed blocks ----------------------------------------------------------------------
     def _head(self) -> dict:
@@ -157,3 +172,11 @@ class Reply:
             return []
         self._open = None
         return [{"type": "content_block_stop", "index": len(self.blocks) - 1}]
+
+
+def _object(arguments: str) -> dict | None:
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None

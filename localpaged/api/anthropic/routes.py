@@ -33,6 +33,7 @@ from localpaged.api.routes import _check_limits
 from localpaged.api.served_model import Model, ServedModel
 from localpaged.api.structured import ToolRequest, tool_request
 from localpaged.engine.async_engine import RequestStream
+from localpaged.engine.grammar import GrammarError
 from localpaged.engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -102,8 +103,11 @@ class _Messages:
         try:
             stream = self.served.submit(
                 model, lambda: model.engine.submit(prompt.ids, params, request_id=message_id))
-        except ValueError as exc:       # a tool's input_schema the grammar cannot compile
-            raise from_value_error(exc, "tools" if params.guided else "messages") from exc
+        except GrammarError as exc:
+            raise APIError(f"The tools' input_schema cannot be enforced: {exc}", param="tools",
+                           code="invalid_value") from exc
+        except ValueError as exc:
+            raise from_value_error(exc, "messages") from exc
         reply = Reply(message_id, model.name, len(prompt.ids), body.stop_sequences,
                       prompt.tools.fmt if prompt.tools.active else None, bool(body.stream))
 
