@@ -264,6 +264,13 @@ def test_image_block_refused_by_name(base_url):
     assert "'image'" in message and "messages[0].content[1]" in message
 
 
+def test_malformed_block_named(base_url):
+    r = post(base_url, {"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": USER},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f"}]}]})
+    assert "'messages[1].content[0].input'" in _error(r, 400, "invalid_request_error")
+
+
 def test_unknown_model(base_url):
     r = post(base_url, {"model": "claude-x", "max_tokens": 4,
                         "messages": [{"role": "user", "content": USER}]})

@@ -11,8 +11,8 @@ arrives as `input_json_delta`s (`partial_json`, which joined are its JSON argume
 response sends the events as they come (`sse()` writes one); a whole response feeds the same
 outputs and returns `message()`. Which text is a tool call is the tool format's stream parser's
 business (chat/tool_calls.py), run on the deltas for events and on the whole text for
-`message()`, so both find the same calls in the same order; without tools, all text is text. Call ids are Anthropic's
-(`toolu_...`), whatever the format's own.
+`message()`, so both find the same calls in the same order; without tools, all text is text.
+Call ids are Anthropic's (`toolu_...`), whatever the format's own.
 
 stop_reason: "tool_use" when the reply called a tool, "max_tokens" when it ran out of tokens,
 "stop_sequence" (with `stop_sequence`) when a stop sequence ended it, else "end_turn".

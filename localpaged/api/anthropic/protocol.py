@@ -1,8 +1,8 @@
 """Typed request bodies of the Anthropic Messages API (`/v1/messages`, `/v1/messages/count_tokens`).
 
 Types are strict, as on the OpenAI routes (api/protocol.py): a string is not a number, NaN is
-refused, and a bad field is a 400 naming it before anything reaches the engine. Every list and
-string has the same caps as there. Content blocks are `text`, `tool_use` and `tool_result`; any
+refused, and a bad field is a 400 naming it before anything reaches the engine. Lists have the
+same caps as there; the body's size limit and the prompt's bound limit the text. Content blocks are `text`, `tool_use` and `tool_result`; any
 other type (image, document, thinking, ...) parses as `OtherBlock` so that conversion can refuse
 it by name. Fields this server has no use for (`metadata`, `thinking`, `service_tier`,
 `cache_control` on blocks, ...) are ignored, as Anthropic's clients send a few of their own.
@@ -36,9 +36,10 @@ class OtherBlock(BaseModel):
 
 
 def _tag(value: Any, known: tuple[str, ...] = BLOCK_TYPES) -> str:
-    """Which model parses a content block: its own type when known, else OtherBlock."""
+    """Which model parses a content block: its own type when known, else OtherBlock. A tag is
+    not an identifier, so an error's parameter name leaves it out (errors._param)."""
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in known else "other"
+    return f"{kind} block" if kind in known else "other block"
 
 
 class TextBlock(BaseModel):
@@ -56,8 +57,9 @@ class ToolUseBlock(BaseModel):
     input: dict[str, Any]
 
 
-ResultPart = Annotated[Union[Annotated[TextBlock, Tag("text")], Annotated[OtherBlock, Tag("other")]],
-                      Discriminator(lambda v: _tag(v, ("text",)))]
+ResultPart = Annotated[Union[Annotated[TextBlock, Tag("text block")],
+                             Annotated[OtherBlock, Tag("other block")]],
+                       Discriminator(lambda v: _tag(v, ("text",)))]
 
 
 class ToolResultBlock(BaseModel):
@@ -69,10 +71,10 @@ class ToolResultBlock(BaseModel):
     is_error: bool | None = False
 
 
-Block = Annotated[Union[Annotated[TextBlock, Tag("text")],
-                        Annotated[ToolUseBlock, Tag("tool_use")],
-                        Annotated[ToolResultBlock, Tag("tool_result")],
-                        Annotated[OtherBlock, Tag("other")]],
+Block = Annotated[Union[Annotated[TextBlock, Tag("text block")],
+                        Annotated[ToolUseBlock, Tag("tool_use block")],
+                        Annotated[ToolResultBlock, Tag("tool_result block")],
+                        Annotated[OtherBlock, Tag("other block")]],
                   Discriminator(_tag)]
 
 
@@ -83,7 +85,8 @@ class Message(BaseModel):
 
 
 class Tool(BaseModel):
-    """A client tool. Anthropic's server tools carry a `type` (web_search_..., bash_...): refused."""
+    """A client tool. Anthropic's server tools carry a `type` (web_search_..., bash_...), and
+    convert.py refuses them."""
     model_config = _CONFIG
     name: ToolName
     description: str | None = None
