@@ -12,7 +12,8 @@ In order, for every HTTP and WebSocket request:
    403. So no foreign origin ever gets a response, let alone a CORS grant; `Access-Control-*`
    headers (Gradio adds its own) are stripped from every response as a second line.
 3. Login, when the policy has secrets (a password and/or the API key): `Authorization: Basic`
-   (any user name, the password) or `Authorization: Bearer <secret>`; else 401 with a Basic
+   (any user name, the password), `Authorization: Bearer <secret>` or `x-api-key: <secret>`
+   (Anthropic's clients); else 401 with a Basic
    challenge, which browsers answer with their own login prompt.
 4. Gradio's file routes (`/gradio_api/file=`, its alias `/gradio_api/file/`, and the root
    `/file=` and `/file/` of older Gradio) serve only files inside the app's own directories
@@ -151,8 +152,13 @@ class GuardPolicy:
         return parts.netloc.lower() == host.strip().lower() \
             or host_name(parts.netloc) in self.origin_hosts
 
-    def authorized(self, authorization: str | None) -> bool:
+    def authorized(self, authorization: str | None, api_key: str | None = None) -> bool:
+        """A Bearer or Basic `Authorization` header holding a secret, or an `x-api-key` header
+        (Anthropic's clients send only that) holding one."""
         if not self.secrets:
+            return True
+        if api_key is not None and any(hmac.compare_digest(api_key.strip().encode(), s.encode())
+                                       for s in self.secrets):
             return True
         scheme, _, value = (authorization or "").partition(" ")
         value = value.strip()
@@ -208,7 +214,7 @@ class GuardMiddleware:
             return await self._refuse(scope, receive, send, 403, "host not allowed: " + host)
         if origin is not None and not self.policy.origin_allowed(origin, host):
             return await self._refuse(scope, receive, send, 403, "cross-origin request refused")
-        if not self.policy.authorized(headers.get("authorization")):
+        if not self.policy.authorized(headers.get("authorization"), headers.get("x-api-key")):
             return await self._refuse(scope, receive, send, 401, "login required")
         if scope["type"] == "http" and not self._path_allowed(scope.get("path", "")):
             return await self._refuse(scope, receive, send, 403,

@@ -12,7 +12,9 @@ Owns:
   (parallel samples, beams, branches: `Sequence.fork`), advanced by every token the sequence
   keeps (`sampler.record`), and nothing else. Preemption keeps it as it is: a recomputed or
   swapped-in sequence has the same tokens, so the same state.
-- `allowed_rows`: the token masks of a batch of sequences, as a bool tensor the sampler applies.
+- `allowed_rows`: the token masks of a batch of sequences, as a bool tensor the sampler applies;
+  `step_masks`: those of a step's sampling sequences, computed while the model runs (the engine
+  calls it on a worker thread during the forward: matchers change only after sampling).
 - Drafts (`check_draft`, `draft_masks`, `jump_forward`): speculation's drafts are cut at the
   first token the grammar refuses before they are verified, the verification samples each
   position under that position's mask, and where the grammar forces a run of text (a fixed key,
@@ -25,7 +27,7 @@ rolled back, never left accepted); so the masks of a step depend only on kept to
 from __future__ import annotations
 
 import json
-import logging
+import sys
 import threading
 from collections import OrderedDict
 
@@ -34,11 +36,11 @@ import xgrammar as xgr
 
 from localpaged.core.guided import GuidedDecoding
 
-logger = logging.getLogger(__name__)
-
 CACHE_SIZE = 64                     # compiled grammars kept per engine (LRU)
 MAX_JUMP_TOKENS = 32                # tokens a jump-forward draft holds at most
-_BITS = torch.arange(32, dtype=torch.int32)
+# Byte value -> its 8 bits, lowest first: unpacking a mask is one gather (shifts over the whole
+# vocabulary cost far more; bench/grammar.py times the step).
+_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()
 
 
 class GrammarError(ValueError):
@@ -77,10 +79,9 @@ class GrammarCompiler:
             self._compiler = xgr.GrammarCompiler(info)
         c = self._compiler
         try:
-            if spec.kind == "json_object":
-                return c.compile_json_schema('{"type": "object"}', any_whitespace=False)
-            if spec.kind == "json_schema":
-                return c.compile_json_schema(spec.value, any_whitespace=False)
+            if spec.kind in ("json_object", "json_schema"):
+                schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'
+                return c.compile_grammar(json_grammar(schema))
             if spec.kind == "regex":
                 return c.compile_regex(spec.value)
             if spec.kind == "grammar":
@@ -92,6 +93,21 @@ class GrammarCompiler:
         except Exception as e:          # the library raises RuntimeError, ValueError and its own
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise GrammarError(f"{spec.label} cannot be compiled: {first}") from None
+
+
+# xgrammar writes the characters of a length-limited JSON string (minLength/maxLength) as this
+# class, which lets raw control characters through (JSON forbids them: the reply would not
+# parse); they are excluded (tests/grammar: test_length_limited_strings_parse).
+_COUNTED_CHARS = r'[^\"\\\r\n]'
+_JSON_CHARS = r'[^\"\\\x00-\x1f]'
+
+
+def json_grammar(schema: str) -> str:
+    """The EBNF of replies matching a JSON schema: compact separators (", " and ": ", no free
+    whitespace: a model cannot pad its reply without end, and forced keys jump forward), in the
+    schema's key order."""
+    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    return text.replace(_COUNTED_CHARS, _JSON_CHARS)
 
 
 class CompiledGrammar:
@@ -175,8 +191,23 @@ def allowed_rows(grammars: list[SequenceGrammar | None], vocab_size: int) -> tor
     return unpack(bitmask, vocab_size)
 
 
+def step_masks(scheduled: list) -> dict[int, torch.Tensor]:
+    """Per seq_id of each scheduled sequence (core.scheduler.ScheduledSeq) that samples this step
+    under a grammar: its masks [1 + d, V] bool at its next position and after each of its d draft
+    tokens (d = 0 without a draft). Reads the matchers and leaves them as they were."""
+    masks = {}
+    for item in scheduled:
+        seq = item.seq
+        if seq.grammar is not None and item.samples:
+            draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:] \
+                if seq.num_draft_tokens else []
+            masks[seq.seq_id] = seq.grammar.draft_masks(draft)
+    return masks
+
+
 def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """xgrammar's packed int32 bitmask [S, ceil(V / 32)] as bool [S, V] (bit j of word w is
-    token 32 w + j)."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
+    token 32 w + j; the words are little-endian, so byte b of the row holds tokens 8 b to 8 b + 7)."""
+    assert sys.byteorder == "little"
+    rows = bitmask.shape[0]
+    return _BYTE_BITS[bitmask.view(torch.uint8).long()].reshape(rows, -1)[:, :vocab_size]

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -49,7 +50,7 @@ from localpaged.core.speculation import Drafter, draft_room, eligible
 from localpaged.engine import kv_sizing, step_decisions
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.draft_model import DraftModel
-from localpaged.engine.grammar import GrammarCompiler
+from localpaged.engine.grammar import GrammarCompiler, step_masks
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
@@ -122,6 +123,7 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                         set(self.eos_token_ids))
         self.jump_forward_tokens = 0      # tokens jump-forward drafted and the model kept
+        self._mask_worker: ThreadPoolExecutor | None = None   # grammar masks during the forward
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -295,6 +297,7 @@ class LLMEngine:
                 self.drafter.attach(self.scheduler.running)
             jumped = self._constrain_drafts()
             out = self.scheduler.schedule()
+        masks = self._masks_ahead(out)
         logits, rows, prompt_lps = self.runner.execute(out, timings)
         prompt_logprobs.record(out.scheduled, prompt_lps)
         self.num_tokens_computed += out.num_tokens
@@ -303,7 +306,8 @@ class LLMEngine:
                 SeqStep(it.group.request_id, it.seq.seq_id, it.num_tokens) for it in out.scheduled)))
         result = StepResult()
         with phase("sample+finish"):
-            touched = step_decisions.sample(out, logits, rows, result, self.tokenizer)
+            touched = step_decisions.sample(out, logits, rows, result, self.tokenizer,
+                                            masks.result() if masks is not None else None)
         for group in out.out_of_memory:
             logger.warning("request %s no longer fits in the KV cache: finished", group.request_id)
             for seq in group.unfinished_seqs():
@@ -324,6 +328,15 @@ class LLMEngine:
         if timings is not None:
             timings.steps += 1
         return outputs
+
+    def _masks_ahead(self, out: SchedulerOutput):
+        """A future of this step's grammar masks (grammar.step_masks), computed on a worker
+        thread while the model runs; None when no scheduled sequence is constrained."""
+        if not any(it.seq.grammar is not None and it.samples for it in out.scheduled):
+            return None
+        if self._mask_worker is None:
+            self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        return self._mask_worker.submit(step_masks, out.scheduled)
 
     def _constrain_drafts(self) -> set[int]:
         """Drafts of constrained sequences cut at the first token their grammar refuses; where a

@@ -27,9 +27,13 @@ from localpaged.engine.sampler import sample as sample_rows
 
 
 def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, int],
-           result: StepResult, tokenizer) -> list[SequenceGroup]:
+           result: StepResult, tokenizer, masks: dict[int, torch.Tensor] | None = None
+           ) -> list[SequenceGroup]:
     """Sample every sequence that reached its end; decisions go into result. Returns the groups
-    that got a token (or a beam step)."""
+    that got a token (or a beam step). `masks`: grammar masks computed ahead by seq_id
+    (grammar.step_masks); a constrained sequence missing there (a sample forked this step) has
+    its mask computed here."""
+    masks = masks or {}
     rows, seqs, params, groups = [], [], [], []     # groups[i] is seqs[i]'s
     verified: list[SequenceGroup] = []
     beams: dict[SequenceGroup, dict[int, torch.Tensor]] = {}
@@ -39,11 +43,11 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
         group, row = item.group, row_of[item.seq.seq_id]
         if item.seq.num_draft_tokens:
             _verify_draft(group, item.seq, logits[row:row + 1 + item.seq.num_draft_tokens],
-                          result, tokenizer)
+                          result, tokenizer, masks.get(item.seq.seq_id))
             verified.append(group)
             continue
         if group.beam is not None:
-            beams.setdefault(group, {})[item.seq.seq_id] = _masked(logits[row], item.seq)
+            beams.setdefault(group, {})[item.seq.seq_id] = _masked(logits[row], item.seq, masks)
             continue
         for seq in _fork_samples(group, item.seq, result):
             rows.append(row)
@@ -52,7 +56,7 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
             groups.append(group)
     if rows:
         batch = logits if rows == list(range(len(logits))) else logits[torch.tensor(rows)]
-        allowed = allowed_rows([s.grammar for s in seqs], batch.shape[1])
+        allowed = _allowed(seqs, masks, batch.shape[1])
         for seq, group, sampled in zip(seqs, groups, sample_rows(batch, seqs, params, allowed)):
             record(seq, sampled)
             check_stop(group, seq, result, tokenizer)
@@ -66,14 +70,27 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
     return groups
 
 
+def _allowed(seqs: list[Sequence], masks: dict[int, torch.Tensor], vocab: int) -> torch.Tensor | None:
+    """The sampler's [S, V] masks: computed ahead where they were, now for the others."""
+    if all(s.grammar is None for s in seqs):
+        return None
+    missing = [None if s.seq_id in masks else s.grammar for s in seqs]
+    now = allowed_rows(missing, vocab)
+    if now is None:                            # every mask was computed ahead
+        now = torch.ones(len(seqs), vocab, dtype=torch.bool)
+    return torch.stack([masks[s.seq_id][0] if s.seq_id in masks else now[i]
+                        for i, s in enumerate(seqs)])
+
+
 def _verify_draft(group: SequenceGroup, seq: Sequence, logits: torch.Tensor,
-                  result: StepResult, tokenizer) -> None:
+                  result: StepResult, tokenizer, allowed: torch.Tensor | None) -> None:
     """Keep what the model confirms of seq's draft (sampler.verify), token by token through
     the stop rules; result.kept says how many of the step's positions keep their K/V."""
     draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
     seq.drop_drafts()
     # engine/grammar.py: a draft was cut where the grammar refused it before it ran
-    allowed = seq.grammar.draft_masks(draft) if seq.grammar is not None else None
+    if allowed is None and seq.grammar is not None:
+        allowed = seq.grammar.draft_masks(draft)
     chosen = verify(logits, seq, group.params_for(seq), draft, allowed)
     accepted = len(chosen) - 1
     recorded = 0
@@ -103,10 +120,10 @@ def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> li
     return list(group.seqs)
 
 
-def _masked(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+def _masked(row: torch.Tensor, seq: Sequence, masks: dict[int, torch.Tensor]) -> torch.Tensor:
     """A beam's logits with the tokens its grammar refuses at -inf (beam scores are then the
     log-probabilities among the allowed tokens)."""
-    allowed = allowed_rows([seq.grammar], row.shape[0])
+    allowed = _allowed([seq], masks, row.shape[0])
     return row if allowed is None else row.masked_fill(~allowed[0], float("-inf"))
 
 

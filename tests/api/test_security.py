@@ -178,6 +178,16 @@ def test_host_names_and_policy():
     assert not p.origin_allowed("file://", "localhost:2")
 
 
+def test_login_accepts_bearer_basic_and_x_api_key():
+    p = GuardPolicy.for_bind("0.0.0.0", secrets=[None, "key"])
+    assert p.authorized("Bearer key") and p.authorized("bearer  key ")
+    assert p.authorized("Basic " + base64.b64encode(b"user:key").decode())
+    assert p.authorized(None, "key")                 # Anthropic's clients send only x-api-key
+    assert not p.authorized(None, "nope") and not p.authorized("Bearer nope", "nope")
+    assert not p.authorized(None) and not p.authorized("key")
+    assert GuardPolicy.for_bind("127.0.0.1").authorized(None)      # no secrets: no login
+
+
 def test_which_secrets_log_in():
     assert login_secrets("127.0.0.1", None, "key") == []           # loopback: /v1 alone wants it
     assert login_secrets("127.0.0.1", "pw", "key") == ["pw", "key"]

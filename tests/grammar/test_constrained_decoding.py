@@ -24,7 +24,7 @@ from helpers.grammar_models import smol_tokenizer, tiny_smol
 from localpaged import LLM, SamplingParams
 from localpaged.core.guided import GuidedDecoding
 from localpaged.core.request import BeamParams
-from localpaged.engine.grammar import GrammarError
+from localpaged.engine.grammar import GrammarError, json_grammar
 
 SCHEMA = {"type": "object",
           "properties": {"name": {"type": "string", "maxLength": 10},
@@ -97,6 +97,25 @@ def test_every_sample_validates_over_many_seeds(llm):
     assert all(c.finish_reason == "stop" for o in outs for c in o.outputs)
     values = [valid(t) for t in texts]
     assert len({json.dumps(v) for v in values}) > 6        # the samples differ: not one answer
+
+
+def test_length_limited_strings_parse(llm):
+    """Strings with maxLength may hold no raw control character (JSON forbids them): every
+    sample parses, and the grammar itself refuses a tab inside such a string."""
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 8},
+                                               "b": {"type": "string", "minLength": 2}},
+              "required": ["a", "b"], "additionalProperties": False}
+    guided = GuidedDecoding.json_schema(schema)
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=80, guided=guided) for s in range(16)]
+    for out in llm.generate([PROMPT] * 16, params):
+        c = out.outputs[0]
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.text), schema)
+    tok = smol_tokenizer()
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
+    compiled = compiler.compile_grammar(json_grammar(guided.value))
+    assert xgr.GrammarMatcher(compiled).accept_string('{"a": "x y", "b": "zz"}')
+    assert not xgr.GrammarMatcher(compiled).accept_string('{"a": "x\ty", "b": "zz"}')
 
 
 def test_unconstrained_output_is_not_json(llm):
