@@ -102,8 +102,8 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
             with gr.Column(scale=2, min_width=300, elem_id="lp-right"):
                 panel = build_engine_panel()
                 kv_disk = build_kv_disk()
-                tools_panel = build_tools_panel()
                 picker = build_model_panel(models, header)
+                tools_panel = build_tools_panel()      # last: the model panel stays in place
 
         page = Page(PageUI(slots, current, tabs, chats, side.conversations, side.query, more),
                     tabset)
