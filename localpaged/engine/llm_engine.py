@@ -123,7 +123,9 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
                                         set(self.eos_token_ids))
         self.jump_forward_tokens = 0      # tokens jump-forward drafted and the model kept
-        self._mask_worker: ThreadPoolExecutor | None = None   # grammar masks during the forward
+        # Grammar masks on a worker thread during the forward: on GPUs only (_masks_ahead)
+        self.masks_during_forward = self.device.type == "cuda"
+        self._mask_worker: ThreadPoolExecutor | None = None
         self.groups: dict[str, SequenceGroup] = {}        # unfinished requests by id
         self.debug_checks = config.debug_checks or os.environ.get("LOCALPAGED_DEBUG_CHECKS") == "1"
         self.num_tokens_computed = 0      # tokens run through the model (prefix hits skip it)
@@ -331,8 +333,10 @@ class LLMEngine:
 
     def _masks_ahead(self, out: SchedulerOutput):
         """A future of this step's grammar masks (grammar.step_masks), computed on a worker
-        thread while the model runs; None when no scheduled sequence is constrained."""
-        if not any(it.seq.grammar is not None and it.samples for it in out.scheduled):
+        thread while the model runs on the GPU; None on CPU (the forward keeps every core busy:
+        a third thread slows it more than the masks cost, bench/grammar.py), and when no
+        scheduled sequence is constrained. The sampler computes what is not here."""
+        if not self.masks_during_forward or not any(it.seq.grammar is not None and it.samples for it in out.scheduled):
             return None
         if self._mask_worker is None:
             self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")

@@ -201,6 +201,19 @@ def test_speculation_and_jump_forward_keep_the_tokens(path):
         assert llm.engine.jump_forward_tokens > 0
 
 
+def test_masks_computed_during_the_forward_keep_the_tokens(path):
+    """The GPU's way (masks on a worker thread while the model runs) gives the tokens the
+    CPU's way (masks computed at sampling) gives, drafts and forked samples included."""
+    prompts = [PROMPT] * 3
+    params = [schema_params(temperature=0.0), schema_params(temperature=1.0, seed=4, n=2),
+              schema_params(temperature=0.8, seed=5)]
+    inline = LLM(path, speculation="ngram")
+    ahead = LLM(path, speculation="ngram")
+    ahead.engine.masks_during_forward = True
+    assert run_all(ahead, prompts, params) == run_all(inline, prompts, params)
+    assert ahead.engine._mask_worker is not None and inline.engine._mask_worker is None
+
+
 def test_jump_forward_saves_steps(path):
     prompts, params = [PROMPT], [schema_params(temperature=0.0)]
     steps = {}
