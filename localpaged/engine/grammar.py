@@ -89,7 +89,7 @@ class GrammarCompiler:
             if spec.kind == "choice":
                 options = json.loads(spec.value)
                 return c.compile_grammar("root ::= " + " | ".join(json.dumps(o) for o in options))
-            return c.compile_structural_tag(spec.value)
+            return c.compile_grammar(_json_chars_fixed(str(xgr.Grammar.from_structural_tag(spec.value))))
         except Exception as e:          # the library raises RuntimeError, ValueError and its own
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise GrammarError(f"{spec.label} cannot be compiled: {first}") from None
@@ -97,7 +97,8 @@ class GrammarCompiler:
 
 # xgrammar writes the characters of a length-limited JSON string (minLength/maxLength) as this
 # class, which lets raw control characters through (JSON forbids them: the reply would not
-# parse); they are excluded (tests/grammar: test_length_limited_strings_parse).
+# parse); they are excluded, in schemas and in a structural tag's JSON parts alike
+# (tests/grammar: test_length_limited_strings_parse).
 _COUNTED_CHARS = r'[^\"\\\r\n]'
 _JSON_CHARS = r'[^\"\\\x00-\x1f]'
 
@@ -106,8 +107,11 @@ def json_grammar(schema: str) -> str:
     """The EBNF of replies matching a JSON schema: compact separators (", " and ": ", no free
     whitespace: a model cannot pad its reply without end, and forced keys jump forward), in the
     schema's key order."""
-    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    return text.replace(_COUNTED_CHARS, _JSON_CHARS)
+    return _json_chars_fixed(str(xgr.Grammar.from_json_schema(schema, any_whitespace=False)))
+
+
+def _json_chars_fixed(ebnf: str) -> str:
+    return ebnf.replace(_COUNTED_CHARS, _JSON_CHARS)
 
 
 class CompiledGrammar:

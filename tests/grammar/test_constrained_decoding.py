@@ -22,6 +22,7 @@ import xgrammar as xgr
 from helpers.engine_helpers import hf_model
 from helpers.grammar_models import smol_tokenizer, tiny_smol
 from localpaged import LLM, SamplingParams
+from localpaged.chat.tool_calls import ToolSpec, tool_format
 from localpaged.core.guided import GuidedDecoding
 from localpaged.core.request import BeamParams
 from localpaged.engine.grammar import GrammarError, json_grammar
@@ -116,6 +117,13 @@ def test_length_limited_strings_parse(llm):
     compiled = compiler.compile_grammar(json_grammar(guided.value))
     assert xgr.GrammarMatcher(compiled).accept_string('{"a": "x y", "b": "zz"}')
     assert not xgr.GrammarMatcher(compiled).accept_string('{"a": "x\ty", "b": "zz"}')
+    # the same in a tool call's arguments (a structural tag's JSON part)
+    tool = ToolSpec("f", "", {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+                              "required": ["city"]})
+    fmt = tool_format(None)
+    tag = llm.engine.grammars.compile(fmt.guided([tool], "required", True))
+    assert tag.matcher().matcher.accept_string(fmt.call_text("f", '{"city": "Paris"}'))
+    assert not tag.matcher().matcher.accept_string(fmt.call_text("f", '{"city": "x\ty"}'))
 
 
 def test_unconstrained_output_is_not_json(llm):
