@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import gradio as gr
 
@@ -34,6 +35,7 @@ from ..settings.logic import Sampling, from_fields
 from ..tabs.events import Page, TabSet
 from ..tabs.view import N_SLOTS, PageValues
 from ..tools.events import wire_approval, wire_tool_settings
+from ..tools.messages import read_attachment
 from ..toasts import USER_ERRORS, info, warn, why
 from ..turns import RedrawInterval
 from ..values import KEEP, changes
@@ -82,28 +84,33 @@ class ChatEvents:
         return self.ctl.update_settings(cid, system or "", from_fields(sampling))
 
     def send(self, slots: list, i: int, text: str, system: str, *sampling,
-             policy: str | None = None) -> Iterator[TabValues]:
-        """Send the message box's text; while the conversation's reply streams, wait for it to
-        end first (the message is queued, not dropped). Under "Stop and ask me", a conversation
-        that no longer fits opens the tab's dialog instead (the text stays in the box);
-        `policy` is the dialog's choice for this one request."""
+             policy: str | None = None, files: list | None = None) -> Iterator[TabValues]:
+        """Send the message box's text, with the text of the attached `files` (paths); while
+        the conversation's reply streams, wait for it to end first (the message is queued, not
+        dropped). Under "Stop and ask me", a conversation that no longer fits opens the tab's
+        dialog instead (the text and the files stay); `policy` is the dialog's choice for this
+        one request. A file that cannot be read is a toast naming it, and nothing is sent."""
         cid = slots[i]
         running = self.ctl.turn(cid) if cid is not None else None
-        if running is not None and not running.done and (text or "").strip():
+        if running is not None and not running.done and ((text or "").strip() or files):
             running.wait(QUEUE_WAIT_S)      # queued: sent once the streaming reply ends
         try:
-            turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling), policy)
+            attachments = [read_attachment(f) for f in files or []] or None
+            turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling), policy,
+                                 attachments=attachments)
         except ContextAsk as exc:
             asked = self.chat(cid)
             asked.ask, asked.ask_md = gr.Column(visible=True), ask_text(exc.dropped)
             yield asked
             return
-        except USER_ERRORS as exc:
+        except (*USER_ERRORS, OSError) as exc:       # OSError: an attached file went missing
             warn(why(exc))
             yield self.chat(cid)
             return
         first = self.chat(cid)
         first.msg, first.ask = "", gr.Column(visible=False)
+        if files:
+            first.attach = gr.File(value=None, visible=False)
         yield first
         yield from self._follow(cid, turn)
         # the whole tab again with the dialog closed: a page that fell behind the stream
@@ -112,10 +119,10 @@ class ChatEvents:
         last.ask = gr.Column(visible=False)
         yield last
 
-    def send_dropping(self, slots: list, i: int, text: str, system: str,
-                      *sampling) -> Iterator[TabValues]:
+    def send_dropping(self, slots: list, i: int, text: str, system: str, *sampling,
+                      files: list | None = None) -> Iterator[TabValues]:
         """The dialog's "drop the oldest": this send leaves out the oldest messages."""
-        return self.send(slots, i, text, system, *sampling, policy="drop_oldest")
+        return self.send(slots, i, text, system, *sampling, policy="drop_oldest", files=files)
 
     def regenerate(self, slots: list, i: int, sel: int | None, system: str,
                    *sampling) -> Iterator[TabValues]:
@@ -282,8 +289,8 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
 
     # Streaming handlers must be real generator functions; event-data handlers spell out
     # their parameters (Gradio injects event data by annotation).
-    def send(slot_cids, text, system, *sampling) -> Iterator[list]:
-        for v in events.send(slot_cids, i, text, system, *sampling):
+    def send(slot_cids, text, files, system, *sampling) -> Iterator[list]:
+        for v in events.send(slot_cids, i, text, system, *sampling, files=files):
             yield ui.flatten(v)
 
     def regenerate(slot_cids, sel, system, *sampling) -> Iterator[list]:
@@ -307,19 +314,30 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     def select(slot_cids, evt: gr.SelectData) -> list:
         return ui.flatten(events.select(slot_cids, i, evt.index))
 
-    def send_dropping(slot_cids, text, system, *sampling) -> Iterator[list]:
-        for v in events.send_dropping(slot_cids, i, text, system, *sampling):
+    def send_dropping(slot_cids, text, files, system, *sampling) -> Iterator[list]:
+        for v in events.send_dropping(slot_cids, i, text, system, *sampling, files=files):
             yield ui.flatten(v)
+
+    def attach(new: list | None, attached: list | None):
+        """Files picked with 📎 Attach join those already attached (a name once)."""
+        have = list(attached or [])
+        names = {Path(f).name for f in have}
+        have += [f for f in new or [] if Path(f).name not in names]
+        return gr.File(value=have, visible=bool(have))
 
     # "always_last": a message sent while this tab's reply streams waits for that event to end
     # (its turn) and is sent then (Gradio's default, "once", dropped it silently); the page
     # says it is queued (keyboard.py).
     for trigger in (ui.send.click, ui.msg.submit):
-        page.refresh_after(trigger(send, [slots, ui.msg, *settings], out,
+        page.refresh_after(trigger(send, [slots, ui.msg, ui.attach, *settings], out,
                                    trigger_mode="always_last", **GEN))
     closed = TabValues(ask=gr.Column(visible=False))
     ask = ui.ask_ui
-    page.refresh_after(ask.drop.click(send_dropping, [slots, ui.msg, *settings], out, **GEN))
+    page.refresh_after(ask.drop.click(send_dropping, [slots, ui.msg, ui.attach, *settings], out,
+                                      **GEN))
+    ui.attach_button.upload(attach, [ui.attach_button, ui.attach], ui.attach, **QUICK)
+    # the last file's × empties the list: it hides again
+    ui.attach.clear(lambda: gr.File(visible=False), None, ui.attach, **QUICK)
     ask.cancel.click(lambda: ui.flatten(closed), None, out, **QUICK)
     ask.edit.click(lambda: ui.flatten(closed), None, out, **QUICK).then(
         None, None, None, js=f"() => {{ const t = document.querySelector('#msg{i} textarea');"

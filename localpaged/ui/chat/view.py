@@ -12,7 +12,8 @@ Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
 `cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
 `askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `preset{i}`,
-`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}`, the tools'
+`presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}`, `attachbtn{i}`
+and `attach{i}` (the files attached to the next message), the tools'
 (tools/view.py) ...
 """
 
@@ -61,6 +62,7 @@ class TabValues:
     approval: Any = KEEP              # a tool call waiting for approval (tools/view.py)
     approval_md: Any = KEEP
     tool_settings: Any = KEEP         # servers, steps, first step, JSON schema
+    attach: Any = KEEP                # the files attached to the next message (None after a send)
 
 
 @dataclass
@@ -108,6 +110,8 @@ class ChatTabUI:
     approval_ui: Any = None
     tool_settings: list = field(default_factory=list)  # tools.view.ToolSettingsUI's fields
     tool_ui: Any = None
+    attach: Any = None                # the attached files' list (each name with its remove button)
+    attach_button: Any = None         # 📎 Attach: adds files to that list
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -195,6 +199,11 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                              elem_id=f"msg{i}", container=False)
             send = gr.Button("Send", variant="primary", scale=1, min_width=80, elem_id=f"send{i}")
             stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id=f"stop{i}")
+            attach_button = gr.UploadButton("📎 Attach", file_count="multiple", size="sm",
+                                            scale=0, min_width=90, elem_id=f"attachbtn{i}")
+        # Shown only while files are attached, so the composer keeps its height otherwise.
+        attach = gr.File(file_count="multiple", label="Attached to the next message",
+                         visible=False, height=120, elem_id=f"attach{i}")
         ask = build_ask(i)
         approval = build_approval(i)
         gauge = build_gauge(i)
@@ -215,7 +224,8 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
                      penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
                      sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
-                     [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui)
+                     [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui,
+                     attach, attach_button)
 
 
 @dataclass
