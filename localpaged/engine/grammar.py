@@ -70,7 +70,7 @@ class GrammarCompiler:
                 while len(self._cache) > CACHE_SIZE:
                     self._cache.popitem(last=False)
             self._cache.move_to_end(spec.key)
-        return CompiledGrammar(spec, compiled, self.vocab_size)
+        return CompiledGrammar(spec, compiled, self.vocab_size, tuple(self.stop_token_ids))
 
     def _compile(self, spec: GuidedDecoding) -> xgr.CompiledGrammar:
         if self._compiler is None:
@@ -78,6 +78,15 @@ class GrammarCompiler:
                                                       stop_token_ids=self.stop_token_ids)
             self._compiler = xgr.GrammarCompiler(info)
         c = self._compiler
+        compiled = self._compile_with(c, spec)
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+        if not bool(unpack(bitmask, self.vocab_size).any()):
+            raise GrammarError(f"{spec.label} allows no text this model's vocabulary can write")
+        return compiled
+
+    @staticmethod
+    def _compile_with(c: xgr.GrammarCompiler, spec: GuidedDecoding) -> xgr.CompiledGrammar:
         try:
             if spec.kind in ("json_object", "json_schema"):
                 schema = spec.value if spec.kind == "json_schema" else '{"type": "object"}'
@@ -117,35 +126,49 @@ def _json_chars_fixed(ebnf: str) -> str:
 class CompiledGrammar:
     """A compiled spec: what a new sequence's matcher starts from."""
 
-    def __init__(self, spec: GuidedDecoding, compiled: xgr.CompiledGrammar, vocab_size: int) -> None:
+    def __init__(self, spec: GuidedDecoding, compiled: xgr.CompiledGrammar, vocab_size: int,
+                 stop_ids: tuple[int, ...]) -> None:
         self.spec = spec
         self.compiled = compiled
         self.vocab_size = vocab_size
+        self.stop_ids = stop_ids
 
     def matcher(self) -> "SequenceGrammar":
-        return SequenceGrammar(xgr.GrammarMatcher(self.compiled), self.vocab_size)
+        return SequenceGrammar(xgr.GrammarMatcher(self.compiled), self.vocab_size, self.stop_ids)
 
 
 class SequenceGrammar:
     """The grammar state of one sequence (see the module's invariant)."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, vocab_size: int,
+                 stop_ids: tuple[int, ...]) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.stop_ids = stop_ids
+        self.dead_end = False       # the grammar allowed no token the vocabulary has: ended
 
     def fork(self) -> "SequenceGrammar":
-        return SequenceGrammar(self.matcher.fork(), self.vocab_size)
+        child = SequenceGrammar(self.matcher.fork(), self.vocab_size, self.stop_ids)
+        child.dead_end = self.dead_end
+        return child
 
     def accept(self, token: int) -> None:
-        """Advance by a kept token. A token the mask allowed is always accepted; one it did not
-        (a caller bypassing the sampler) is a bug, raised here rather than decoded wrong."""
-        if not self.matcher.accept_token(token):
-            raise RuntimeError(f"token {token} is not allowed by the sequence's grammar")
+        """Advance by a kept token. A token the mask allowed is always accepted, but for a stop
+        token at a dead end (`masks` opens the stop tokens where the grammar allows nothing, so
+        the reply ends instead of the step failing). Any other refusal is a bug (a caller
+        bypassing the sampler), raised here rather than decoded wrong."""
+        if self.matcher.accept_token(token):
+            return
+        if token in self.stop_ids:
+            self.dead_end = True
+            return
+        raise RuntimeError(f"token {token} is not allowed by the sequence's grammar")
 
     @property
     def is_terminated(self) -> bool:
-        """The grammar is complete and its stop token was accepted: nothing more may follow."""
-        return self.matcher.is_terminated()
+        """The grammar is complete and its stop token was accepted (or it reached a dead end):
+        nothing more may follow."""
+        return self.dead_end or self.matcher.is_terminated()
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
@@ -171,7 +194,7 @@ class SequenceGrammar:
         self.matcher.fill_next_token_bitmask(bitmask, len(draft))
         if draft:
             self.matcher.rollback(len(draft))
-        return unpack(bitmask, self.vocab_size)
+        return _open_dead_ends(unpack(bitmask, self.vocab_size), self.stop_ids)
 
     def jump_forward(self, limit: int) -> list[int]:
         """Tokens of the text the grammar forces next (a fixed key, closing brackets), at most
@@ -192,7 +215,21 @@ def allowed_rows(grammars: list[SequenceGrammar | None], vocab_size: int) -> tor
     bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)      # all allowed
     for i in rows:
         grammars[i].fill(bitmask, i)
-    return unpack(bitmask, vocab_size)
+    allowed = unpack(bitmask, vocab_size)
+    empty = ~allowed.any(dim=1)
+    if bool(empty.any()):                       # rare: one check for the whole batch
+        for i in empty.nonzero()[:, 0].tolist():
+            _open_dead_ends(allowed[i:i + 1], grammars[i].stop_ids)
+    return allowed
+
+
+def _open_dead_ends(allowed: torch.Tensor, stop_ids: tuple[int, ...]) -> torch.Tensor:
+    """Rows that allow no token (the grammar wants text no token of this vocabulary writes)
+    allow the stop tokens instead, so the sequence ends there; in place, returned."""
+    empty = ~allowed.any(dim=1)
+    if bool(empty.any()) and stop_ids:
+        allowed[empty.nonzero()[:, :1], torch.tensor(stop_ids)] = True
+    return allowed
 
 
 def step_masks(scheduled: list) -> dict[int, torch.Tensor]:

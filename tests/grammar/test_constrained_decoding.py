@@ -276,3 +276,19 @@ def test_a_schema_compiles_once(llm):
         llm.generate([PROMPT], SamplingParams(temperature=0.0, max_tokens=30,
                                               guided=GuidedDecoding.json_schema(json.dumps(schema))))
     assert compiler.compiles == before + 1
+
+
+def test_a_grammar_the_vocabulary_cannot_write(tiny_llama):
+    """A toy vocabulary of characters from U+0100 on writes no JSON: refused at admission, not
+    a failed step. A grammar that runs into text the vocabulary cannot write midway ends the
+    reply there (its stop token), and the engine goes on."""
+    llm = LLM(tiny_llama, debug_checks=True)
+    with pytest.raises(GrammarError, match="allows no text this model's vocabulary can write"):
+        llm.generate([[5, 6, 7]], SamplingParams(guided=GuidedDecoding.json_object()))
+    midway = SamplingParams(temperature=1.0, seed=0, max_tokens=20,
+                            guided=GuidedDecoding.regex("\u0100\u0101[a-z]+"))
+    out = llm.generate([[5, 6, 7]], midway)[0].outputs[0]
+    assert out.text == "\u0100\u0101" and out.finish_reason == "stop"
+    assert not llm.engine.has_unfinished_requests()
+    assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0.0))[0]
+               .outputs[0].token_ids) == 5

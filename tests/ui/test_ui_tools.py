@@ -305,6 +305,7 @@ def test_store_migration_from_version_5_keeps_rows(tmp_path):
 def test_real_stdio_server_hang_and_death(tmp_path):
     (tmp_path / "hang.py").write_text("import time\ntime.sleep(60)\n")
     (tmp_path / "die.py").write_text("import sys\nsys.exit(3)\n")
+    threads_before = threading.active_count()
     client = McpClient()
     from localpaged.ui.store import ToolServer
     start = time.monotonic()
@@ -314,4 +315,8 @@ def test_real_stdio_server_hang_and_death(tmp_path):
     with pytest.raises(ToolError, match="exited or closed"):
         client.list_tools(ToolServer(2, "die", "stdio", (sys.executable, str(tmp_path / "die.py"))))
     assert time.monotonic() - start < 30
-    assert threading.active_count() < 50
+    client.close()
+    deadline = time.monotonic() + 10      # nothing of the hung or dead server stays behind
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert threading.active_count() <= threads_before
