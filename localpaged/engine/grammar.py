@@ -12,9 +12,12 @@ Owns:
   (parallel samples, beams, branches: `Sequence.fork`), advanced by every token the sequence
   keeps (`sampler.record`), and nothing else. Preemption keeps it as it is: a recomputed or
   swapped-in sequence has the same tokens, so the same state.
-- `allowed_rows`: the token masks of a batch of sequences, as a bool tensor the sampler applies;
-  `step_masks`: those of a step's sampling sequences, computed while the model runs (the engine
-  calls it on a worker thread during the forward: matchers change only after sampling).
+- Token masks: xgrammar's packed bitmasks, int32 [rows, ceil(V / 32)] (bit j of word w allows
+  token 32 w + j). `allowed_rows` fills those of a batch of sequences, `apply_mask` puts the
+  refused tokens' logits at -inf in place (xgrammar's kernel: no mask is ever unpacked to one value per
+  token); `step_masks`: the masks of a step's sampling sequences, computed while the model runs
+  (the engine calls it on a worker thread during the forward: matchers change only after
+  sampling).
 - Drafts (`check_draft`, `draft_masks`, `jump_forward`): speculation's drafts are cut at the
   first token the grammar refuses before they are verified, the verification samples each
   position under that position's mask, and where the grammar forces a run of text (a fixed key,
@@ -27,7 +30,6 @@ rolled back, never left accepted); so the masks of a step depend only on kept to
 from __future__ import annotations
 
 import json
-import sys
 import threading
 from collections import OrderedDict
 
@@ -38,9 +40,6 @@ from localpaged.core.guided import GuidedDecoding
 
 CACHE_SIZE = 64                     # compiled grammars kept per engine (LRU)
 MAX_JUMP_TOKENS = 32                # tokens a jump-forward draft holds at most
-# Byte value -> its 8 bits, lowest first: unpacking a mask is one gather (shifts over the whole
-# vocabulary cost far more; bench/grammar.py times the step).
-_BYTE_BITS = ((torch.arange(256)[:, None] >> torch.arange(8)) & 1).bool()
 
 
 class GrammarError(ValueError):
@@ -81,7 +80,7 @@ class GrammarCompiler:
         compiled = self._compile_with(c, spec)
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
         xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
-        if not bool(unpack(bitmask, self.vocab_size).any()):
+        if not bool(live_rows(bitmask, self.vocab_size)[0]):
             raise GrammarError(f"{spec.label} allows no text this model's vocabulary can write")
         return compiled
 
@@ -185,8 +184,8 @@ class SequenceGrammar:
         return n
 
     def draft_masks(self, draft: list[int]) -> torch.Tensor:
-        """The allowed tokens at the sequence's next position and after each draft token,
-        [len(draft) + 1, V] bool; draft must be one check_draft accepted whole."""
+        """The packed masks at the sequence's next position and after each draft token,
+        [len(draft) + 1, W]; draft must be one check_draft accepted whole."""
         bitmask = xgr.allocate_token_bitmask(len(draft) + 1, self.vocab_size)
         for j, token in enumerate(draft):
             self.matcher.fill_next_token_bitmask(bitmask, j)
@@ -194,7 +193,7 @@ class SequenceGrammar:
         self.matcher.fill_next_token_bitmask(bitmask, len(draft))
         if draft:
             self.matcher.rollback(len(draft))
-        return _open_dead_ends(unpack(bitmask, self.vocab_size), self.stop_ids)
+        return _open_dead_ends(bitmask, self.vocab_size, self.stop_ids)
 
     def jump_forward(self, limit: int) -> list[int]:
         """Tokens of the text the grammar forces next (a fixed key, closing brackets), at most
@@ -207,34 +206,62 @@ class SequenceGrammar:
 
 
 def allowed_rows(grammars: list[SequenceGrammar | None], vocab_size: int) -> torch.Tensor | None:
-    """Bool [S, V]: the tokens each row may take (all of them for a row without a grammar);
-    None when no row has one."""
+    """The packed masks [S, W] of a batch: the tokens each row may take (all of them for a row
+    without a grammar); None when no row has one."""
     rows = [i for i, g in enumerate(grammars) if g is not None]
     if not rows:
         return None
-    bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)      # all allowed
+    bitmask = all_allowed(len(grammars), vocab_size)
     for i in rows:
         grammars[i].fill(bitmask, i)
-    allowed = unpack(bitmask, vocab_size)
-    empty = ~allowed.any(dim=1)
-    if bool(empty.any()):                       # rare: one check for the whole batch
-        for i in empty.nonzero()[:, 0].tolist():
-            _open_dead_ends(allowed[i:i + 1], grammars[i].stop_ids)
-    return allowed
+    dead = ~live_rows(bitmask, vocab_size)
+    if bool(dead.any()):                        # rare: one check for the whole batch
+        for i in dead.nonzero()[:, 0].tolist():
+            _open_dead_ends(bitmask[i:i + 1], vocab_size, grammars[i].stop_ids)
+    return bitmask
 
 
-def _open_dead_ends(allowed: torch.Tensor, stop_ids: tuple[int, ...]) -> torch.Tensor:
+def all_allowed(rows: int, vocab_size: int) -> torch.Tensor:
+    """Packed masks that allow every token."""
+    return xgr.allocate_token_bitmask(rows, vocab_size)
+
+
+def apply_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """logits [S, V] (float32, contiguous rows) with the tokens bitmask [S, W] refuses set to
+    -inf, in place (the sampler's rows are the step's own: nothing reads them unmasked after
+    their logprobs are taken); returned."""
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                    vocab_size=logits.shape[-1])
+    return logits
+
+
+def live_rows(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Bool [S]: which rows allow at least one token below vocab_size."""
+    full, rest = divmod(vocab_size, 32)
+    live = bitmask[:, :full].ne(0).any(dim=1)
+    if rest:
+        live |= (bitmask[:, full] & ((1 << rest) - 1)).ne(0)
+    return live
+
+
+def _open_dead_ends(bitmask: torch.Tensor, vocab_size: int, stop_ids: tuple[int, ...]) -> torch.Tensor:
     """Rows that allow no token (the grammar wants text no token of this vocabulary writes)
     allow the stop tokens instead, so the sequence ends there; in place, returned."""
-    empty = ~allowed.any(dim=1)
-    if bool(empty.any()) and stop_ids:
-        allowed[empty.nonzero()[:, :1], torch.tensor(stop_ids)] = True
-    return allowed
+    for i in (~live_rows(bitmask, vocab_size)).nonzero()[:, 0].tolist():
+        for token in stop_ids:
+            word, bit = divmod(token, 32)
+            bitmask[i, word] |= _bit(bit)
+    return bitmask
+
+
+def _bit(bit: int) -> int:
+    """Bit `bit` of an int32 word as a Python int of the same sign (bit 31 is the sign)."""
+    return (1 << bit) - (1 << 32) * (bit == 31)
 
 
 def step_masks(scheduled: list) -> dict[int, torch.Tensor]:
     """Per seq_id of each scheduled sequence (core.scheduler.ScheduledSeq) that samples this step
-    under a grammar: its masks [1 + d, V] bool at its next position and after each of its d draft
+    under a grammar: its packed masks [1 + d, W] at its next position and after each of its d draft
     tokens (d = 0 without a draft). Reads the matchers and leaves them as they were."""
     masks = {}
     for item in scheduled:
@@ -244,11 +271,3 @@ def step_masks(scheduled: list) -> dict[int, torch.Tensor]:
                 if seq.num_draft_tokens else []
             masks[seq.seq_id] = seq.grammar.draft_masks(draft)
     return masks
-
-
-def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """xgrammar's packed int32 bitmask [S, ceil(V / 32)] as bool [S, V] (bit j of word w is
-    token 32 w + j; the words are little-endian, so byte b of the row holds tokens 8 b to 8 b + 7)."""
-    assert sys.byteorder == "little"
-    rows = bitmask.shape[0]
-    return _BYTE_BITS[bitmask.view(torch.uint8).long()].reshape(rows, -1)[:, :vocab_size]

@@ -14,6 +14,7 @@ import torch
 
 from localpaged.core.request import Sequence, TokenLogprob
 from localpaged.core.sampling_params import SamplingParams
+from localpaged.engine.grammar import apply_mask
 
 
 @dataclass
@@ -26,8 +27,9 @@ class SampleResult:
 def sample(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingParams],
            allowed: torch.Tensor | None = None) -> list[SampleResult]:
     """logits [S, V] float32, one row per sequence; the rows are processed as one batch.
-    `allowed` [S, V] bool: the tokens each row may take (grammar masks), applied after the
-    penalties and before every sampling rule, so greedy and every filter choose among them."""
+    `allowed` [S, W] packed: the tokens each row may take (grammar masks), applied in place
+    after the penalties and before every sampling rule, so greedy and every filter choose
+    among them."""
     logprobs = torch.log_softmax(logits, dim=-1)
     if any(p.has_penalties for p in params):
         logits = logits.clone()
@@ -35,7 +37,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], params: list[SamplingPara
             if p.has_penalties:
                 apply_penalties(logits[i], seq, p)
     if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = apply_mask(logits, allowed)
     tokens = logits.argmax(dim=-1)
     rand = [i for i, p in enumerate(params) if not p.greedy]
     if rand:
@@ -60,12 +62,12 @@ def verify(logits: torch.Tensor, seq: Sequence, p: SamplingParams, draft: list[i
     takes one number per kept token from the same stream, a seeded request keeps exactly the
     tokens it would decode one at a time. Logprobs as in `sample`: the raw distribution at
     each position. Requests with penalties are not drafted (speculation.eligible): their
-    distribution at a position depends on the tokens before it. `allowed` [d + 1, V] bool: the
+    distribution at a position depends on the tokens before it. `allowed` [d + 1, W] packed: the
     grammar's mask at each position (engine/grammar.py: draft_masks), as `sample` applies it.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
     if allowed is not None:
-        logits = logits.masked_fill(~allowed, float("-inf"))
+        logits = apply_mask(logits, allowed)
     if p.greedy:
         target = logits.argmax(dim=-1).tolist()
         accepted = next((j for j, t in enumerate(draft) if target[j] != t), len(draft))

@@ -20,7 +20,7 @@ from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
 from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
-from localpaged.engine.grammar import allowed_rows
+from localpaged.engine.grammar import all_allowed, allowed_rows, apply_mask
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localpaged.engine.sampler import record, verify
 from localpaged.engine.sampler import sample as sample_rows
@@ -71,15 +71,16 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
 
 
 def _allowed(seqs: list[Sequence], masks: dict[int, torch.Tensor], vocab: int) -> torch.Tensor | None:
-    """The sampler's [S, V] masks: computed ahead where they were, now for the others."""
+    """The sampler's packed masks [S, W]: computed ahead where they were, now for the others."""
     if all(s.grammar is None for s in seqs):
         return None
-    missing = [None if s.seq_id in masks else s.grammar for s in seqs]
-    now = allowed_rows(missing, vocab)
-    if now is None:                            # every mask was computed ahead
-        now = torch.ones(len(seqs), vocab, dtype=torch.bool)
-    return torch.stack([masks[s.seq_id][0] if s.seq_id in masks else now[i]
-                        for i, s in enumerate(seqs)])
+    bitmask = allowed_rows([None if s.seq_id in masks else s.grammar for s in seqs], vocab)
+    if bitmask is None:                        # every mask was computed ahead
+        bitmask = all_allowed(len(seqs), vocab)
+    for i, s in enumerate(seqs):
+        if s.seq_id in masks:
+            bitmask[i] = masks[s.seq_id][0]
+    return bitmask
 
 
 def _verify_draft(group: SequenceGroup, seq: Sequence, logits: torch.Tensor,
@@ -124,7 +125,7 @@ def _masked(row: torch.Tensor, seq: Sequence, masks: dict[int, torch.Tensor]) ->
     """A beam's logits with the tokens its grammar refuses at -inf (beam scores are then the
     log-probabilities among the allowed tokens)."""
     allowed = _allowed([seq], masks, row.shape[0])
-    return row if allowed is None else row.masked_fill(~allowed[0], float("-inf"))
+    return row if allowed is None else apply_mask(row[None], allowed)[0]
 
 
 def _beam_step(group: SequenceGroup, logits: dict[int, torch.Tensor], result: StepResult,

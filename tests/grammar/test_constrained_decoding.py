@@ -292,3 +292,24 @@ def test_a_grammar_the_vocabulary_cannot_write(tiny_llama):
     assert not llm.engine.has_unfinished_requests()
     assert len(llm.generate([[5, 6, 7]], SamplingParams(max_tokens=5, temperature=0.0))[0]
                .outputs[0].token_ids) == 5
+
+
+def test_packed_masks_against_one_bool_per_token():
+    """The packed masks the sampler applies equal a plain bool mask per token: liveness ignores
+    the padding bits of the last word, dead rows open their stop tokens (bit 31 included)."""
+    from localpaged.engine.grammar import _open_dead_ends, apply_mask, live_rows
+    vocab, g = 70, torch.Generator().manual_seed(0)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (4, 3), dtype=torch.int32, generator=g)
+    bitmask[1] = 0
+    bitmask[2] = 0
+    bitmask[2, 2] = -(1 << 6)                  # only padding bits (tokens 70..95) set: dead
+    bits = ((bitmask.view(torch.uint8).long()[:, :, None] >> torch.arange(8)) & 1).bool()
+    plain = bits.reshape(4, -1)[:, :vocab]
+    assert live_rows(bitmask, vocab).tolist() == plain.any(dim=1).tolist() == [True, False, False, True]
+    logits = torch.randn(4, vocab, generator=g)
+    assert torch.equal(apply_mask(logits.clone(), bitmask), logits.masked_fill(~plain, float("-inf")))
+    _open_dead_ends(bitmask, vocab, (31, 63))
+    masked = apply_mask(logits.clone(), bitmask)
+    for row in (1, 2):
+        assert torch.isfinite(masked[row]).nonzero()[:, 0].tolist() == [31, 63]
+    assert torch.equal(masked[0], logits[0].masked_fill(~plain[0], float("-inf")))
