@@ -69,6 +69,8 @@ def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None,
 def _note(msg: Message, live: LiveReply | None) -> str:
     """A reply's status and stats, escaped; "" for a user message."""
     bits: list[str] = []
+    if msg.role == "user" and msg.extra.get("attachments"):
+        bits.append(attachments_note(msg.extra["attachments"]))
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
@@ -91,6 +93,17 @@ def _note(msg: Message, live: LiveReply | None) -> str:
         if model:
             bits.append(model_label(str(model)))
     return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
+
+
+def attachments_note(attachments: list) -> str:
+    """`📎 notes.txt (1,204 characters), spec.pdf (PDF, 9,310 characters)`: what a user message
+    carries into the prompt (the text itself is in the prompt, not shown)."""
+    names = []
+    for att in attachments:
+        if isinstance(att, dict):
+            kind = "PDF, " if att.get("kind") == "pdf" else ""
+            names.append(f"{str(att.get('name', 'file'))[:80]} ({kind}{len(str(att.get('text', ''))):,} characters)")
+    return "📎 " + ", ".join(names)
 
 
 def model_label(name: str) -> str:

@@ -274,6 +274,35 @@ def test_attachments_go_into_the_prompt_and_the_store(tmp_path):
         read_attachment(tmp_path / "bin.dat")
 
 
+def test_the_send_handler_reads_attached_files_and_shows_them(tmp_path):
+    """ChatEvents.send(files=): the files' text goes with the message (a file holding a code
+    fence cannot close its own), the sent message's footer names them, the list empties; an
+    unreadable file is refused and nothing is sent."""
+    from localpaged.ui.chat.events import ChatEvents
+    from localpaged.ui.settings.logic import SAMPLING_KEYS
+    from localpaged.ui.tabs.events import TabSet
+    ctl, backend, cid = make(tmp_path, ["seen"])
+    ev = ChatEvents(ctl, TabSet(ctl))
+    fields = [{"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+               "max_tokens": 8}[k] for k in SAMPLING_KEYS]
+    doc = tmp_path / "readme.md"
+    doc.write_text("Run:\n```sh\nmake\n```\n")
+    steps = list(ev.send([cid, None, None, None], 0, "summarise", "", *fields, files=[str(doc)]))
+    assert steps[0].msg == "" and steps[0].attach.visible is False
+    user = ctl.store.active_path(cid)[0]
+    assert [a["name"] for a in user.extra["attachments"]] == ["readme.md"]
+    sent = backend.sent[0]["messages"][-1]["content"]
+    assert sent.startswith("summarise\n\nAttached file readme.md:\n````\nRun:\n```sh")
+    assert sent.endswith("```\n\n````")
+    assert "📎 readme.md (20 characters)" in render.footer(user, (1, 1))
+    (tmp_path / "bin.dat").write_bytes(b"\x00\x01binary")
+    before = ctl.store.messages(cid)
+    with pytest.warns(UserWarning, match="bin.dat is not a text file"):
+        list(ev.send([cid, None, None, None], 0, "and this?", "", *fields,
+                     files=[str(tmp_path / "bin.dat")]))
+    assert ctl.store.messages(cid) == before and len(backend.sent) == 1
+
+
 def test_pdf_attachment(tmp_path):
     pypdf = pytest.importorskip("pypdf")
     writer = pypdf.PdfWriter()

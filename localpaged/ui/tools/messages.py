@@ -9,6 +9,7 @@ Also: attachments read from files (text, code, PDF through pypdf), checked and c
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,14 @@ def with_attachments(text: str, attachments: list) -> str:
     blocks = [text] if text else []
     for att in attachments:
         if isinstance(att, dict):
-            blocks.append(f"Attached file {att.get('name', 'file')}:\n```\n{att.get('text', '')}\n```")
+            body = str(att.get("text", ""))
+            fence = "`" * max(3, _longest_backtick_run(body) + 1)     # the file cannot close it
+            blocks.append(f"Attached file {att.get('name', 'file')}:\n{fence}\n{body}\n{fence}")
     return "\n\n".join(blocks)
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall(r"`+", text)), default=0)
 
 
 def read_attachment(path: str | Path, name: str | None = None) -> dict[str, Any]:
