@@ -144,14 +144,17 @@ def _stream_texts(client: httpx.Client, prompt: list[int]) -> list[str]:
 
 def test_api_stream_unchanged_by_chunked_prefill(served, tiny_llama):
     """Progress outputs add no chunk to an API stream: a server prefilling in chunks of 64
-    streams the same chunks as one prefilling the prompt at once."""
+    streams the same text as one prefilling the prompt at once, in no more chunks than tokens."""
     _, whole_client = served
     chunked = AsyncEngine(LLM(tiny_llama, num_kv_blocks=64, max_num_batched_tokens=64).engine)
     url, server = start_server(chunked)
     try:
         prompt = [1] + [3 + (7 * i) % 500 for i in range(199)]
         texts = _stream_texts(httpx.Client(base_url=url + "/v1", timeout=60), prompt)
-        assert texts == _stream_texts(whole_client, prompt) and len(texts) >= 4
+        # a slow reader gets tokens merged into fewer chunks, so compare the text and that no
+        # chunk is empty (one per progress output would be)
+        assert "".join(texts) == "".join(_stream_texts(whole_client, prompt))
+        assert all(texts) and 1 <= len(texts) <= 4
     finally:
         stop_server(server)
         chunked.shutdown()
