@@ -14,10 +14,9 @@ Owns:
   swapped-in sequence has the same tokens, so the same state.
 - Token masks: xgrammar's packed bitmasks, int32 [rows, ceil(V / 32)] (bit j of word w allows
   token 32 w + j). `allowed_rows` fills those of a batch of sequences, `apply_mask` puts the
-  refused tokens' logits at -inf in place (xgrammar's kernel: no mask is ever unpacked to one value per
-  token); `step_masks`: the masks of a step's sampling sequences, computed while the model runs
-  (the engine calls it on a worker thread during the forward: matchers change only after
-  sampling).
+  refused tokens' logits at -inf in place (kernels/token_mask.py); `step_masks`: the masks
+  of a step's sampling sequences, computed while the model runs (the engine calls it on a
+  worker thread during the forward: matchers change only after sampling).
 - Drafts (`check_draft`, `draft_masks`, `jump_forward`): speculation's drafts are cut at the
   first token the grammar refuses before they are verified, the verification samples each
   position under that position's mask, and where the grammar forces a run of text (a fixed key,
@@ -37,6 +36,7 @@ import torch
 import xgrammar as xgr
 
 from localpaged.core.guided import GuidedDecoding
+from localpaged.kernels import token_mask
 
 CACHE_SIZE = 64                     # compiled grammars kept per engine (LRU)
 MAX_JUMP_TOKENS = 32                # tokens a jump-forward draft holds at most
@@ -227,12 +227,10 @@ def all_allowed(rows: int, vocab_size: int) -> torch.Tensor:
 
 
 def apply_mask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """logits [S, V] (float32, contiguous rows) with the tokens bitmask [S, W] refuses set to
-    -inf, in place (the sampler's rows are the step's own: nothing reads them unmasked after
-    their logprobs are taken); returned."""
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                    vocab_size=logits.shape[-1])
-    return logits
+    """logits [S, V] (float32) with the tokens bitmask [S, W] refuses set to -inf, in place (the
+    sampler's rows are the step's own: nothing reads them unmasked after their logprobs are
+    taken); returned."""
+    return token_mask.mask_logits_(logits, bitmask)
 
 
 def live_rows(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

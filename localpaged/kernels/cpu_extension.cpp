@@ -4,6 +4,7 @@
 #include "cpu_decode.h"
 #include "cpu_ggml.h"
 #include "cpu_int4.h"
+#include "cpu_mask.h"
 #include "cpu_norm.h"
 
 #include <torch/extension.h>   // pybind11 and torch's type casters: only this file pays for them
@@ -30,6 +31,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("ggml_interleaved_flag", &ggml_interleaved_flag);
   m.def("ggml_type_table", &ggml_type_table);
   m.def("rms_norm", &rms_norm, "RMSNorm over float32 rows (kernels/cpu_norm.cpp)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("mask_logits_", &mask_logits_,
+        "refused tokens' logits to -inf under packed grammar masks (kernels/cpu_mask.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,
         "decoder layers of a batch-1 CPU decode step (kernels/batch1_cpu.cpp)",

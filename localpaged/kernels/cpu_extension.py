@@ -42,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_ggml.cpp",
-                                             "cpu_norm.cpp", "batch1_cpu.cpp", "cpu_extension.cpp")]
+                                             "cpu_norm.cpp", "cpu_mask.cpp", "batch1_cpu.cpp",
+                                             "cpu_extension.cpp")]
 STALE_LOCK_S = 30 * 60   # a build lock older than this was left by a build that died
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
