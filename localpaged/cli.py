@@ -166,6 +166,10 @@ def build(args: argparse.Namespace, data=None, progress=None):
         name, backend = memory.load_at_start(factory, name, options, report, DEFAULT_MODEL,
                                              remembered=not args.model)
     log.info("model %s ready in %.1f s", backend.model_name, time.monotonic() - started)
+    stats = backend.stats()
+    if stats is not None and stats.kernels:           # a local engine: what serves the weights
+        log.info("weights %s, served by %s (%s)", stats.weights_format, stats.kernels,
+                 stats.formats_text)
     report("building the chat page", "Gradio")
     import gradio as gr
 

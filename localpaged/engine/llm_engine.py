@@ -60,7 +60,7 @@ from localpaged.engine.outputs import (
     StepRecord,
 )
 from localpaged.kernels import kv_quant
-from localpaged.quant.linear import weights_summary
+from localpaged.quant.linear import kernels_summary, weight_formats, weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
 from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
@@ -83,6 +83,7 @@ class LLMEngine:
         self.eos_token_ids = loaded.eos_token_ids
         self.model_source = loaded.source
         self.weights_bytes, self.weights_format = weights_summary(self.model)
+        self.kernels, self.weight_formats = kernels_summary(self.model), weight_formats(self.model)
         self.max_model_len = self._max_model_len()
         self.backend, graphs_ok = startup_check.select_backend(
             config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim,
@@ -132,9 +133,10 @@ class LLMEngine:
         # With EngineConfig.record_steps: one StepRecord per step (what ran together), else None.
         self.step_records: list[StepRecord] | None = [] if config.record_steps else None
         self._ids = itertools.count()
-        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens (%s), backend %s",
-                    loaded.source.description, self.device, self.dtype, num_blocks[0],
-                    config.block_size, self.kv_cache_dtype, self.backend.name)
+        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens (%s), backend %s; "
+                    "weights %s by %s", loaded.source.description, self.device, self.dtype,
+                    num_blocks[0], config.block_size, self.kv_cache_dtype, self.backend.name,
+                    self.weights_format, self.kernels)
         if groups.has_window:
             logger.info("KV-cache groups: %s", self.kv_plan.describe(config.block_size))
 
@@ -450,7 +452,8 @@ class LLMEngine:
             accepted_draft_tokens=self.drafter.accepted if self.drafter else 0,
             kv_groups=self._group_stats(running),
             prefix_cache_disk_hits=kv.prefix_cache_disk_hits,
-            kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None)
+            kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None,
+            kernels=self.kernels, weight_formats=dict(self.weight_formats))
 
     def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
         """Per KV-cache group, for a model with windows (empty without: the fields above)."""

@@ -228,11 +228,22 @@ class EngineStats:
     kv_groups: tuple[KVGroupStats, ...] = ()   # per KV-cache group; empty without windows
     prefix_cache_disk_hits: int = 0    # of prefix_cache_hits, tokens read back from the disk tier
     kv_disk: object | None = None      # runner.kv_disk.DiskStats of the disk tier, None when off
+    kernels: str = ""                  # what multiplies the weights (quant/linear.py
+    #                                    kernels_summary): "cpu extension (avx2+vnni)", "reference"
+    weight_formats: dict[str, int] = field(default_factory=dict)   # weights per format, most first
 
     @property
     def window_bytes_saved(self) -> int:
         """KV bytes the sliding windows save now vs. holding every token in every layer."""
         return sum(g.bytes_saved for g in self.kv_groups)
+
+    @property
+    def formats_text(self) -> str:
+        """weight_formats as shares of the weights, e.g. "Q4_K 78%, Q6_K 17%, float32 5%"."""
+        total = max(1, sum(self.weight_formats.values()))
+        shares = ((name, 100 * n / total) for name, n in self.weight_formats.items())
+        return ", ".join(f"{name} {share:.0f}%" if share >= 0.5 else f"{name} <1%"
+                         for name, share in shares)
 
     @property
     def draft_acceptance(self) -> float:

@@ -18,7 +18,10 @@ It builds in a background thread, started by the first model load or engine on C
 ready, or when it cannot be built (one warning line), decode attention runs the torch reference
 and steps decode in Python, so the first reply never waits for it. The int4 layout and the
 RMSNorm kernel are chosen when a model loads: the extension's where it is already built (cached:
-a load of a few seconds is waited for), else torch's for that model. Before first use its
+a load of a few seconds is waited for), else torch's for that model. A quantized GGUF file on
+CPU waits for the build whatever it takes (`module_for_load`, with a progress line): its block
+formats are kept as the file has them either way, multiplied by the extension's kernel, or by the
+plain-torch reference where the extension cannot be built (quant/ggml.py: cpu_native). Before first use its
 kernels are checked once against their references on small inputs; a mismatch is one warning
 line and no extension.
 """
@@ -34,6 +37,7 @@ import threading
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from localpaged.kernels import ggml_reference, kv_quant, reference
 from localpaged.kernels.cpu_int4_layout import pack
@@ -45,6 +49,7 @@ SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "c
                                              "cpu_norm.cpp", "cpu_mask.cpp", "batch1_cpu.cpp",
                                              "cpu_extension.cpp")]
 STALE_LOCK_S = 30 * 60   # a build lock older than this was left by a build that died
+CACHED_LOAD_S = 5.0          # a cached build loads within this; past it, a compile is under way
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
 
 
@@ -91,6 +96,20 @@ class Build:
             self.done.wait(timeout)
         return self.module
 
+    def module_for_load(self, what: str):
+        """The module, waiting for the build however long it takes: a first build on this
+        machine compiles the kernels (minutes on a small machine), one log line and a tqdm line
+        of the time spent meanwhile; None where it cannot be built. `what` names the load that
+        waits, for the log line."""
+        self.start()
+        if not self.done.wait(CACHED_LOAD_S):            # not a load from the cache: a compile
+            logger.info("compiling the CPU kernels once for this machine (g++ -march=native; "
+                        "later loads use the cached build): %s waits for them", what)
+            with tqdm(desc="compiling the CPU kernels (once)", bar_format="{desc}: {elapsed}") as bar:
+                while not self.done.wait(1.0):
+                    bar.refresh()
+        return self.module
+
     def _run(self) -> None:
         start = time.monotonic()
         try:
@@ -104,9 +123,15 @@ class Build:
             logger.info("CPU extension ready (%.1f s): decode attention, int4 and GGUF-block "
                         "matmuls, RMSNorm and batch-1 decode in C++", time.monotonic() - start)
         else:
-            logger.warning("CPU extension %s: torch's ops for decode attention, int4 and RMSNorm, "
-                           "decoding in Python", failure)
+            logger.warning("CPU extension %s: torch's own ops and the plain-torch references "
+                           "serve the model instead, decoding in Python", failure)
         self.done.set()
+
+
+def describe(module) -> str:
+    """The extension's kernels as the engine's stats name them: its instruction-set path, e.g.
+    "cpu extension (avx2+vnni+avx512)"."""
+    return f"cpu extension ({module.ggml_kernel_path()})"
 
 
 def _name() -> str:

@@ -63,6 +63,9 @@ class CpuInt4Weight(WeightDefaults):
             x.to(torch.bfloat16).contiguous(), self.packed, self.group_size, self.scales_zeros)
         return y.to(x.dtype)
 
+    def kernels(self) -> set[str]:
+        return {"torch"}
+
     def batch1_layout(self) -> Batch1Layout:
         return [Batch1Code.INT4_TORCH, self.group_size], [self.packed, self.scales_zeros]
 

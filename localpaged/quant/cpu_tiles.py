@@ -67,6 +67,9 @@ class CpuInt4Tiles(WeightDefaults):
                                                    self.group_size)
         return y.to(x.dtype)
 
+    def kernels(self) -> set[str]:
+        return {cpu_extension.describe(cpu_extension.BUILD.module)}
+
     def batch1_layout(self) -> Batch1Layout:
         return [Batch1Code.INT4_TILES, self.group_size], [self.packed, self.scales, self.mins]
 

@@ -10,9 +10,10 @@ batch-1 loop reads that layout as one linear stream, 4 codes of each of 8 rows i
 load (docs/benchmarks.md, 'Real models', has the decode figures, from bench/real_model.py). On CPU
 the extension multiplies it (kernels/cpu_ggml.cpp: activations quantized to int8 per block,
 integer dot products, the way llama.cpp does); on CUDA a Triton kernel reads the same bytes
-(kernels/triton_ggml.py: dequantized in registers); elsewhere, or where a kernel is missing,
-`dequantize()` (the torch reference, bit-exact with gguf-py) then F.linear. Which serves a
-weight is fixed when it is made, never switched while a model serves.
+(kernels/triton_ggml.py: dequantized in registers); where the extension cannot be built, or a
+kernel is missing, `REFERENCE` (the torch reference, bit-exact with gguf-py: the rows
+dequantized, then F.linear). Which serves a weight is fixed when it is made, never switched while
+a model serves, and each weight names it (`kernels()`, the engine's stats).
 
 `PartsWeight` is a fused projection (q/k/v, gate/up) whose parts are kept in different formats
 (a Q4_K_M file keeps attn_v in Q6_K beside Q4_K q and k): one matmul per part, outputs side by
@@ -24,12 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from localpaged.kernels import cpu_extension, ggml_reference
 from localpaged.quant.memory import mapped_bytes
 from localpaged.quant.weight import Batch1Code, Batch1Layout, QuantWeight, WeightDefaults
+
+logger = logging.getLogger(__name__)
 
 FALLBACK_ROWS = 4096            # rows dequantized at once by the fallback matmul (bounds memory)
 X8_FLAG = 1 << 8                # added to the type number of a weight in the x8 layout (cpu_ggml.cpp)
@@ -39,11 +44,13 @@ X8_FLAG = 1 << 8                # added to the type number of a weight in the x8
 class NativeKernel:
     """A matmul over GGML blocks, (x [M, K], data, type id) -> [M, N] in x's dtype, the formats
     it takes and the device type it runs on; `in_extension`: it is the CPU extension's own
-    `ggml_matmul`, the one the C++ decode loop calls (runner/batch1_cpu.py)."""
+    `ggml_matmul`, the one the C++ decode loop calls (runner/batch1_cpu.py); `name`: what the
+    engine's stats call it ("cpu extension (avx2+vnni)", "triton", "reference")."""
     kernel: Callable
     kinds: frozenset[str]
     device_type: str = "cpu"
     in_extension: bool = False
+    name: str = "reference"
     x8_kinds: frozenset[str] = frozenset()     # kept interleaved (x8) where N % 8 == 0
     interleave: Callable | None = None         # (data, type id, out): out = data in the x8 layout
 
@@ -54,17 +61,38 @@ def _cpu_matmul(module) -> Callable:
     return matmul
 
 
-def cpu_native() -> NativeKernel | None:
-    """The CPU extension's GGML kernel, where the extension is built (cached) now; the loader
-    keeps exactly its formats natively on CPU (a first build is not waited for)."""
-    module = cpu_extension.BUILD.module_if_cached()
+def reference_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
+    """x [M, K] @ dequantize(data).T in x's dtype: the torch reference (kernels/ggml_reference.py,
+    bit-exact with gguf-py), FALLBACK_ROWS rows of GGUF's row layout dequantized at a time (bounds
+    memory), then F.linear."""
+    kind = ggml_reference.format_for_type_id(type_id).name
+    N = data.shape[0]
+    parts = [F.linear(x, ggml_reference.dequantize(data[i:i + FALLBACK_ROWS], kind).to(x.dtype))
+             for i in range(0, N, FALLBACK_ROWS)]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+# Every format, on any device: what serves GGUF blocks where no compiled kernel does
+REFERENCE = NativeKernel(reference_matmul, frozenset(ggml_reference.FORMATS))
+
+
+def cpu_native() -> NativeKernel:
+    """The kernel of a quantized GGUF file's blocks on CPU, which keeps every format as the file
+    has it: the CPU extension's, its build waited for where this machine has none yet (a first
+    build compiles, with a progress line: kernels/cpu_extension.py module_for_load); where it
+    cannot be built, REFERENCE, with a warning saying so."""
+    module = cpu_extension.BUILD.module_for_load("this GGUF file's load")
     if module is None or not hasattr(module, "ggml_supported"):
-        return None
+        logger.warning("the CPU extension is not available (see the line above): this GGUF file's "
+                       "block formats are kept and multiplied by the plain-torch reference kernels "
+                       "(each weight dequantized at every step: far slower); with g++ and ninja "
+                       "installed the next load compiles the CPU kernels")
+        return REFERENCE
     kinds = frozenset(k for k, f in ggml_reference.FORMATS.items() if module.ggml_supported(f.type_id))
     assert module.ggml_interleaved_flag() == X8_FLAG, "cpu_ggml.cpp and quant/ggml.py disagree"
     x8 = frozenset(ggml_reference.format_for_type_id(t).name for t in module.ggml_interleaved_types())
     return NativeKernel(_cpu_matmul(module), kinds, in_extension=True, x8_kinds=x8,
-                        interleave=module.ggml_interleave)
+                        interleave=module.ggml_interleave, name=cpu_extension.describe(module))
 
 
 @dataclass
@@ -107,6 +135,9 @@ class GgmlWeight(WeightDefaults):
 
     def batch1_layout(self) -> Batch1Layout | None:
         return ([Batch1Code.GGML, self.type_id], [self.data]) if self.on_extension else None
+
+    def kernels(self) -> set[str]:
+        return {self.native.name if self.native is not None else REFERENCE.name}
 
     def to(self, device: torch.device) -> GgmlWeight:
         """On `device`, keeping the kernel when it was made for that device type."""
@@ -155,10 +186,7 @@ class GgmlWeight(WeightDefaults):
         """x [M, K] -> [M, N] in x.dtype."""
         if self.native is not None and self.native.device_type == x.device.type == self.data.device.type:
             return self.native.kernel(x, self.data, self.type_id)
-        N = self.shape[0]
-        parts = [F.linear(x, self.dequantize(x.dtype, torch.arange(i, min(i + FALLBACK_ROWS, N))))
-                 for i in range(0, N, FALLBACK_ROWS)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+        return reference_matmul(x, self.rows(), ggml_reference.FORMATS[self.kind].type_id)
 
     def permute_rows(self, index: torch.Tensor) -> GgmlWeight:
         """Output rows reordered (llama.cpp's q/k rotary order undone): whole rows move, exact.
@@ -200,6 +228,9 @@ class PartsWeight:
 
     def linear_form(self) -> PartsWeight:
         return PartsWeight([p.linear_form() for p in self.parts])
+
+    def kernels(self) -> set[str]:
+        return set().union(*(p.kernels() for p in self.parts))
 
     def embedding_form(self) -> PartsWeight:
         return self

@@ -1,12 +1,15 @@
 """GGUF weights read tensor by tensor, each kept in the form that holds it exactly.
 
 The file is mapped (quant/gguf_file.py); per tensor, never the whole model in float32:
-- "auto" on CPU with the extension built: every quantized matrix stays in its own GGML block
-  format (quant/ggml.py: GgmlWeight), a view of the mapped file. Nothing is converted, so a
-  Q4_K_M file loads in the time it takes to map it, and its weights in memory are the file's.
-- "auto" elsewhere (a GPU, or the extension not built yet): Q4_0 / Q4_1 -> int4 g32 and Q8_0 ->
+- "auto" with a kernel for the blocks (`native`: on CPU always, the extension's or the torch
+  reference, runner/loader.py _gguf_kernel; on CUDA the Triton kernel once its check passed):
+  every quantized matrix stays in its own GGML block format (quant/ggml.py: GgmlWeight), a view
+  of the mapped file. Nothing is converted, so a Q4_K_M file loads in the time it takes to map
+  it, and its weights in memory are the file's.
+- "auto" without one (a GPU whose Triton check failed): Q4_0 / Q4_1 -> int4 g32 and Q8_0 ->
   int8 g32, bit-exact; Q5_*, Q6_K, Q8_K, IQ4_* -> int8 and Q2_K..Q4_K -> int4 g32 (dequantized,
-  then requantized: a 5/6-bit grid does not fit 4 bits without a visible loss, see the tests);
+  then requantized: a 5/6-bit grid does not fit 4 bits without a visible loss, see the tests),
+  with a warning naming the formats requantized;
 - F32 / F16 / BF16 -> float tensors as is (quantized only when the user asks for int8/int4).
 Explicit "int8"/"int4" requantize every linear weight to that width; embeddings and lm_head are
 then int8 (int4 costs the most quality there). llama.cpp stores Llama q/k rows permuted for its
@@ -103,6 +106,7 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
     keep = native.kinds if native is not None and quantization == "auto" else frozenset()
     floats: dict[str, torch.Tensor] = {}
     packed: dict[str, PackedWeight | GgmlWeight] = {}
+    requantized: dict[str, str] = {}      # under "auto", a block format no kernel keeps -> its form
     for i, t in enumerate(tqdm(file.tensors, desc="loading GGUF", unit="tensor", leave=False)):
         if on_tensor is not None:
             on_tensor(i, len(file.tensors))
@@ -119,6 +123,8 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
             bits = target_bits(quantization, t.kind, "embed_tokens" in name or name.startswith("lm_head")) \
                 if is_matrix else None
             value = _convert(file.array(t), t, bits, exact=quantization == "auto")
+            if quantization == "auto" and bits is not None and t.kind not in FLOAT_TYPES:
+                requantized[t.kind] = value.format
             file.drop_pages(t)            # read once, copied: unmap
             if t.shape and int(np.prod(t.shape)) * 4 >= TRIM_BYTES:   # its float32 temporaries
                 trim_heap()      # this tensor's freed temporaries back to the OS, not fragmenting
@@ -130,6 +136,9 @@ def read_gguf(path: str, config, quantization: str, native: NativeKernel | None 
         if norm_minus_one and name.endswith("norm.weight"):
             value = value - 1.0
         (floats if isinstance(value, torch.Tensor) else packed)[name] = value
+    if requantized:
+        logger.warning("no kernel keeps these GGUF formats here: %s",
+                       ", ".join(f"{k} converted to {v}" for k, v in sorted(requantized.items())))
     return floats, packed
 
 

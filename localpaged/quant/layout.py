@@ -80,6 +80,11 @@ class PackedWeight(WeightDefaults):
             return y.to(x.dtype)
         return F.linear(x, self.dequantize(x.dtype))
 
+    def kernels(self) -> set[str]:
+        if self.qweight.is_cuda and (self.bits == 4 or self.per_channel):
+            return {"triton"}
+        return {"torch" if self.per_channel else "reference"}
+
     def linear_form(self) -> QuantWeight:
         """On CPU, the form its kernels read fastest (quant/cpu.py says which and why);
         elsewhere this one."""

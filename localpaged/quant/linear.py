@@ -88,10 +88,11 @@ def install(model: nn.Module, packed: dict[str, QuantWeight], dtype: torch.dtype
         model.lm_head = QuantLinear(embed.packed.linear_form(), None)
 
 
-def weights_summary(model: nn.Module) -> tuple[int, str]:
-    """(bytes of all weights, e.g. "int4 g32 · 92 MB"): packed tables counted once when shared."""
+def _weights(model: nn.Module) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(bytes of all weights, weights per packed format, weights per float dtype): packed tables
+    counted once when shared, float tensors once."""
     seen: set[int] = set()
-    total, formats = 0, {}
+    total, formats, floats = 0, {}, {}
     for module in model.modules():
         pw = getattr(module, "packed", None)
         if isinstance(pw, QuantWeight) and id(pw) not in seen:
@@ -103,9 +104,42 @@ def weights_summary(model: nn.Module) -> tuple[int, str]:
         if id(t) not in seen:
             seen.add(id(t))
             total += t.numel() * t.element_size()
+            if t.is_floating_point():
+                name = str(t.dtype).removeprefix("torch.")
+                floats[name] = floats.get(name, 0) + t.numel()
+    return total, formats, floats
+
+
+def weights_summary(model: nn.Module) -> tuple[int, str]:
+    """(bytes of all weights, e.g. "int4 g32 · 92 MB"): packed tables counted once when shared."""
+    total, formats, _ = _weights(model)
     if formats:
         main = max(formats, key=formats.get)
     else:
         main = str(next(model.parameters()).dtype).removeprefix("torch.")
     mb = total / 1e6
     return total, f"{main} · {mb:.0f} MB" if mb >= 10 else f"{main} · {mb:.2g} MB"
+
+
+def weight_formats(model: nn.Module) -> dict[str, int]:
+    """Weights (elements) per format the model holds them in, most first: packed formats
+    ("Q4_K", "int4 g32") and float dtypes ("float32": norms, biases, float matrices)."""
+    _, formats, floats = _weights(model)
+    return dict(sorted({**floats, **formats}.items(), key=lambda kv: -kv[1]))
+
+
+def kernels_summary(model: nn.Module) -> str:
+    """What multiplies the model's linears (QuantWeight.kernels; float matrices: "torch"), the
+    kernel serving the most weights first, others after " + ": e.g.
+    "cpu extension (avx2+vnni+avx512)", "reference", "triton + torch"."""
+    weights: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            names, count = module.packed.kernels(), module.in_features * module.out_features
+        elif isinstance(module, nn.Linear):
+            names, count = {"torch"}, module.weight.numel()
+        else:
+            continue
+        for name in names:
+            weights[name] = weights.get(name, 0) + count
+    return " + ".join(sorted(weights, key=lambda name: (-weights[name], name)))

@@ -64,6 +64,10 @@ class QuantWeight(Protocol):
     def batch1_layout(self) -> Batch1Layout | None:
         """How the C++ batch-1 loop computes this weight's linear; None: it cannot."""
 
+    def kernels(self) -> set[str]:
+        """What multiplies it, as the engine's stats name it: "cpu extension (<its path>)",
+        "torch" (an op of torch's own), "triton" or "reference" (dequantize, then F.linear)."""
+
 
 class WeightDefaults:
     """The members most forms share: one format, its own form everywhere, not on the loop."""

@@ -39,8 +39,9 @@ from localpaged.kernels import cpu_extension
 from localpaged.models import Gemma3ForCausalLM, LlamaForCausalLM, build_model
 from localpaged.models.llama import fuse_state_dict
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
-from localpaged.quant.ggml import cpu_native
-from localpaged.quant.gguf import read_gguf
+from localpaged.quant.ggml import NativeKernel, cpu_native
+from localpaged.quant.gguf import FLOAT_TYPES, read_gguf
+from localpaged.quant.gguf_file import GgufFile
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
@@ -251,9 +252,9 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     packed: dict = {}
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
-        native = cpu_native() if device.type == "cpu" else triton_ggml_native(device)
-        state, packed = read_gguf(os.path.join(source.path, source.gguf_file), config, quantization,
-                                  native, on_tensor=_progress_of("weights", "reading tensors"))
+        path = os.path.join(source.path, source.gguf_file)
+        state, packed = read_gguf(path, config, quantization, _gguf_kernel(path, device, quantization),
+                                  on_tensor=_progress_of("weights", "reading tensors"))
     elif prequantized:
         qc = prequantized if isinstance(prequantized, dict) else prequantized.to_dict()
         state, packed = read_prequantized(source.path, qc, quantization, dtype)
@@ -287,6 +288,24 @@ def _check_model_files(source: ModelSource, config: PretrainedConfig) -> None:
     else:
         check_config(config, os.path.join(source.path, "config.json"))
         check_shapes(safetensors_shapes(source.path), config, source.path)
+
+
+def _gguf_kernel(path: str, device: torch.device, quantization: str) -> NativeKernel | None:
+    """The kernel that multiplies a GGUF file's quantized blocks as the file stores them (quant/
+    gguf.py keeps exactly its formats under "auto"). On CPU a file with quantized tensors always
+    gets one: the CPU extension's, its first build waited for (reported as this step of the
+    load), or the plain-torch reference where it cannot be built (quant/ggml.py: cpu_native), so
+    a quantized file is never requantized unless `quantization` asks for it. None: a float file,
+    or int8/int4/none asked for (every weight converted as asked)."""
+    if quantization != "auto":
+        return None
+    if device.type != "cpu":
+        return triton_ggml_native(device)
+    if all(t.kind in FLOAT_TYPES for t in GgufFile(path).tensors):
+        return None
+    if not cpu_extension.BUILD.done.is_set():
+        _report("weights", "compiling the CPU kernels (once for this machine)")
+    return cpu_native()
 
 
 def _use_cpu_kernels(model: Model) -> None:

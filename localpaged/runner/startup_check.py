@@ -61,7 +61,8 @@ def triton_ggml_native(device: torch.device) -> NativeKernel | None:
         logger.warning("start-up self-check: Triton GGML kernel %s; GGUF weights are requantized",
                        problem)
         return None
-    return NativeKernel(triton_ggml.ggml_matmul, frozenset(ggml_reference.FORMATS), "cuda")
+    return NativeKernel(triton_ggml.ggml_matmul, frozenset(ggml_reference.FORMATS), "cuda",
+                        name="triton")
 
 
 KERNELS = ("write_kv", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")

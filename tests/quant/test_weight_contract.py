@@ -47,6 +47,7 @@ def test_forms_multiply_and_gather_as_the_weight(kind):
     assert torch.allclose(w.embedding_form().dequantize(torch.float32, rows),
                           w.dequantize(torch.float32)[rows], rtol=1e-2, atol=1e-2)
     assert sum(w.formats().values()) == w.shape[0] * w.shape[1]
+    assert w.kernels() and all(isinstance(name, str) for name in w.kernels())   # stats() names them
 
 
 def test_batch1_layouts_name_their_kernels_tensors():

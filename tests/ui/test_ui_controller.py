@@ -216,6 +216,7 @@ def test_branches_share_kv_blocks_in_the_engine_panel(ctl):
     assert all(snap.sharing()[b] == 2 for b in shared)
     page = kvmap.render_panel(snap)
     assert f'data-shared="{len(shared)}"' in page and "Prefix hits" in page
+    assert f"Kernels: {snap.stats.kernels} · weights: float32 100%" in page   # what serves the model
 
 
 def test_kv_map_tokenizes_a_branch_only_when_it_changes(ctl, backend, monkeypatch):

@@ -50,6 +50,7 @@ def render_panel(snap: KvSnapshot) -> str:
     held = (f" · {s.blocks_without_sharing} block references held in {s.blocks_in_use} blocks"
             if s.blocks_in_use else "")
     parts.append(f'<p class="lp-muted">{s.num_blocks} blocks of {s.block_size} tokens{held}</p>')
+    parts += _kernel_lines(s)
     parts += _sliding_lines(s)
     parts += _disk_lines(s)
     sharing = snap.sharing()
@@ -59,6 +60,15 @@ def render_panel(snap: KvSnapshot) -> str:
     parts.append(_rows_html(snap.rows, sharing))
     parts.append("</div>")
     return "".join(parts)
+
+
+def _kernel_lines(s) -> list[str]:
+    """Which kernels multiply the weights, and the weights' formats (a local engine's only)."""
+    kernels = getattr(s, "kernels", "")
+    if not kernels:
+        return []
+    return [f'<p class="lp-muted lp-kernels">Kernels: {html.escape(kernels)} · weights: '
+            f'{html.escape(s.formats_text)}</p>']
 
 
 def _sliding_lines(s) -> list[str]:
