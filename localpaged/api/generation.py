@@ -27,6 +27,7 @@ from localpaged.api.errors import APIError
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.prompt_bound import chars_of, check_fits, drop_turns_beyond
 from localpaged.api.protocol import ChatCompletionRequest, Echo
+from localpaged.api.reasoning_output import ReasoningReplies, reasoning_row, with_reasoning
 from localpaged.api.tool_output import ToolReplies, chunk_rows
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
@@ -148,14 +149,19 @@ def without_generation(out: RequestOutput) -> RequestOutput:
     return replace(out, outputs=outputs)
 
 
-def usage(out: RequestOutput, completion: int | None = None) -> dict:
-    """The usage object; `completion` tokens counted by the caller when out is a delta."""
+def usage(out: RequestOutput, completion: int | None = None, reasoning: bool = False) -> dict:
+    """The usage object; `completion` tokens counted by the caller when out is a delta;
+    `reasoning`: the model marks its reasoning, whose tokens are counted apart."""
     if completion is None:
         completion = sum(len(o.token_ids) for o in out.outputs)
     prompt = len(out.prompt_token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
+    body = {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": out.metrics.num_cached_tokens}}
+    if reasoning:
+        body["completion_tokens_details"] = {
+            "reasoning_tokens": sum(o.reasoning_tokens for o in out.outputs)}
+    return body
 
 
 def _request_finish_reason(out: RequestOutput) -> str:
@@ -169,7 +175,8 @@ class Generation:
     def __init__(self, stream: RequestStream, kind: str, model: str, text_of: TokenText,
                  logprobs: bool, include_usage: bool, recorder: MetricsRecorder,
                  extensions: dict | None = None, echo: Echo | None = None,
-                 tools: ToolReplies | None = None) -> None:
+                 tools: ToolReplies | None = None,
+                 reasoning: ReasoningReplies | None = None) -> None:
         self.stream, self.kind, self.model = stream, kind, model
         self.id = stream.request_id
         self.created = int(time.time())
@@ -177,6 +184,7 @@ class Generation:
         self.recorder = recorder
         self.echo = echo
         self.tools = tools
+        self.reasoning = reasoning
         self.object = "chat.completion" if kind == "chat" else "text_completion"
         # Extension fields a request asked for (e.g. dropped_messages): on the response, and on
         # the first chunk of a stream; none unless asked, so OpenAI clients see no change.
@@ -217,7 +225,8 @@ class Generation:
             final = without_generation(final)
         return {"id": self.id, "object": self.object, "created": self.created,
                 "model": self.model, "system_fingerprint": None,
-                "choices": [self._choice(o, final) for o in final.outputs], "usage": usage(final),
+                "choices": [self._choice(o, final) for o in final.outputs],
+                "usage": usage(final, reasoning=self.reasoning is not None),
                 **self.extensions}
 
     async def _watch(self, request: Request) -> None:
@@ -233,14 +242,18 @@ class Generation:
         if self.echo is not None:
             return self._echo_choice(o, out)
         lps = self._logprobs_of(o.logprobs)
-        if self.kind == "chat" and self.tools is not None:
-            message, called = self.tools.message(o.text)
-            return {"index": o.index, "message": message, "logprobs": lps,
-                    "finish_reason": "tool_calls" if called and o.finish_reason == "stop"
-                    else o.finish_reason}
         if self.kind == "chat":
-            return {"index": o.index, "message": {"role": "assistant", "content": o.text},
-                    "logprobs": lps, "finish_reason": o.finish_reason}
+            split = self.reasoning.split(o.text) if self.reasoning is not None else None
+            text = split.content if split is not None else o.text
+            reason = o.finish_reason
+            if self.tools is not None:
+                message, called = self.tools.message(text)
+                reason = "tool_calls" if called and reason == "stop" else reason
+            else:
+                message = {"role": "assistant", "content": text}
+            if split is not None:
+                message = with_reasoning(message, split)
+            return {"index": o.index, "message": message, "logprobs": lps, "finish_reason": reason}
         return {"index": o.index, "text": o.text, "logprobs": lps,
                 "finish_reason": o.finish_reason}
 
@@ -312,11 +325,8 @@ class Generation:
                     sent_tokens[i] += len(o.token_ids)
                     done[i] = done[i] or newly_done
                     reason = o.finish_reason if newly_done else None
-                    if self.kind == "chat" and self.tools is not None:
-                        rows.extend(self.tools.rows(i, delta, newly_done, lps, reason))
-                    elif self.kind == "chat":
-                        choices.append({"index": i, "delta": {"content": delta} if delta else {},
-                                        "logprobs": lps, "finish_reason": reason})
+                    if self.kind == "chat":
+                        rows.extend(self._chat_rows(i, delta, newly_done, lps, reason))
                     else:
                         choices.append({"index": i, "text": delta, "logprobs": lps,
                                         "finish_reason": reason})
@@ -333,8 +343,30 @@ class Generation:
         if final is not None:
             self._record(final)
             if self.include_usage:
-                yield self._chunk([], usage(final, sum(sent_tokens)))
+                yield self._chunk([], usage(final, sum(sent_tokens), self.reasoning is not None))
         yield "data: [DONE]\n\n"
+
+    def _chat_rows(self, i: int, text: str, done: bool, lps: dict | None,
+                   reason: str | None) -> list[dict]:
+        """Choice i's stream entries for its new text: the reasoning first (its own entry, so
+        its own chunk), then the content (with tools: their deltas); logprobs and the finish
+        reason on the last entry."""
+        thought = ""
+        if self.reasoning is not None:
+            split = self.reasoning.feed(i, text, done)
+            thought, text = split.reasoning, split.content
+        if self.tools is not None:
+            rows = self.tools.rows(i, text, done, lps, reason)
+        elif text or lps or done:
+            rows = [{"index": i, "delta": {"content": text} if text else {}, "logprobs": lps,
+                     "finish_reason": reason}]
+        else:
+            rows = []
+        if thought:
+            rows.insert(0, reasoning_row(i, thought))
+            if len(rows) == 1:
+                rows[0]["logprobs"] = lps
+        return rows
 
 
 class SSEResponse(StreamingResponse):

@@ -12,8 +12,10 @@ prompt tokens' logprobs (SamplingParams.prompt_logprobs); `max_tokens=0` is allo
 Extensions beyond OpenAI, as vLLM names them: top_k, min_p, repetition_penalty, ignore_eos,
 stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our own extension
 `context_overflow` ("error" | "drop_oldest") fits a chat that is too long for the context
-(localpaged.chat.context_window); without it nothing is ever dropped. `speculative: false`
-keeps a request out of speculative decoding where the server runs it (`--speculation`).
+(localpaged.chat.context_window); without it nothing is ever dropped. For reasoning models,
+`reasoning_effort`, `max_reasoning_tokens`, `enable_thinking` and `chat_template_kwargs` (read by
+reasoning_output.py). `speculative: false` keeps a request out of speculative decoding where
+the server runs it (`--speculation`).
 
 Every list, map and string a request may carry has a cap (below), so no field can make the
 server's work per request unbounded; the body itself is at most MAX_BODY_BYTES (errors.py), and
@@ -46,6 +48,7 @@ MAX_N = 128                   # samples per request (also at most the engine's m
 MAX_TOP_LOGPROBS = 20
 MAX_TOOL_CALLS = 128          # calls of one assistant message
 MAX_CHOICES = 1024            # guided_choice options
+MAX_TEMPLATE_KWARGS = 16      # chat_template_kwargs entries
 
 _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
@@ -196,6 +199,13 @@ class ChatCompletionRequest(_Common):
     continue_final_message: bool | None = False
     # extension: what a conversation too long for the context does (absent: refused)
     context_overflow: Literal["error", "drop_oldest"] | None = None
+    # reasoning models (api/reasoning_output.py): OpenAI's effort, our budget, vLLM's and
+    # Qwen's switches for the chat template
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
+    max_reasoning_tokens: Annotated[int, Field(ge=0)] | None = None
+    enable_thinking: bool | None = None
+    chat_template_kwargs: Annotated[dict[str, Any],
+                                    Field(max_length=MAX_TEMPLATE_KWARGS)] | None = None
 
     def check_template_flags(self) -> None:
         """continue_final_message continues the last assistant message: no generation prompt."""

@@ -30,6 +30,7 @@ from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served_model import Model, ServedModel, as_served
 from localpaged.api.generation import Generation, SSEResponse, chat_prompt
+from localpaged.api.reasoning_output import ReasoningReplies, reasoning_request
 from localpaged.api.structured import constrain, tool_request
 from localpaged.api.tool_output import ToolReplies
 from localpaged.core.sampling_params import SamplingParams
@@ -101,13 +102,17 @@ class _API:
         params = _params(body, "messages")
         tools = tool_request(body, model.engine.tokenizer.chat_template)
         params, guided_param = constrain(params, body, tools)
+        params, thinking_kwargs = reasoning_request(body, params, model.reasoning)
         messages, template_kwargs = tools.prompt(body.template_messages())
         body.check_template_flags()
         ids, extensions = await run_in_threadpool(self._chat_ids, model, messages, body,
-                                                  params.max_tokens, template_kwargs)
+                                                  params.max_tokens,
+                                                  {**thinking_kwargs, **template_kwargs})
         replies = ToolReplies(tools.fmt, params.n) if tools.active else None
+        thoughts = ReasoningReplies(model.reasoning, params.n, ids) \
+            if model.reasoning is not None else None
         return await self._generate(model, "chat", body, ids, params, request, "messages",
-                                    extensions, guided_param, replies)
+                                    extensions, guided_param, replies, thoughts)
 
     async def completions(self, body: CompletionRequest, request: Request):
         model = self._check_model(body.model)
@@ -143,7 +148,8 @@ class _API:
                         body: ChatCompletionRequest | CompletionRequest, ids: list[int],
                         params: SamplingParams, request: Request, prompt_param: str,
                         extensions: dict | None = None, guided_param: str | None = None,
-                        tools: ToolReplies | None = None):
+                        tools: ToolReplies | None = None,
+                        reasoning: ReasoningReplies | None = None):
         _check_limits(model, ids, params, body.max_tokens_param, prompt_param)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         try:
@@ -156,7 +162,8 @@ class _API:
             raise from_value_error(exc, prompt_param) from exc
         gen = Generation(stream, kind, model.name, model.text_of,
                          params.logprobs is not None, body.include_usage, self.recorder,
-                         extensions, echo=body.echo_request(), tools=tools)
+                         extensions, echo=body.echo_request(), tools=tools,
+                         reasoning=reasoning)
 
         def close() -> None:
             stream.cancel()

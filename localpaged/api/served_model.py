@@ -20,19 +20,23 @@ from dataclasses import dataclass, field
 
 from localpaged.api.errors import APIError
 from localpaged.api.generation import TokenText
+from localpaged.chat.reasoning import ReasoningFormat, reasoning_format
 from localpaged.engine.async_engine import AsyncEngine, RequestStream
 
 
 @dataclass(frozen=True, eq=False)
 class Model:
-    """One served model: its engine, its API name and when it started being served."""
+    """One served model: its engine, its API name, when it started being served and how it
+    marks its reasoning (chat/reasoning.py; None: it does not)."""
     engine: AsyncEngine
     name: str
     created: int = field(default_factory=lambda: int(time.time()))
     text_of: TokenText = field(init=False)
+    reasoning: ReasoningFormat | None = field(init=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "text_of", TokenText(self.engine.tokenizer))
+        object.__setattr__(self, "reasoning", reasoning_format(self.engine.tokenizer))
 
 
 class ServedModel:

@@ -112,9 +112,7 @@ def _advance(beams: list[Sequence], running: list[Candidate]) -> BeamStep:
     frees = [beam for beam in beams if beam.seq_id not in claimed]
     # Forks above copied their parent's tokens before any of this step's tokens is appended.
     for index, (seq, c) in enumerate(zip(new_beams, running)):
-        if seq.grammar is not None:
-            seq.grammar.accept(c.token)
-        seq.token_ids.append(c.token)
+        seq.keep(c.token)
         seq.cumulative_logprob = c.score
         seq.index = index
     return BeamStep(new_beams, forks, frees, None)

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from localpaged.core.reasoning_budget import ReasoningState
 from localpaged.core.sampling_params import INTERACTIVE, SamplingParams
 
 _seq_ids = itertools.count()
@@ -84,6 +85,8 @@ class Sequence:
         self.drafted = 0                        # draft tokens verified for it so far
         self.accepted = 0                       # of those, tokens it kept
         self.grammar: Grammar | None = None     # SamplingParams.guided's state, forked with it
+        # SamplingParams.reasoning_markers' state (tokens spent thinking, forced closing marker)
+        self.reasoning: ReasoningState | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -101,6 +104,15 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
+    def keep(self, token: int) -> None:
+        """Append a token the sequence keeps (sampled or chosen by a beam step, never a draft);
+        its grammar and reasoning state advance with it."""
+        if self.grammar is not None:
+            self.grammar.accept(token)
+        if self.reasoning is not None:
+            self.reasoning.advance(token)
+        self.token_ids.append(token)
+
     def drop_drafts(self, keep: int = 0) -> None:
         """Keep only the first `keep` draft tokens; the others leave token_ids."""
         drop = self.num_draft_tokens - max(0, keep)
@@ -115,6 +127,7 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.text, child.detok_state = self.text, self.detok_state
         child.grammar = self.grammar.fork() if self.grammar is not None else None
+        child.reasoning = self.reasoning.copy() if self.reasoning is not None else None
         return child
 
 
@@ -183,6 +196,11 @@ class SequenceGroup:
         """A fresh grammar state for output `index` (None: unconstrained)."""
         source = self.grammars[index if len(self.grammars) > 1 else 0] if self.grammars else None
         return source.matcher() if source is not None else None
+
+    def new_reasoning(self, index: int) -> ReasoningState | None:
+        """Output `index`'s reasoning state right after the prompt (None: no markers)."""
+        p = self.params_for_index(index)
+        return ReasoningState.start(p.reasoning_markers, p.reasoning_budget, self.prompt_token_ids)
 
     @property
     def needs_prompt_logprobs(self) -> bool:

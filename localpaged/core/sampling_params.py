@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from localpaged.core.config import check_choice
 from localpaged.core.guided import GuidedDecoding
+from localpaged.core.reasoning_budget import ReasoningMarkers
 
 GREEDY_EPSILON = 1e-5
 
@@ -57,6 +58,11 @@ class SamplingParams:
     priority: str = INTERACTIVE
     # The output must match this (engine/grammar.py masks every token the grammar refuses).
     guided: GuidedDecoding | None = None
+    # A reasoning model's markers (core/reasoning_budget.py): its reasoning tokens are counted,
+    # and after `reasoning_budget` of them the engine writes the closing marker itself. A budget
+    # without markers does nothing (the chat's setting, for a model that marks no reasoning).
+    reasoning_markers: ReasoningMarkers | None = None
+    reasoning_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -104,6 +110,12 @@ class SamplingParams:
                      for src in self.draft_sources),
              f"must be at most {MAX_DRAFT_SOURCES} lists of at most {MAX_DRAFT_SOURCE_TOKENS} "
              "token ids"),
+            ("reasoning_markers", self.reasoning_markers is None
+             or isinstance(self.reasoning_markers, ReasoningMarkers),
+             "must be a ReasoningMarkers or None"),
+            ("reasoning_budget", self.reasoning_budget is None
+             or (_is_int(self.reasoning_budget) and self.reasoning_budget >= 0),
+             "must be an integer >= 0 or None"),
         ]
         for name, ok, rule in checks:
             if not ok:

@@ -242,6 +242,19 @@ def live_rows(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return live
 
 
+def force_token(bitmask: torch.Tensor, row: int, token: int) -> None:
+    """Row `row` allows `token` alone (a token the engine writes itself: the closing marker of a
+    spent thinking budget, core/reasoning_budget.py); in place."""
+    word, bit = divmod(token, 32)
+    bitmask[row].zero_()
+    bitmask[row, word] = _bit(bit)
+
+
+def allows(bitmask: torch.Tensor, row: int, token: int) -> bool:
+    word, bit = divmod(token, 32)
+    return bool(int(bitmask[row, word]) >> bit & 1)
+
+
 def _open_dead_ends(bitmask: torch.Tensor, vocab_size: int, stop_ids: tuple[int, ...]) -> torch.Tensor:
     """Rows that allow no token (the grammar wants text no token of this vocabulary writes)
     allow the stop tokens instead, so the sequence ends there; in place, returned."""

@@ -239,6 +239,7 @@ class LLMEngine:
                               beam_state=BeamState() if beam else None,
                               priority=priority, grammars=grammars)
         seq.grammar = group.new_grammar(0)
+        seq.reasoning = group.new_reasoning(0)
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
                              f"beam width); this engine runs at most "
@@ -345,15 +346,17 @@ class LLMEngine:
         return self._mask_worker.submit(step_masks, out.scheduled)
 
     def _constrain_drafts(self) -> set[int]:
-        """Drafts of constrained sequences cut at the first token their grammar refuses; where a
+        """Drafts cut before a position a thinking budget forces, and drafts of constrained
+        sequences cut at the first token their grammar refuses; where a
         decoding sequence has no draft and its grammar forces text next, that text's tokens are
         its draft (jump-forward: verified in this one step, kept exactly as decoding would keep
         them). Returns the seq_ids drafted by jump-forward."""
         jumped: set[int] = set()
         for group in self.scheduler.running:
-            if not group.grammars:
-                continue
             for seq in group.unfinished_seqs():
+                if seq.reasoning is not None and seq.num_draft_tokens:   # reasoning_budget.py
+                    draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
+                    seq.drop_drafts(keep=seq.reasoning.check_draft(draft))
                 if seq.grammar is None or seq.num_uncomputed_tokens != 1 + seq.num_draft_tokens:
                     continue
                 if seq.num_draft_tokens:
@@ -361,6 +364,10 @@ class LLMEngine:
                     seq.drop_drafts(keep=seq.grammar.check_draft(draft))
                 elif self.config.jump_forward and eligible(group) and (
                         tokens := seq.grammar.jump_forward(draft_room(group, seq))):
+                    if seq.reasoning is not None:
+                        tokens = tokens[:seq.reasoning.check_draft(tokens)]
+                    if not tokens:
+                        continue
                     seq.token_ids.extend(tokens)
                     seq.num_draft_tokens = len(tokens)
                     jumped.add(seq.seq_id)

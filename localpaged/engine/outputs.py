@@ -41,6 +41,8 @@ class CompletionOutput:
     finish_detail: str | None = None   # a key of FINISH_DETAILS once finished (local engine)
     draft_tokens: int = 0              # speculative decoding: tokens drafted for this output
     accepted_draft_tokens: int = 0     # of those, tokens it kept
+    reasoning_tokens: int = 0          # output tokens inside its reasoning, markers excluded
+                                       # (SamplingParams.reasoning_markers; 0 without them)
 
     @property
     def can_continue(self) -> bool:

@@ -157,9 +157,7 @@ def apply_penalties(row: torch.Tensor, seq: Sequence, p: SamplingParams) -> torc
 
 
 def record(seq: Sequence, result: SampleResult) -> None:
-    """Append a sampled token to seq with its logprobs (and advance its grammar)."""
-    if seq.grammar is not None:
-        seq.grammar.accept(result.token_id)
-    seq.token_ids.append(result.token_id)
+    """Append a sampled token to seq with its logprobs (its grammar and reasoning advance)."""
+    seq.keep(result.token_id)
     seq.cumulative_logprob += result.logprob
     seq.logprobs.append(TokenLogprob(result.token_id, result.logprob, result.top))

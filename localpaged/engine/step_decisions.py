@@ -20,7 +20,7 @@ from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
 from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
-from localpaged.engine.grammar import all_allowed, allowed_rows, apply_mask
+from localpaged.engine.grammar import all_allowed, allowed_rows, allows, apply_mask, force_token
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localpaged.engine.sampler import record, verify
 from localpaged.engine.sampler import sample as sample_rows
@@ -71,15 +71,20 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
 
 
 def _allowed(seqs: list[Sequence], masks: dict[int, torch.Tensor], vocab: int) -> torch.Tensor | None:
-    """The sampler's packed masks [S, W]: computed ahead where they were, now for the others."""
-    if all(s.grammar is None for s in seqs):
+    """The sampler's packed masks [S, W]: computed ahead where they were, now for the others;
+    a row whose thinking budget is spent allows only the token its reasoning state forces
+    (unless its grammar refuses that token: the grammar wins)."""
+    forced = [s.reasoning.forced() if s.reasoning is not None else None for s in seqs]
+    if all(s.grammar is None for s in seqs) and all(f is None for f in forced):
         return None
     bitmask = allowed_rows([None if s.seq_id in masks else s.grammar for s in seqs], vocab)
-    if bitmask is None:                        # every mask was computed ahead
+    if bitmask is None:                        # every mask was computed ahead, or none is needed
         bitmask = all_allowed(len(seqs), vocab)
     for i, s in enumerate(seqs):
         if s.seq_id in masks:
             bitmask[i] = masks[s.seq_id][0]
+        if forced[i] is not None and allows(bitmask, i, forced[i]):
+            force_token(bitmask, i, forced[i])
     return bitmask
 
 
@@ -116,6 +121,7 @@ def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> li
         child = seq.fork(i, make_generator(group.params_for_index(i).seed, seed_index))
         if group.column_params:                          # a column keeps its own constraint
             child.grammar = group.new_grammar(i)
+            child.reasoning = group.new_reasoning(i)
         result.forks.append(Fork(seq, child))
         group.seqs.append(child)
     return list(group.seqs)
@@ -194,4 +200,5 @@ def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
                             # a consumer reads this output (a stream re-sent tokens)
                             list(seq.logprobs) if p.logprobs is not None else None,
                             seq.cumulative_logprob, finish_detail=detail,
-                            draft_tokens=seq.drafted, accepted_draft_tokens=seq.accepted)
+                            draft_tokens=seq.drafted, accepted_draft_tokens=seq.accepted,
+                            reasoning_tokens=seq.reasoning.count if seq.reasoning else 0)
