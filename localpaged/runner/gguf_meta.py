@@ -1,35 +1,34 @@
-"""A GGUF file's config and tokenizer: converted by transformers once, then kept on disk.
+"""A GGUF file's config and tokenizer, read from its metadata; and localpaged's cache folder.
 
-transformers builds both from the file's metadata with gguf-py's reader, which makes a Python
-object per metadata item, for the config and again for the tokenizer: several times the whole
-weight load (a mapping, quant/gguf_file.py; docs/benchmarks.md, 'Start-up', has the times). The
-converted pair is saved (save_pretrained: config.json, tokenizer.json, the chat template) under
-the cache folder, keyed by the file's path, size and modification time and the transformers
-version, so a second load of the same file reads two small JSON files instead.
+    config_and_tokenizer(folder, gguf_file) -> (config, tokenizer)
 
-The cache folder: $LOCALPAGED_CACHE_DIR, else $XDG_CACHE_HOME/localpaged, else ~/.cache/localpaged.
-A folder that cannot be written (or a damaged entry) costs only the conversion, with a warning.
+The metadata is read once (runner/gguf_metadata.py). The config is transformers' config class
+built from the fields transformers' GGUF conversion gives (gguf_metadata.config_dict); the
+tokenizer is built with the tokenizers library (runner/gguf_tokenizer.py), equal to transformers'
+conversion of the file. A file either module does not build (an architecture or a vocabulary
+outside theirs) is converted by transformers instead, with a warning naming why: transformers
+reads the whole metadata again through gguf-py, seconds to minutes for a large vocabulary.
+
+The cache folder (the bundled models' joined files, runner/loader.py bundled_gemma3_path):
+$LOCALPAGED_CACHE_DIR, else $XDG_CACHE_HOME/localpaged, else ~/.cache/localpaged.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-import transformers
 from transformers import AutoConfig, AutoTokenizer, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+from localpaged.runner.gguf_metadata import config_dict, read_metadata
+from localpaged.runner.gguf_tokenizer import UnsupportedVocabulary, tokenizer_from_metadata
 from localpaged.runner.model_check import built_config
 
 logger = logging.getLogger(__name__)
 
 CACHE_ENV = "LOCALPAGED_CACHE_DIR"
-ENTRY_VERSION = 2               # bump when what an entry holds changes
-DONE = "complete"               # written last: an entry without it is ignored and rebuilt
 
 
 def cache_root() -> Path:
@@ -44,31 +43,32 @@ def default_cache_root() -> Path:
     return Path(base) / "localpaged"
 
 
-def entry_folder(gguf_path: str) -> Path:
-    """Where this version of this file's converted config and tokenizer live."""
-    st = os.stat(gguf_path)
-    key = f"{os.path.realpath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}|{ENTRY_VERSION}"
-    return cache_root() / "gguf" / hashlib.sha1(key.encode()).hexdigest()[:20]
-
-
 def config_and_tokenizer(folder: str, gguf_file: str) -> tuple[PretrainedConfig, object]:
-    """(config, tokenizer) of folder/gguf_file: from the cache where it holds them, else
-    converted by transformers and stored for next time."""
-    entry = entry_folder(os.path.join(folder, gguf_file))
-    if (entry / DONE).exists():
-        try:
-            return _from_folder(entry)
-        except Exception as exc:          # a damaged entry: convert again, replace it
-            logger.warning("cached config/tokenizer of %s unreadable (%s): converting again",
-                           gguf_file, exc)
-    logger.info("reading the config and tokenizer of %s (once per file)", gguf_file)
-    config = built_config(lambda: AutoConfig.from_pretrained(folder, gguf_file=gguf_file,
-                                                             trust_remote_code=False),
-                          os.path.join(folder, gguf_file))
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
+    """(config, tokenizer) of folder/gguf_file, from its metadata."""
+    path = os.path.join(folder, gguf_file)
+    metadata, tensor_names = read_metadata(path)
+    config = built_config(lambda: _config(metadata, tensor_names, folder, gguf_file), path)
     _llamacpp_defaults(config)
-    _store(entry, config, tokenizer)
+    try:
+        tokenizer = tokenizer_from_metadata(metadata)
+    except UnsupportedVocabulary as exc:
+        logger.warning("%s: %s; converting its tokenizer through transformers instead (slow "
+                       "for a large vocabulary)", gguf_file, exc)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file,
+                                                  trust_remote_code=False)
     return config, tokenizer
+
+
+def _config(metadata: dict, tensor_names: list[str], folder: str,
+            gguf_file: str) -> PretrainedConfig:
+    fields = config_dict(metadata, tensor_names)
+    if fields is None or fields.get("model_type") not in CONFIG_MAPPING:
+        logger.warning("%s: architecture %r is not read here; converting its config through "
+                       "transformers instead", gguf_file, metadata.get("general.architecture"))
+        return AutoConfig.from_pretrained(folder, gguf_file=gguf_file, trust_remote_code=False)
+    config = CONFIG_MAPPING[fields["model_type"]].from_dict(fields)
+    config._name_or_path = folder                 # as transformers names a GGUF's config
+    return config
 
 
 def _llamacpp_defaults(config: PretrainedConfig) -> None:
@@ -80,28 +80,3 @@ def _llamacpp_defaults(config: PretrainedConfig) -> None:
         big = config.num_hidden_layers == 62
         config.query_pre_attn_scalar = (config.hidden_size // config.num_attention_heads if big
                                         else config.head_dim)
-
-
-def _from_folder(entry: Path) -> tuple[PretrainedConfig, object]:
-    config = AutoConfig.from_pretrained(entry, trust_remote_code=False)
-    tokenizer = AutoTokenizer.from_pretrained(entry, trust_remote_code=False)
-    return config, tokenizer
-
-
-def _store(entry: Path, config: PretrainedConfig, tokenizer) -> None:
-    """Written to a temporary folder beside the entry, then renamed into place: a reader never
-    sees half an entry, and two processes converting the same file both end with a whole one."""
-    tmp = None
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
-        config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / DONE).touch()
-        shutil.rmtree(entry, ignore_errors=True)
-        os.replace(tmp, entry)
-    except OSError as exc:
-        logger.warning("could not cache the config and tokenizer under %s (%s): the next load "
-                       "converts them again", entry.parent, exc)
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)

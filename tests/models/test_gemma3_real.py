@@ -23,7 +23,6 @@ from helpers.engine_helpers import greedy, token_ids
 from localpaged import LLM
 from localpaged.models import Gemma3ForCausalLM
 from localpaged.quant.ggml import GgmlWeight, PartsWeight
-from localpaged.runner import gguf_meta
 from localpaged.runner.prompt_logprobs import perplexity
 
 pytestmark = pytest.mark.slow
@@ -37,13 +36,7 @@ NEAR_TIE = 0.5
 
 @pytest.fixture(scope="module")
 def llm(gemma3_gguf, cpu_ext):
-    """The model, its config and tokenizer converted through the user's cache folder rather
-    than this session's (conftest.py): transformers takes ~3 minutes on 2 cores over this
-    262k-token vocabulary, the cached pair loads in seconds. (The conversion itself is tested
-    on SmolLM2.)"""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(gguf_meta.CACHE_ENV, str(gguf_meta.default_cache_root()))
-        return LLM(gemma3_gguf, block_size=16, num_kv_blocks=RECORD["tokens"]["n"] // 16 + 8)
+    return LLM(gemma3_gguf, block_size=16, num_kv_blocks=RECORD["tokens"]["n"] // 16 + 8)
 
 
 def test_loads_natively_with_auto_quantization(llm, cpu_ext):

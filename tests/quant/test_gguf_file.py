@@ -1,12 +1,5 @@
-"""The GGUF tensor directory (quant/gguf_file.py) and the on-disk config/tokenizer cache
-(runner/gguf_meta.py), on the bundled SmolLM2 file and on damaged copies of a tiny one.
-
-The oracle for the directory is gguf-py's own GGUFReader; for the cache, transformers' fresh
-conversion of the same file.
-"""
-
-import os
-import shutil
+"""The GGUF tensor directory (quant/gguf_file.py), on the bundled SmolLM2 file and on damaged
+copies of a tiny one. The oracle is gguf-py's own GGUFReader."""
 
 import gguf
 import numpy as np
@@ -15,7 +8,6 @@ import pytest
 from helpers.ggml_models import write_tiny_gguf
 
 from localpaged.quant.gguf_file import GgufFile
-from localpaged.runner import gguf_meta
 
 
 @pytest.fixture(scope="module")
@@ -74,43 +66,6 @@ def test_not_a_gguf(tmp_path):
     path.write_bytes(b"PK\x03\x04" + bytes(100))
     with pytest.raises(ValueError, match="not a GGUF file"):
         GgufFile(str(path))
-
-
-def test_cached_config_and_tokenizer_equal_a_fresh_conversion(smollm2_gguf, tmp_path, monkeypatch):
-    monkeypatch.setenv(gguf_meta.CACHE_ENV, str(tmp_path / "cache"))
-    folder, name = os.path.split(smollm2_gguf)
-    fresh_config, fresh_tok = gguf_meta.config_and_tokenizer(folder, name)     # converts, stores
-    entry = gguf_meta.entry_folder(smollm2_gguf)
-    assert (entry / gguf_meta.DONE).exists()
-    config, tok = gguf_meta.config_and_tokenizer(folder, name)                 # from the cache
-    drop = ("_name_or_path", "transformers_version")
-    assert {k: v for k, v in config.to_dict().items() if k not in drop} == \
-        {k: v for k, v in fresh_config.to_dict().items() if k not in drop}
-    text = "Hello, world! Ünïcode and   spaces\n\tand <|im_start|> tokens."
-    assert tok(text).input_ids == fresh_tok(text).input_ids
-    chat = [{"role": "user", "content": "hi"}]
-    assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
-        fresh_tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-    assert (tok.eos_token_id, tok.bos_token_id) == (fresh_tok.eos_token_id, fresh_tok.bos_token_id)
-
-
-def test_damaged_or_unwritable_cache_costs_only_a_conversion(small_gguf, tiny_gguf_model, tmp_path,
-                                                             monkeypatch, caplog):
-    monkeypatch.setenv(gguf_meta.CACHE_ENV, str(tmp_path / "cache"))
-    folder, name = os.path.split(tiny_gguf_model)
-    gguf_meta.config_and_tokenizer(folder, name)
-    entry = gguf_meta.entry_folder(tiny_gguf_model)
-    (entry / "config.json").write_text("{not json")
-    config, _ = gguf_meta.config_and_tokenizer(folder, name)
-    assert "converting again" in caplog.text and config.model_type == "llama"
-    assert (entry / "config.json").read_text().startswith("{\n")               # replaced
-    blocked = tmp_path / "file"
-    blocked.write_text("")
-    monkeypatch.setenv(gguf_meta.CACHE_ENV, str(blocked / "cache"))            # under a file
-    config, tok = gguf_meta.config_and_tokenizer(folder, name)
-    assert config.model_type == "llama" and tok("ab").input_ids
-    assert "could not cache" in caplog.text
-    shutil.rmtree(tmp_path / "cache")
 
 
 def _with_dims(path, tmp_path, name: str, dims: tuple[int, int]) -> str:
