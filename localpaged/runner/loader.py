@@ -337,7 +337,7 @@ def _config(path: str, gguf_file: str | None, stamp: int) -> PretrainedConfig:
 def _tokenizer(path: str, gguf_file: str | None, stamp: int):
     """The model's tokenizer, built once per process (a model switch back, a second engine or a
     test loads the same one again; tokenizers are only read: encode, decode, chat template).
-    From a GGUF: converted by transformers once per file and kept on disk (runner/gguf_meta.py)."""
+    From a GGUF: built from the file's metadata (runner/gguf_meta.py)."""
     if gguf_file:
         return _gguf_meta(path, gguf_file, stamp)[1]
     return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
