@@ -13,7 +13,8 @@ For each type (--types, default Q4_K and Q6_K) and shape it reports
   folder of llama-cpp-python's package; found by itself where `llama_cpp` imports): ggml's own
   `mul_mat` of the same bytes through ctypes (plain ggml buffers, so no repacking; M = 1: one
   graph of the whole set, so its thread start-up is paid once per pass);
-- the machine's read bandwidth: torch's sum over 1 GiB of float32, same threads;
+- the machine's read bandwidth (bench/machine.py: STREAM-like, several GiB, best and median),
+  same threads, and each M = 1 rate as a share of the best;
 - a decode step's linears in total: 28 layers of the seven projections + lm_head at M = 1.
 Threads: torch's (--threads). Prints a table; --json writes the figures.
 
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine import read_bandwidth  # noqa: E402
+from machine import describe, read_bandwidth  # noqa: E402
 
 SHAPES = [("q", 1536, 1536), ("k", 256, 1536), ("v", 256, 1536), ("o", 1536, 1536),
           ("gate", 8960, 1536), ("up", 8960, 1536), ("down", 1536, 8960)]
@@ -247,10 +248,10 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
     return row
 
 
-def print_table(rows: list[dict], args, bandwidth: float) -> None:
+def print_table(rows: list[dict], args, bandwidth: dict) -> None:
     cols = [("type", "{:6s}", "type"), ("shape", "{:8s}", "shape"), ("MB", "{:7.1f}", "MB")]
     cols += [("m1_us", "{:9.0f}", "M=1 us"), ("m1_gbps", "{:7.2f}", "GB/s"),
-             ("m1_gbps_best", "{:7.2f}", "best")]
+             ("m1_gbps_best", "{:7.2f}", "best"), ("m1_share", "{:6.0%}", "of bw")]
     cols += [("torch_m1_us", "{:9.0f}", "torch us"), ("lcpp_m1_us", "{:9.0f}", "llama us")]
     for M in args.batches:
         cols += [(f"m{M}_ms", "{:8.2f}", f"M={M} ms"), (f"m{M}_gmacs", "{:6.1f}", "GMAC/s"),
@@ -262,8 +263,7 @@ def print_table(rows: list[dict], args, bandwidth: float) -> None:
     for r in rows:
         cells = [(f.format(r[k]) if k in r else "-").rjust(wd) for (k, f, _), wd in zip(cols, widths)]
         print("  ".join(cells))
-    print(f"read bandwidth (torch sum over 1 GiB, {torch.get_num_threads()} threads): "
-          f"{bandwidth:.2f} GB/s")
+    print("read bandwidth:", describe(bandwidth))
 
 
 def decode_step(rows: list[dict]) -> dict[str, float]:
@@ -312,6 +312,7 @@ def main() -> int:
     ggml = Ggml(lib, torch.get_num_threads()) if lib else None
     print(f"llama.cpp: {lib or 'not found (--llama-cpp-lib)'}")
     bandwidth = read_bandwidth(None)
+    print("read bandwidth:", describe(bandwidth), flush=True)
     gen = torch.Generator().manual_seed(0)
     rows = []
     only = set(args.shapes.split(",")) if args.shapes else None
@@ -321,6 +322,7 @@ def main() -> int:
                 if only and name not in only:
                     continue
                 rows.append(bench_shape(module, ggml, type_name, name, N, K, args, gen))
+                rows[-1]["m1_share"] = rows[-1]["m1_gbps"] / bandwidth["best_GBps"]
                 print(f"  {type_name} {name}: {rows[-1]['m1_gbps']:.2f} GB/s at M=1 (best pass "
                       f"{rows[-1]['m1_gbps_best']:.2f})", flush=True)
         if not args.no_lm_head and (not only or "lm_head" in only):
@@ -336,7 +338,7 @@ def main() -> int:
         print(f"decode step, {k}: {v:.1f} ms")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "read_gbps": bandwidth, "decode_step_ms": step,
+            json.dump({"rows": rows, "read_bandwidth": bandwidth, "decode_step_ms": step,
                        "threads": torch.get_num_threads(), "path": module.ggml_kernel_path(),
                        "args": vars(args)}, f, indent=1)
     return 0

@@ -6,9 +6,10 @@
 Per dtype: the KV bytes a token of context costs over every layer (K and V, int8's scales
 included: runner/kv_cache.bytes_per_block), the tokens a 1 GiB KV budget holds, prefill tok/s,
 and decode tok/s of the new tokens after the prompt (the C++ batch-1 loop where it is used);
-and the machine's read bandwidth (decode at this context reads the whole KV cache once per
-token, so a smaller cache reads less). Then the decode attention alone: the `cpu` backend's
-kernel (kernels/cpu_decode.cpp) over every layer of the model at that context, the best of
+and the machine's read bandwidth (bench/machine.py), with decode as a share of it (a step reads
+the weights and the whole KV cache at this context, so a smaller cache reads less). Then the
+decode attention alone: the `cpu` backend's kernel (kernels/cpu_decode.cpp) over every layer of
+the model at that context, the best of
 REPEATS calls (robust on a loaded machine, where one step's time is mostly waiting for a core).
 Then the K/V write alone through the torch path (the Python layer loop's; int8 quantizes
 there). `--no-engine` runs only those two. Writes bench/results/kv-dtype-<time>.json, prints the tables.
@@ -26,7 +27,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import read_bandwidth  # noqa: E402
+from machine import decode_share, describe, read_bandwidth, weight_bytes_per_token  # noqa: E402
 from workload import CONTEXT, TOPICS  # noqa: E402
 
 THREADS = 2
@@ -44,8 +45,9 @@ def long_prompt(tokenizer, context: int) -> list[int]:
     return list(ids[:context])
 
 
-def run(path: str, kv_cache_dtype: str, context: int, new_tokens: int) -> dict:
-    """Prefill `context` tokens, then decode new_tokens greedily; time both."""
+def run(path: str, kv_cache_dtype: str, context: int, new_tokens: int, bw: dict) -> dict:
+    """Prefill `context` tokens, then decode new_tokens greedily; time both; decode as a share of
+    the read bandwidth `bw` (bytes a step reads: the weights, and the KV of the context)."""
     from localpaged import LLM, SamplingParams
     torch.set_num_threads(THREADS)
     llm = LLM(path, device="cpu", kv_cache_dtype=kv_cache_dtype,
@@ -66,12 +68,15 @@ def run(path: str, kv_cache_dtype: str, context: int, new_tokens: int) -> dict:
     end = time.perf_counter()
     plan, block_size = engine.kv_plan, engine.config.block_size
     per_token = plan.bytes_per_block[0] // block_size
+    decode = round((count - 1) / (end - first), 2)
+    read = weight_bytes_per_token(llm) + per_token * (len(prompt) + count // 2)
     return {"kv_cache_dtype": str(engine.kv_cache_dtype).removeprefix("torch."),
             "context": len(prompt) + count, "new_tokens": count,
             "kv_bytes_per_token": per_token,
             "tokens_per_gib": 2**30 // per_token,
             "prefill_tok_s": round(len(prompt) / (first - start), 1),
-            "decode_tok_s": round((count - 1) / (end - first), 2),
+            "decode_tok_s": decode, "read_bytes_per_token": read,
+            "decode_share_of_bandwidth": decode_share(decode, read, bw),
             "batch1_loop": engine.runner.batch1 is not None,
             "weights": engine.stats().weights_format}
 
@@ -141,11 +146,12 @@ def model_shape(path: str) -> dict:
 
 
 def table(result: dict) -> str:
-    rows = ["| KV dtype | KV bytes / token | tokens per GiB | prefill tok/s | decode tok/s |",
-            "|---|---:|---:|---:|---:|"]
+    rows = ["| KV dtype | KV bytes / token | tokens per GiB | prefill tok/s | decode tok/s "
+            "| decode: share of read bandwidth |", "|---|---:|---:|---:|---:|---:|"]
     for r in result["runs"]:
         rows.append(f"| {r['kv_cache_dtype']} | {r['kv_bytes_per_token']:,} | {r['tokens_per_gib']:,} "
-                    f"| {r['prefill_tok_s']} | {r['decode_tok_s']} |")
+                    f"| {r['prefill_tok_s']} | {r['decode_tok_s']} "
+                    f"| {r['decode_share_of_bandwidth']:.1%} |")
     rows += ["", "| KV dtype | threads | attention ms / step (all layers) | KV MB read / step |",
              "|---|---:|---:|---:|"]
     for r in result["attention"]:
@@ -171,7 +177,8 @@ def main(argv=None) -> dict:
     path = args.model or bundled_gguf_path()
     names = args.dtypes.split(",")
     before = read_bandwidth(THREADS)
-    runs = [] if args.no_engine else [run(path, name, args.context, args.new_tokens) for name in names]
+    runs = [] if args.no_engine else [run(path, name, args.context, args.new_tokens, before)
+                                      for name in names]
     from localpaged.kernels import cpu_extension
     cpu_extension.BUILD.wait(900)
     shape = model_shape(path)
@@ -180,15 +187,16 @@ def main(argv=None) -> dict:
     writes = [write_alone(shape, name) for name in names]
     result = {"model": os.path.basename(path), "threads": THREADS, "shape": shape,
               "context": args.context, "attention": attention, "writes": writes,
-              "read_bandwidth_gb_s": {"before": round(before, 1),
-                                      "after": round(read_bandwidth(THREADS), 1)},
+              "read_bandwidth": {"before": before, "after": read_bandwidth(THREADS)},
               "load_average": os.getloadavg(), "runs": runs}
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     out = os.path.join(HERE, "results", f"kv-dtype-{time.strftime('%Y%m%d-%H%M%S')}.json")
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     print(table(result))
-    print(f"read bandwidth {result['read_bandwidth_gb_s']} GB/s, load {result['load_average']}; {out}")
+    bw = result["read_bandwidth"]
+    print(f"read bandwidth before: {describe(bw['before'])}; after: {describe(bw['after'])}; "
+          f"load {result['load_average']}; {out}")
     return result
 
 

@@ -10,7 +10,8 @@ written as F16 by gguf's GGUFWriter tensor by tensor (~3.5 GB, deleted afterward
 Ollama / LM Studio hand out are.
 
 Then, in one run, each engine in its own subprocess (so peak RSS is per engine), 2 threads each:
-  * the machine's read bandwidth (torch float32 sum over 1 GiB, 2 threads, best of 3);
+  * the machine's read bandwidth (bench/machine.py: STREAM-like, 4 GiB of arrays read by 2
+    threads, 10 passes, best and median), before and after the engines;
   * load time until ready (ours: `LLM(path)` and the C++ decode loop; llama.cpp: `Llama(path)`),
     each load run --loads times, the last reported, with how much of the file was in the page
     cache before each (fincore);
@@ -296,17 +297,11 @@ def _load_entry(path: str, cached: int | None, seconds: float, **extra) -> dict:
 
 
 def child_bandwidth(spec: dict) -> dict:
-    import torch
-    torch.set_num_threads(spec["threads"])
-    x = torch.ones(1 << 28, dtype=torch.float32)        # 1 GiB
-    x.sum()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return {"read_GBps": round(x.numel() * 4 / best / 1e9, 2), "bytes": x.numel() * 4,
-            "threads": spec["threads"], "best_of": 3}
+    """bench/machine.py's read bandwidth; "read_GBps" is its best pass (what decode is put
+    against)."""
+    import machine
+    bw = machine.read_bandwidth(spec["threads"])
+    return dict(bw, read_GBps=bw["best_GBps"])
 
 
 PARTIAL: dict = {}        # the child's output file: each measurement is saved as it completes
@@ -710,9 +705,11 @@ def table(result: dict) -> str:
               f"{files['tensor_bytes'] / 1e6:.0f} MB: {types}")]
     bw = result.get("bandwidth", {})
     if bw:
-        notes.append(f"- read bandwidth: {bw.get('read_GBps')} GB/s (torch float32 sum over 1 GiB, "
-                     f"{bw.get('threads')} threads, best of 3; before / after the engines: "
-                     f"{bw.get('runs_GBps')})")
+        notes.append(f"- read bandwidth: {bw.get('best_GBps')} GB/s best, {bw.get('median_GBps')} "
+                     f"median ({bw.get('kernel')}; {bw.get('bytes', 0) / 2**30:.0f} GiB in "
+                     f"{bw.get('arrays')} arrays, {bw.get('threads')} threads, {bw.get('repeats')} "
+                     f"passes; best before / after the engines: {bw.get('runs_GBps')}); decode's "
+                     "share is of the best")
     for key, name in (("ours", "localpaged"), ("llama", "llama.cpp")):
         r = result.get(key)
         if not r:

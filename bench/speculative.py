@@ -15,7 +15,9 @@ Workloads (chat-templated by the file's tokenizer):
       can only look in the prompt;
   (d) a free-form story (little to copy: speculation must not cost much).
 Figures: decode tokens/s (first token to last), tokens, drafted / accepted, and the machine's
-read bandwidth. Writes bench/results/speculative-<time>.json and prints a table.
+read bandwidth (bench/machine.py), with our decode without speculation as a share of it (the
+weight bytes a step reads; speculation verifies several tokens per read, so it may pass 100%).
+Writes bench/results/speculative-<time>.json and prints a table.
 --draft-model M adds speculation="draft" (n-grams first, the draft model M where they find
 nothing); --quantization sets the target's weights in our runs (e.g. none: the bundled file's
 weights in float32, a target ~5x the Q4_1 draft's bytes).
@@ -32,7 +34,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from machine import read_bandwidth, write_results  # noqa: E402
+from machine import (  # noqa: E402
+    decode_share,
+    describe,
+    read_bandwidth,
+    weight_bytes_per_token,
+    write_results,
+)
 
 THREADS = 2
 
@@ -75,7 +83,7 @@ def ours(path: str, prompts: dict, max_tokens: int, speculation: str, quantizati
     if getattr(runner, "batch1", None) is not None and hasattr(runner.batch1, "wait"):
         runner.batch1.wait()
     first_reply: list[int] = []
-    out = {}
+    out = {"weight_bytes_per_token": weight_bytes_per_token(llm)}
     for name, ids in prompts.items():
         llm.reset_prefix_cache()
         sources = [first_reply] if name == "regenerate" and first_reply else []
@@ -130,8 +138,10 @@ def table(result: dict) -> str:
                if k in result]
     draft = "ours draft" in result
     rows = ["| workload | " + " | ".join(engines) + " | ngram / off | ngram / lookup |"
-            + (" draft / off | draft drafts |" if draft else ""),
-            "|---|" + "---:|" * (len(engines) + 2 + 2 * draft)]
+            + (" draft / off | draft drafts |" if draft else "")
+            + " off: share of read bandwidth |",
+            "|---|" + "---:|" * (len(engines) + 3 + 2 * draft)]
+    weights = result["ours off"]["weight_bytes_per_token"]
     for name in WORKLOADS:
         vals = [result[e][name]["tok_s"] for e in engines]
         off, on = result["ours off"][name]["tok_s"], result["ours ngram"][name]["tok_s"]
@@ -140,7 +150,8 @@ def table(result: dict) -> str:
         rows.append(f"| {name} ({acc['accepted']}/{acc['drafted']} drafts) | "
                     + " | ".join(str(v) for v in vals)
                     + f" | {on / off:.2f}x | " + (f"{on / lookup:.2f}x" if lookup else "-") + " |"
-                    + (_draft_cells(result["ours draft"][name], off) if draft else ""))
+                    + (_draft_cells(result["ours draft"][name], off) if draft else "")
+                    + f" {decode_share(off, weights, result['read_bandwidth']) or 0:.1%} |")
     return "\n".join(rows)
 
 
@@ -168,8 +179,8 @@ def main(argv=None) -> dict:
     prompts = token_prompts(path)
     result = {"model": path, "max_tokens": max_tokens, "threads": THREADS,
               "prompt_tokens": {k: len(v) for k, v in prompts.items()},
-              "read_GBps": read_bandwidth(THREADS)}
-    print(f"model {path}, read bandwidth {result['read_GBps']} GB/s", flush=True)
+              "read_bandwidth": read_bandwidth(THREADS)}
+    print(f"model {path}, read bandwidth {describe(result['read_bandwidth'])}", flush=True)
     result["quantization"], result["draft_model"] = args.quantization, args.draft_model
     result["ours off"] = ours(path, prompts, max_tokens, "off", args.quantization)
     result["ours ngram"] = ours(path, prompts, max_tokens, "ngram", args.quantization)

@@ -6,6 +6,7 @@
 #include "cpu_int4.h"
 #include "cpu_mask.h"
 #include "cpu_norm.h"
+#include "cpu_read.h"
 
 #include <torch/extension.h>   // pybind11 and torch's type casters: only this file pays for them
 
@@ -34,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("mask_logits_", &mask_logits_,
         "refused tokens' logits to -inf under packed grammar masks (kernels/cpu_mask.cpp)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("read_sum", &read_sum, "a tensor's bytes summed as int64: a memory read (kernels/cpu_read.cpp)",
         py::call_guard<py::gil_scoped_release>());
   m.def("decode_layers", &decode_layers,
         "decoder layers of a batch-1 CPU decode step (kernels/batch1_cpu.cpp)",

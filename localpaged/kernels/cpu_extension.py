@@ -7,7 +7,8 @@ kernels/cpu_ggml.cpp with cpu_ggml_common.h and its fragments cpu_ggml_*.inc (ma
 quantized blocks kept as the file's bytes: Q4_0 .. Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS;
 `ggml_matmul(x, w, type_id)`),
 kernels/cpu_norm.cpp (RMSNorm, models/llama.py), kernels/batch1_cpu.cpp (the decoder layers of a
-batch-1 decode step) and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
+batch-1 decode step), kernels/cpu_read.cpp (a memory read, bench/machine.py's bandwidth measure)
+and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
 per machine and source version (the .cpp files and a digest of the .h and .inc files), then it
 is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
 scripts/setup.sh builds it ahead of the app; docs/benchmarks.md ('Start-up') has the build
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = [os.path.join(_HERE, f) for f in ("cpu_decode.cpp", "cpu_int4.cpp", "cpu_ggml.cpp",
                                              "cpu_norm.cpp", "cpu_mask.cpp", "batch1_cpu.cpp",
-                                             "cpu_extension.cpp")]
+                                             "cpu_read.cpp", "cpu_extension.cpp")]
 STALE_LOCK_S = 30 * 60   # a build lock older than this was left by a build that died
 CACHED_LOAD_S = 5.0          # a cached build loads within this; past it, a compile is under way
 CHECK_TOLERANCE = 1e-5       # decode attention against the torch reference (int4: x100)
