@@ -110,6 +110,21 @@ class _Cursor:
         self.pos += n
         return text
 
+    def _skip_strings(self, count: int) -> None:
+        """Past `count` strings in a row (a vocabulary, its merges): one tight loop, the bulk of
+        a large vocabulary's header."""
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        length = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > end:
+                break
+            pos += 8 + length(buf, pos)[0]
+        else:
+            if pos <= end:
+                self.pos = pos
+                return
+        raise ValueError(f"{self.path}: truncated GGUF header (a string runs past the end)")
+
     def skip_value(self, vtype: int) -> None:
         if vtype == _STRING:
             n = self.take("<Q")     # (not `pos += take()`: that reads pos before take moves it)
@@ -119,6 +134,8 @@ class _Cursor:
             if etype in _SCALARS:
                 size = struct.calcsize("<" + _SCALARS[etype]) * count
                 self.pos += size
+            elif etype == _STRING:
+                self._skip_strings(count)
             else:
                 for _ in range(count):
                     self.skip_value(etype)
