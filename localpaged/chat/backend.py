@@ -10,6 +10,9 @@ fitting a chat into the context limit), `submit_ids` (Continue from stored token
 `decode`; the UI treats their absence as "unknown" (no gauge, no Continue).
 Tools: `chat(..., tools=[ToolSpec], tool_choice=...)` offers them to the model and
 `parse_reply(text)` splits a finished reply into its text and its calls (chat/tool_calls.py).
+Reasoning: a local backend gives every request its model's reasoning markers, so the params'
+`reasoning_budget` holds, and `reasoning_format()` splits a reply's reasoning from its answer
+(chat/reasoning.py); `reasoning_of(backend)` is None for a backend without one (remote).
 A local backend renders the tools through the model's template family and holds the calls to
 their schemas with a grammar; a remote one lets the server do both (remote.py).
 """
@@ -21,6 +24,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from localpaged.chat.context_window import ContextWindow
+from localpaged.chat.reasoning import ReasoningFormat, reasoning_format
 from localpaged.chat.tool_calls import (
     ParsedReply,
     ToolFormat,
@@ -77,7 +81,8 @@ class LocalChatBackend:
     def submit_ids(self, token_ids: list[int], params: SamplingParams,
                    request_id: str | None = None) -> Iterator[RequestOutput]:
         """Stream one reply to a prompt given as token ids (Continue)."""
-        return iter(self.engine.submit(list(token_ids), params, request_id))
+        return iter(self.engine.submit(list(token_ids), self._with_markers([params])[0],
+                                       request_id))
 
     def decode(self, token_ids: list[int]) -> str:
         return self.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
@@ -102,6 +107,17 @@ class LocalChatBackend:
     def parse_reply(self, text: str) -> ParsedReply:
         return self.tool_format().parse(text)
 
+    def reasoning_format(self) -> ReasoningFormat | None:
+        """How this model marks its reasoning (read from its template at each call, as
+        tool_format)."""
+        return reasoning_format(self.engine.tokenizer)
+
+    def _with_markers(self, params: list[SamplingParams]) -> list[SamplingParams]:
+        fmt = self.reasoning_format()
+        if fmt is None:
+            return params
+        return [replace(p, reasoning_markers=fmt.markers) for p in params]
+
     def chat(self, messages: list[dict], params: list[SamplingParams],
              request_id: str | None = None,
              priority: str | None = None, *, tools: list[ToolSpec] | None = None,
@@ -117,6 +133,7 @@ class LocalChatBackend:
                 raise ValueError("a reply with tools cannot also follow another output "
                                  "constraint (SamplingParams.guided)")
             params = [replace(p, guided=guided) for p in params]
+        params = self._with_markers(params)
         if len(params) == 1:
             return iter(self.engine.submit(ids, params[0], request_id, priority=priority))
         return iter(self.engine.submit(ids, None, request_id, column_params=params,
@@ -159,6 +176,12 @@ class LocalChatBackend:
     def cached_blocks(self, token_ids: list[int]) -> list[int]:
         """Cached KV block ids holding a prefix of these prompt token ids."""
         return self.engine.cached_prefix_blocks(token_ids)
+
+
+def reasoning_of(backend: ChatBackend | None) -> ReasoningFormat | None:
+    """The backend's model's reasoning format; None where it has none or cannot say."""
+    get = getattr(backend, "reasoning_format", None)
+    return get() if get is not None else None
 
 
 def is_local(backend: ChatBackend | None) -> bool:

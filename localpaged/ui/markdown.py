@@ -21,8 +21,9 @@ Math (`math_rule.py` finds it): `$...$` and `\(...\)` inline, `$$...$$` and `\[.
 written out as escaped text between `\(` `\)` (or `\[` `\]`) in a `<span class="lp-math">`;
 the browser's KaTeX (the Chatbot's `latex_delimiters`, `MATH_DELIMITERS`) typesets them with
 `trust` off, so \href, \url, \includegraphics, \htmlClass and the like show as error text.
-A reasoning block (a reply that starts with `<think>`) becomes `<details class="lp-think">`
-with a `<summary>`, collapsed once its `</think>` arrived.
+A reasoning block (`think_block`: a reply's reasoning kept apart, or a text that starts with
+`<think>`) becomes `<details class="lp-think">` with an escaped `<summary>`, open while it is
+being written.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from localpaged.chat.reasoning import THINK_CLOSE, THINK_OPEN
+
 from .math_rule import math_rule
 
 # Elements `render` may emit (`span` only from Pygments and math, `details` and `summary` only
@@ -49,7 +52,6 @@ ELEMENTS = frozenset({"p", "em", "strong", "s", "code", "pre", "blockquote", "ul
 # What the Chatbot's KaTeX looks for (its `latex_delimiters`): only what `_math` writes.
 MATH_DELIMITERS = [{"left": "\\(", "right": "\\)", "display": False},
                    {"left": "\\[", "right": "\\]", "display": True}]
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 VOID = frozenset({"hr", "br"})
 LINK_ATTRS = ' target="_blank" rel="noopener noreferrer"'
 HIGHLIGHT_PREFIX = "hl-"
@@ -83,9 +85,16 @@ def render(text: str) -> str:
     if not head.startswith(THINK_OPEN):
         return _markdown(text)
     reasoning, closed, answer = head[len(THINK_OPEN):].partition(THINK_CLOSE)
-    summary, opened = ("Reasoning", "") if closed else ("Thinking…", ' open=""')
-    return (f'<details class="lp-think"{opened}><summary>{summary}</summary>'
-            f"{_markdown(reasoning)}</details>\n{_markdown(answer)}")
+    return (think_block(reasoning, "Reasoning" if closed else "Thinking…", not closed)
+            + "\n" + _markdown(answer))
+
+
+def think_block(reasoning: str, summary: str, opened: bool) -> str:
+    """A reasoning block: `reasoning` (Markdown, rendered) folded under `summary` (plain text,
+    escaped); unfolded while `opened` (the reasoning still being written)."""
+    attr = ' open=""' if opened else ""
+    return (f'<details class="lp-think"{attr}><summary>{html.escape(summary)}</summary>'
+            f"{_markdown(reasoning)}</details>")
 
 
 def _markdown(text: str) -> str:

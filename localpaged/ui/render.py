@@ -10,7 +10,9 @@ fence has its `</pre>` before anything after it) then `<div class="lp-foot"><sub
 built from numbers, fixed strings and escaped text; never part of the message's Markdown, so
 never inside its code), and the context marker's `<sub>`. The branch marker `‹ 2/3 ›` is a
 `<span class="lp-sib lp-at-{index}">`: a click on its ‹ or › switches siblings (SIBLING_JS in
-chat/events.py reads the index from the class).
+chat/events.py reads the index from the class). A reply's reasoning (kept apart from its text:
+turns.py) comes first, folded (`markdown.think_block`: "Thought for N tokens"), open while it
+streams.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ def chat_messages(view: View) -> list[dict[str, str]]:
         if msg.role == "tool":
             inner = tool_card(msg)
         else:
-            inner = markdown.render(_source(msg, live)) + calls_note(msg)
+            inner = reasoning_html(msg, live) + markdown.render(_source(msg, live)) \
+                + calls_note(msg)
         body = f'<div class="lp-body">{inner}</div>'
         note = footer(msg, pos, live, index=i)
         if note:
@@ -134,11 +137,31 @@ def chat_messages(view: View) -> list[dict[str, str]]:
     return out
 
 
+def reasoning_html(msg: Message, live: LiveReply | None) -> str:
+    """A reply's reasoning as a folded block ("" without one); the cursor is in it while the
+    reasoning streams."""
+    reasoning = live.reasoning if live else str(msg.extra.get("reasoning") or "")
+    if not reasoning:
+        return ""
+    stats = live.stats if live else msg.stats
+    tokens = int(stats.get("reasoning_tokens") or 0)
+    thinking = live is not None and live.status == "streaming" and not live.text
+    count = f"{tokens:,} token{'s' if tokens != 1 else ''}"
+    if thinking:
+        summary = f"Thinking… ({count})" if tokens else "Thinking…"
+    else:
+        summary = f"Thought for {count}" if tokens else "Thought"
+    return markdown.think_block(reasoning + (CURSOR if thinking else ""), summary, thinking)
+
+
 def _source(msg: Message, live: LiveReply | None) -> str:
-    """The Markdown a message shows: its text (with a cursor while it streams), the prefill's
-    progress before the first token, or a note for an empty reply."""
+    """The Markdown a message shows: its text (with a cursor while it streams, unless its
+    reasoning streams), the prefill's progress before the first token, or a note for an empty
+    reply."""
     text = live.text if live else msg.content
     if live and live.status == "streaming":
+        if not text and live.reasoning:
+            return ""
         return prefill_note(*live.progress) if not text and live.progress else text + CURSOR
     called = bool(msg.extra.get("tool_calls"))
     return text or ("*(empty reply)*" if msg.role == "assistant" and not called else "")

@@ -13,6 +13,9 @@ it has.
 Continue runs as a Turn too: its LiveReply starts from the stored reply (`prefix_ids`, text) and
 the engine's new tokens join it; the whole text is decoded in one piece (`decode`).
 While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, total) tokens.
+A reasoning model's reply (a turn given its `reasoning` format) is split as it streams: the
+answer is the reply's text (`content` in the store), the reasoning `LiveReply.reasoning` (the
+row's `extra.reasoning`), its token count `stats.reasoning_tokens`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localpaged.chat.backend import ChatBackend
+from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.engine.outputs import RequestOutput
 
 from .store import Store
@@ -56,6 +60,11 @@ class LiveReply:
     token_ids: list[int] | None = None      # the whole reply's tokens (None: unknown, remote)
     prefix_ids: list[int] = field(default_factory=list)   # a continued reply's earlier tokens
     progress: tuple[int, int] | None = None  # last prefill progress: (computed, total) tokens
+    reasoning: str = ""                     # the reply's reasoning, apart from its text
+
+    def extra(self) -> dict[str, Any] | None:
+        """What the reply's row keeps in `extra` besides its text."""
+        return {"reasoning": self.reasoning} if self.reasoning else None
 
 
 class Turn:
@@ -65,7 +74,7 @@ class Turn:
     def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
                  stream: Iterator[RequestOutput], abort, store: Store,
                  on_done: Callable[["Turn"], None] | None = None, beam: bool = False,
-                 decode=None) -> None:
+                 decode=None, reasoning: ReasoningFormat | None = None) -> None:
         self.on_done, self.beam = on_done, beam
         self.conversation_id = conversation_id
         self.request_id = request_id
@@ -76,6 +85,7 @@ class Turn:
         self.started = time.monotonic()
         self._stream, self._abort, self._store = stream, abort, store
         self._decode = decode               # token ids -> text; needed to continue a reply
+        self._reasoning = reasoning         # splits the replies' reasoning from their answers
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._first_token: dict[int, float] = {}
@@ -169,17 +179,29 @@ class Turn:
                 if comp.text and i not in self._first_token:
                     self._first_token[i] = now
                 new_ids = list(comp.token_ids or [])
+                text = None                        # the whole reply's text, when it changed
                 if reply.prefix_ids:               # Continue: the new tokens join the reply
                     reply.token_ids = reply.prefix_ids + new_ids
                     if new_ids:
-                        reply.text = self._decode(reply.token_ids)
+                        text = self._decode(reply.token_ids)
                 else:
                     reply.token_ids = new_ids or None
-                    reply.text = comp.text
+                    text = comp.text
+                if text is not None:
+                    reply.text = text
+                    if self._reasoning is not None:
+                        self._split(reply, out.prompt_token_ids or [])
                 reply.stats = self._stats(out, i, now)
                 reply.stats["generated_tokens"] += len(reply.prefix_ids)
             self.version += 1
             self._cond.notify_all()
+
+    def _split(self, reply: LiveReply, prompt_ids: list[int]) -> None:
+        """reply.text (the whole reply) into its answer and its reasoning; a continued reply's
+        prompt ends with its earlier tokens, so the reasoning opened before them."""
+        cut = len(prompt_ids) - len(reply.prefix_ids)
+        split = self._reasoning.split(reply.text, prompt_ids[:cut])
+        reply.text, reply.reasoning = split.content, split.reasoning
 
     def _stats(self, out: RequestOutput, i: int, now: float) -> dict[str, Any]:
         comp, m = out.outputs[i], out.metrics
@@ -197,6 +219,8 @@ class Turn:
                  "prefix_tokens_from_disk": m.num_disk_tokens if m else None,
                  "finish_reason": comp.finish_reason,
                  "finish_detail": getattr(comp, "finish_detail", None)}
+        if getattr(comp, "reasoning_tokens", 0):
+            stats["reasoning_tokens"] = comp.reasoning_tokens
         if getattr(comp, "draft_tokens", 0):
             stats["draft_tokens"] = comp.draft_tokens
             stats["accepted_draft_tokens"] = comp.accepted_draft_tokens
@@ -208,7 +232,7 @@ class Turn:
         for reply in self.replies:
             try:
                 self._store.update_message(reply.message_id, content=reply.text,
-                                           token_ids=reply.token_ids)
+                                           token_ids=reply.token_ids, extra=reply.extra())
             except Exception:  # noqa: BLE001 - the final write retries; keep streaming
                 log.exception("could not save the partial reply %d", reply.message_id)
 
@@ -250,9 +274,10 @@ class Turn:
             if drop:
                 self._store.delete_message(reply.message_id)
             else:
+                kept = {**(reply.extra() or {}), **(extra or {})} or None
                 self._store.update_message(reply.message_id, content=reply.text,
                                            status=reply.status, stats=reply.stats,
-                                           token_ids=reply.token_ids, extra=extra)
+                                           token_ids=reply.token_ids, extra=kept)
         try:
             until_saved(self._store, write, f"reply {reply.message_id}")
         except Exception as exc:  # noqa: BLE001 - a closed store or a bug: say so, keep going

@@ -163,8 +163,9 @@ def test_fields_edited_at_once_are_all_kept(ctl):
     for t in threads:
         t.join()
     system_prompt, sampling = ctl.settings(cid)
-    penalties = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
-    assert {**sampling, "system_prompt": system_prompt} == {**edits, **penalties}  # untouched
+    untouched = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                 "reasoning_budget": None}
+    assert {**sampling, "system_prompt": system_prompt} == {**edits, **untouched}
     with pytest.raises(ValueError, match="top_p"):
         ctl.update_setting(cid, "top_p", 0)
     assert ctl.settings(cid) == (system_prompt, sampling)

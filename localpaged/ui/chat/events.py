@@ -372,7 +372,7 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     wire_delete_branch(ui, page, DeleteBranchEvents(events.ctl))
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)
-    wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.penalties)
+    wire_settings(ui.system, ui.sampling, events.ctl, slots, i, ui.extras)
     wire_presets(ui, events.ctl, slots, i)
     wire_tool_settings(ui.tool_ui, events.ctl, slots, i)
     wire_approval(ui.approval_ui, events.ctl, slots, i)

@@ -12,7 +12,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable
 
-from localpaged.chat.backend import ChatBackend
+from localpaged.chat.backend import ChatBackend, reasoning_of
 from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_SOURCES,
                                              SamplingParams)
 
@@ -155,7 +155,7 @@ class ChatTurns:
                             params, policy)
         after = self.prepared.after if len(params) == 1 and not beam else None
         return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
-                    beam=bool(beam))
+                    beam=bool(beam), reasoning=reasoning_of(backend))
 
 
 def with_draft_sources(params: list[SamplingParams], sources: list[list[int]]) -> list[SamplingParams]:

@@ -31,8 +31,8 @@ from ..edit_preview.view import build_edit_cost
 from ..delete_branch.view import build_delete_button, build_delete_confirm
 from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
-from ..settings.logic import PENALTY_KEYS, SAMPLING_KEYS
-from ..settings.view import build_presets, penalty_fields, sampling_fields
+from ..settings.logic import EXTRA_KEYS, SAMPLING_KEYS
+from ..settings.view import build_presets, extra_fields, sampling_fields
 from ..tools.view import (approval_values, build_approval, build_tool_settings,
                           tool_settings_values)
 from ..values import KEEP, flatten, outputs
@@ -54,7 +54,7 @@ class TabValues:
     prepare: Any = KEEP               # its prepared-alternatives options (prepared/view.py)
     gauge: Any = KEEP                 # the context gauge (HTML)
     policy: Any = KEEP                # the conversation's context policy
-    penalties: Any = KEEP             # its penalty settings, in PENALTY_KEYS order
+    extras: Any = KEEP                # its penalties and thinking budget, in EXTRA_KEYS order
     preset: Any = KEEP                # the presets dropdown (choices; no value: a chooser)
     preset_name: Any = KEEP           # the name a preset is saved under
     ask: Any = KEEP                   # the "Stop and ask me" dialog (visibility)
@@ -95,7 +95,7 @@ class ChatTabUI:
     cont: Any = None
     copy: Any = None                  # Copy: the selected message's text (Markdown) to the clipboard
     sel_text: Any = None              # a hidden textbox the Copy button fills, then copies
-    penalties: list = field(default_factory=list)      # settings.view.penalty_fields
+    extras: list = field(default_factory=list)         # settings.view.extra_fields
     presets: Any = None               # settings.view.PresetsUI (its preset, name: below)
     preset: Any = None
     preset_name: Any = None
@@ -145,7 +145,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
-        values.penalties = [sampling[k] for k in PENALTY_KEYS]
+        values.extras = [sampling[k] for k in EXTRA_KEYS]
         values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy
@@ -212,7 +212,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
             policy = build_policy(i)
             sampling = sampling_fields(f"s{i}-")
-            penalties = penalty_fields(f"s{i}-")
+            extras = extra_fields(f"s{i}-")
             prepare = build_prepare_fields(i)
             tool_ui = build_tool_settings(i)
             export = build_export(i)
@@ -222,7 +222,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
     return ChatTabUI(i, tab, chatbot, sel_md, sel, prev, nxt, regen, edit, fork, close,
                      edit_row, edit_box, edit_save, edit_cancel, msg, send, stop, system,
                      sampling, export, prepare, edit_cost, gauge, policy, cont, copy, sel_text,
-                     penalties, presets, presets.preset, presets.name, ask.column, ask.text, ask,
+                     extras, presets, presets.preset, presets.name, ask.column, ask.text, ask,
                      sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
                      [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui,
                      attach, attach_button)

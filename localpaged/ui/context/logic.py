@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localpaged.chat.backend import ChatBackend
+from localpaged.chat.backend import ChatBackend, reasoning_of
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
     ContextOverflowError,
@@ -264,7 +264,8 @@ class ContextFeatures:
                 backend.abort(request_id)
                 raise
             reply = LiveReply(m.id, m.content, stats=dict(m.stats), token_ids=m.token_ids,
-                              prefix_ids=list(m.token_ids))
+                              prefix_ids=list(m.token_ids),
+                              reasoning=str(m.extra.get("reasoning") or ""))
             return Turn(cid, request_id, [reply], stream, backend.abort, self.store,
-                        decode=backend.decode)
+                        decode=backend.decode, reasoning=reasoning_of(backend))
         return self.turns.launch(cid, self.backend(), start)

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localpaged.chat.backend import ChatBackend, is_local
+from localpaged.chat.backend import ChatBackend, is_local, reasoning_of
 
 from ..context.logic import ContextError, fit_prompt, prompt_messages
 from ..settings.logic import ConversationSettings, sampling_record
@@ -149,7 +149,7 @@ class PreparedReplies:
             backend.abort(request_id)
             raise
         turn = Turn(cid, request_id, replies, stream, backend.abort, self.store,
-                    on_done=self._finished)
+                    on_done=self._finished, reasoning=reasoning_of(backend))
         with self._lock:
             self._background[cid] = turn
         return turn.start()

@@ -13,7 +13,7 @@ from ..chat.view import TabValues
 from ..controller import ChatController
 from ..event_settings import QUICK
 from ..toasts import USER_ERRORS, info, warn, why
-from .logic import PENALTY_KEYS, SAMPLING_KEYS
+from .logic import EXTRA_KEYS, SAMPLING_KEYS
 
 
 def save_setting(ctl: ChatController, slots: list, i: int, key: str, value) -> None:
@@ -28,11 +28,11 @@ def save_setting(ctl: ChatController, slots: list, i: int, key: str, value) -> N
 
 
 def wire_settings(system: gr.Textbox, sampling: list, ctl: ChatController, slots: gr.State,
-                  i: int, penalties: list = ()) -> None:
+                  i: int, extras: list = ()) -> None:
     """Each field saves itself: the system prompt, the sampling fields (SAMPLING_KEYS order)
-    and the penalty fields (PENALTY_KEYS order)."""
-    keys = ("system_prompt", *SAMPLING_KEYS, *PENALTY_KEYS[:len(penalties)])
-    for key, f in zip(keys, (system, *sampling, *penalties)):
+    and the third row's (EXTRA_KEYS order)."""
+    keys = ("system_prompt", *SAMPLING_KEYS, *EXTRA_KEYS[:len(extras)])
+    for key, f in zip(keys, (system, *sampling, *extras)):
         edited = f.blur if f is system else f.input
         edited(lambda c, v, key=key: save_setting(ctl, c, i, key, v), [slots, f], None, **QUICK)
 
@@ -65,14 +65,14 @@ class PresetEvents:
                          preset_name="")
 
     def make_default(self, slots: list, i: int, system: str, *fields) -> None:
-        """The tab's fields as shown (system prompt, then SAMPLING_KEYS and PENALTY_KEYS
+        """The tab's fields as shown (system prompt, then SAMPLING_KEYS and EXTRA_KEYS
         values: a field's own save may not have landed yet) become the conversation's settings
         and the defaults of new chats."""
         if slots[i] is None:
             return
         try:
             self.ctl.update_settings(slots[i], system or "",
-                                     dict(zip(SAMPLING_KEYS + PENALTY_KEYS, fields)))
+                                     dict(zip(SAMPLING_KEYS + EXTRA_KEYS, fields)))
             self.ctl.save_defaults(slots[i])
         except USER_ERRORS as exc:
             warn(why(exc))
@@ -88,4 +88,4 @@ def wire_presets(ui, ctl: ChatController, slots: gr.State, i: int) -> None:
     ui.presets.save.click(lambda c, name, system: ui.flatten(events.save_preset(c, i, name, system)),
                           [slots, ui.preset_name, ui.system], out, **QUICK)
     ui.presets.make_default.click(lambda c, *v: events.make_default(c, i, *v),
-                                  [slots, ui.system, *ui.sampling, *ui.penalties], None, **QUICK)
+                                  [slots, ui.system, *ui.sampling, *ui.extras], None, **QUICK)

@@ -21,14 +21,22 @@ from ..store import Store
 
 # Order matters: it is the order of the settings fields on a chat tab and a compare column.
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens")
-# The penalties against repeating tokens (a chat tab's third row of fields; a compare column
-# takes the conversation's). Stored beside SAMPLING_KEYS in the same settings dict; the
+# The penalties against repeating tokens (in a chat tab's third row of fields; a compare
+# column takes the conversation's). Stored beside SAMPLING_KEYS in the same settings dict; the
 # neutral values change nothing.
 PENALTY_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-ALL_KEYS = SAMPLING_KEYS + PENALTY_KEYS
+# The thinking budget of a reasoning model (tokens; None: no limit, 0: answer at once): the
+# engine closes the reasoning once it is spent (core/reasoning_budget.py); a model that marks
+# no reasoning ignores it.
+REASONING_KEYS = ("reasoning_budget",)
+EXTRA_KEYS = PENALTY_KEYS + REASONING_KEYS      # a chat tab's third row of fields
+ALL_KEYS = SAMPLING_KEYS + EXTRA_KEYS
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
                                     "seed": None, "max_tokens": 512, "repetition_penalty": 1.0,
-                                    "presence_penalty": 0.0, "frequency_penalty": 0.0}
+                                    "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                                    "reasoning_budget": None}
+_OPTIONAL = ("seed", "max_tokens", "reasoning_budget")       # blank: None
+_INTEGERS = ("top_k",) + _OPTIONAL
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,8 @@ def check_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None 
     for key in ALL_KEYS:
         value = (settings or {}).get(key, out[key])
         if value in ("", None):
-            value = None if key in ("seed", "max_tokens") else DEFAULT_SAMPLING[key]
-        elif key in ("top_k", "seed", "max_tokens"):
+            value = None if key in _OPTIONAL else DEFAULT_SAMPLING[key]
+        elif key in _INTEGERS:
             value = int(float(value))
         else:
             value = float(value)
@@ -72,7 +80,7 @@ def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
                           top_k=settings["top_k"], min_p=settings["min_p"],
                           seed=None if seed is None else seed + seed_offset,
                           max_tokens=settings["max_tokens"],
-                          **{k: settings.get(k, DEFAULT_SAMPLING[k]) for k in PENALTY_KEYS})
+                          **{k: settings.get(k, DEFAULT_SAMPLING[k]) for k in EXTRA_KEYS})
 
 
 def sampling_record(params: SamplingParams) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The settings as Gradio fields: the sampling fields (a chat tab's settings, a compare column's):
 one component per key of `logic.SAMPLING_KEYS`, returned in that order; a chat tab's penalty
-fields (`logic.PENALTY_KEYS`); its presets row (`PresetsUI`: choose a preset, save the system
+fields and thinking budget (`logic.EXTRA_KEYS`); its presets row (`PresetsUI`: choose a preset, save the system
 prompt as one, make the conversation's settings the defaults of new chats)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import gradio as gr
 
-from .logic import DEFAULT_SAMPLING, PENALTY_KEYS, SAMPLING_KEYS
+from .logic import DEFAULT_SAMPLING, EXTRA_KEYS, SAMPLING_KEYS
 
 
 def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
@@ -42,9 +42,9 @@ def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
     return [built[k] for k in SAMPLING_KEYS]
 
 
-def penalty_fields(prefix: str) -> list:
-    """The penalties against repetition, one row, in PENALTY_KEYS order (elem_ids
-    `{prefix}{key}`); their ranges are the engine's (core/sampling_params.py)."""
+def extra_fields(prefix: str) -> list:
+    """The penalties against repetition and the thinking budget, one row, in EXTRA_KEYS order
+    (elem_ids `{prefix}{key}`); their ranges are the engine's (core/sampling_params.py)."""
     d = DEFAULT_SAMPLING
     with gr.Row():
         fields = [
@@ -54,8 +54,11 @@ def penalty_fields(prefix: str) -> list:
                       label="Presence penalty (0: off)", elem_id=f"{prefix}presence_penalty"),
             gr.Slider(-2, 2, value=d["frequency_penalty"], step=0.1,
                       label="Frequency penalty (0: off)", elem_id=f"{prefix}frequency_penalty"),
+            gr.Number(value=d["reasoning_budget"], precision=0, minimum=0,
+                      label="Thinking budget (tokens; blank: no limit, 0: answer at once)",
+                      elem_id=f"{prefix}reasoning_budget"),
         ]
-    assert len(fields) == len(PENALTY_KEYS)
+    assert len(fields) == len(EXTRA_KEYS)
     return fields
 
 

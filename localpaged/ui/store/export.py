@@ -87,7 +87,8 @@ class ExportImport(MessageTree):
             parts.append(f"### System\n\n{conv.system_prompt}\n")
         for m in self.active_path(conversation_id):
             note = "" if m.status == "complete" else f"\n\n*(reply {m.status})*"
-            parts.append(f"### {_heading(m)}\n\n{m.content}{_extra_markdown(m.extra)}{note}\n")
+            parts.append(f"### {_heading(m)}\n\n{_reasoning_markdown(m.extra)}{m.content}"
+                         f"{_extra_markdown(m.extra)}{note}\n")
         return "\n".join(parts)
 
 
@@ -96,6 +97,14 @@ def _heading(m) -> str:
     if m.role == "tool":
         return f"Tool result: {str(m.extra.get('name', 'tool'))[:100]}"
     return m.role.capitalize()
+
+
+def _reasoning_markdown(extra: dict[str, Any]) -> str:
+    """A reply's reasoning (kept apart from its text) as a quoted block before it."""
+    reasoning = str(extra.get("reasoning") or "").strip()
+    if not reasoning:
+        return ""
+    return "*Reasoning:*\n\n" + "\n".join("> " + line for line in reasoning.splitlines()) + "\n\n"
 
 
 def _extra_markdown(extra: dict[str, Any]) -> str:

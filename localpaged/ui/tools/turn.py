@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from localpaged.chat.backend import reasoning_of
 from localpaged.chat.tool_calls import ToolCall
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.outputs import RequestOutput
@@ -53,7 +54,7 @@ class ToolTurn(Turn):
                  stream: Iterator[RequestOutput], backend, store: Store, plan: ToolPlan,
                  params: list[SamplingParams], policy: str, on_done=None) -> None:
         super().__init__(conversation_id, request_id, [reply], stream, backend.abort, store,
-                         on_done=on_done)
+                         on_done=on_done, reasoning=reasoning_of(backend))
         self._backend, self._plan, self._params, self._policy = backend, plan, params, policy
         self.pending: dict | None = None
         self._decision: str | None = None

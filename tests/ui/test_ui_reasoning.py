@@ -1,0 +1,86 @@
+"""A reasoning model in the chat, without a browser: ChatController.send on the tiny model that
+never closes its reasoning on its own (helpers/reasoning_models.py).
+
+Oracle: transformers' greedy tokens under the budget (hf_budgeted), decoded by the tokenizer. The
+conversation's thinking budget (a setting) reaches the engine; the stored reply's text is the
+answer without markers, its reasoning is kept apart (`extra.reasoning`, the token count in its
+stats), export and import keep it, and the chat shows it folded ("Thought for N tokens"), with
+the text escaped.
+"""
+
+from __future__ import annotations
+
+import html
+
+import pytest
+from helpers.reasoning_models import QUESTION, build_thinker, hf_budgeted
+from helpers.ui_helpers import TinyBackend, controller, run
+
+from localpaged import LLM
+from localpaged.ui import render
+from localpaged.ui.turns import LiveReply
+
+GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
+          "max_tokens": 30}
+
+
+@pytest.fixture(scope="module")
+def thinker(tiny_root):
+    return build_thinker(tiny_root)
+
+
+@pytest.fixture(scope="module")
+def backend(thinker):
+    b = TinyBackend(LLM(thinker, num_kv_blocks=128).engine)      # the model's own template
+    yield b
+    b.engine.shutdown()
+
+
+@pytest.fixture
+def ctl(backend, tmp_path):
+    yield from controller(backend, tmp_path, GREEDY)
+
+
+def test_the_budget_setting_ends_the_reasoning_and_the_reply_keeps_it_apart(ctl, backend, thinker):
+    cid = ctl.new_conversation().id
+    ctl.update_setting(cid, "reasoning_budget", "7")
+    turn = run(ctl.send(cid, QUESTION))
+    reply = ctl.store.get_message(turn.replies[0].message_id)
+    tok = backend.engine.tokenizer
+    prompt = list(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                          add_generation_prompt=True, tokenize=True,
+                                          return_dict=False))
+    ids = hf_budgeted(thinker, prompt, 7, 30)
+    assert reply.token_ids == ids
+    assert reply.content == tok.decode(ids[10:], skip_special_tokens=True).lstrip()
+    assert reply.extra["reasoning"] == tok.decode(ids[:7], skip_special_tokens=True).strip()
+    assert reply.content and "<think>" not in reply.content and "</think>" not in reply.content
+    assert reply.stats["reasoning_tokens"] == 7 and reply.sampling["reasoning_budget"] == 7
+    shown = render.chat_messages(ctl.view(cid))[-1]["content"]
+    assert '<details class="lp-think"><summary>Thought for 7 tokens</summary>' in shown
+    assert html.escape(reply.content, quote=False) in shown
+    # the next turn's prompt has the answer only
+    run(ctl.send(cid, QUESTION))
+    path = ctl.store.active_path(cid)
+    assert path[1].extra["reasoning"] and path[3].extra["reasoning"]
+
+
+def test_export_and_import_keep_the_reasoning(ctl):
+    cid = ctl.new_conversation().id
+    ctl.update_setting(cid, "reasoning_budget", 3)
+    reply = ctl.store.get_message(run(ctl.send(cid, QUESTION)).replies[0].message_id)
+    copy = ctl.store.import_json(ctl.store.export_json(cid))
+    (kept,) = [m for m in ctl.store.active_path(copy.id) if m.role == "assistant"]
+    assert kept.extra["reasoning"] == reply.extra["reasoning"] and kept.content == reply.content
+    assert "*Reasoning:*" in ctl.export(cid, "markdown")
+
+
+def test_a_streaming_reasoning_is_shown_open_and_escaped():
+    class Msg:                                          # what render reads of a message
+        role, extra, stats, content, status, prepared = "assistant", {}, {}, "", "streaming", None
+    live = LiveReply(1, "", reasoning="<img src=x onerror=alert(1)> **hm**",
+                     stats={"reasoning_tokens": 1})
+    shown = render.reasoning_html(Msg(), live)
+    assert shown.startswith('<details class="lp-think" open=""><summary>Thinking… (1 token)')
+    assert "<img" not in shown and "&lt;img" in shown and "<strong>hm</strong>" in shown
+    assert render._source(Msg(), live) == ""            # the cursor is in the reasoning
