@@ -126,12 +126,14 @@ class BlockPool:
     def lookup(self, block_hash: bytes) -> Block | None:
         return self.cached.get(block_hash) if self.enable_caching else None
 
-    def register(self, block: Block, block_hash: bytes) -> None:
-        """Make a full, computed block findable by the hash of its tokens (first writer wins)."""
+    def register(self, block: Block, block_hash: bytes) -> bool:
+        """Make a full, computed block findable by the hash of its tokens (first writer wins);
+        whether it was registered now."""
         if not self.enable_caching or block.block_hash is not None or block_hash in self.cached:
-            return
+            return False
         block.block_hash = block_hash
         self.cached[block_hash] = block
+        return True
 
     def _evict(self, block: Block) -> None:
         if block.block_hash is not None:

@@ -132,6 +132,11 @@ class HybridKVCacheManager:
         """Blocks of the longest valid prefix hit for token_ids (read-only)."""
         return len(self._cached_hits(token_ids)[0])
 
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of token_ids a request would get from the cache if admitted now (whole blocks
+        before the last token); read-only."""
+        return self.cached_prefix_length(token_ids[:-1]) * self.block_size
+
     def _cached_hits(self, token_ids: list[int]) -> list[list[Block]]:
         if not self.pool.enable_caching:
             return [[] for _ in self.groups]

@@ -10,6 +10,8 @@ Invariants:
   filled last block, `allocate_slots` gives it a private copy and queues the copy in
   `pending_copies` for the model runner to carry out before the forward pass.
 - A block is registered in the prefix cache only when it is full and its K/V are computed.
+- A prefix hit may end inside a block (core.partial_prefix): the sequence's table gets a private
+  copy of the cached block whose first tokens it shares, never the cached block itself.
 - Moves of block contents (copy-on-write, a cached block moved out of a growing table's way,
   swap out, swap in) are queued as typed `BlockOp`s, in the order they were decided, for the
   model runner to carry out before the next forward pass.
@@ -36,6 +38,7 @@ from localpaged.core.block_pool import (
     BlockOpKind,
     BlockPool,
 )
+from localpaged.core.partial_prefix import PrefixHit, TailIndex
 from localpaged.core.request import Sequence
 
 
@@ -89,6 +92,7 @@ class KVCacheManager:
         # the CPU batch-1 decode reads one run of blocks in place and joins several by a copy
         self.keep_runs = keep_runs
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.tails = TailIndex(self.pool)               # cached full blocks by parent hash
         self.cpu_pool = BlockPool(num_cpu_blocks, False) if num_cpu_blocks > 0 else None
         self.watermark_blocks = max(1, int(watermark * num_blocks)) if num_blocks > 8 else 0
         self.tables: dict[int, list[Block]] = {}
@@ -163,21 +167,44 @@ class KVCacheManager:
         """Cached blocks holding the longest prefix of seq's tokens, leaving >= 1 token to compute.
 
         The last token is always recomputed (its logits are needed), so a prompt that is all
-        cached backs off one block: a cached block is never written.
+        cached backs off one block: a cached block is never written. Where the hit stops inside
+        a block, the cached block that shares the most of its first tokens is the hit's tail
+        (core.partial_prefix), copied at allocation.
         """
         if not self.pool.enable_caching:
-            return []
+            return PrefixHit()
         max_blocks = (len(seq.token_ids) - 1) // self.block_size
         hashes = self.block_hashes(seq, max_blocks)
         if self.disk is not None:
             disk_prefix.read_back([self], hashes)
-        hits = self._lookup_chain(hashes)
+        hits = PrefixHit(self._lookup_chain(hashes))
         if self.disk is not None:
             self.last_disk_tokens = disk_prefix.disk_tokens([self], hashes, len(hits), self.block_size)
             self.prefix_cache_disk_hits += self.last_disk_tokens
+        hits.tail = self._tail_after(hashes, len(hits), seq.token_ids)
         self.prefix_cache_queries += len(seq.token_ids)
-        self.prefix_cache_hits += len(hits) * self.block_size
+        self.prefix_cache_hits += self.hit_tokens(hits)
         return hits
+
+    def _tail_after(self, hashes: list[bytes], num_hits: int, token_ids: list[int]):
+        """The tail hit after num_hits full blocks of token_ids, if any (the last token left
+        to compute)."""
+        start, end = num_hits * self.block_size, len(token_ids) - 1
+        if start >= end:
+            return None
+        return self.tails.find(hashes[num_hits - 1] if num_hits else None,
+                               token_ids[start:min(end, start + self.block_size)])
+
+    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+        """Tokens of token_ids a request would get from the cache if admitted now: its full
+        blocks before the last token, and a tail hit; read-only, counts no query."""
+        if not self.pool.enable_caching:
+            return 0
+        hashes: list[bytes] = []
+        extend_chain(hashes, token_ids, (len(token_ids) - 1) // self.block_size, self.block_size)
+        hits = PrefixHit(self._lookup_chain(hashes))
+        hits.tail = self._tail_after(hashes, len(hits), token_ids)
+        return self.hit_tokens(hits)
 
     def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
         """Ids of the cached blocks holding a prefix of token_ids; read-only, counts no query."""
@@ -193,9 +220,11 @@ class KVCacheManager:
         """Register the blocks that became full and computed (called after each step)."""
         table = self.tables.get(seq.seq_id, [])
         num_full = min(seq.num_computed_tokens // self.block_size, len(table))
-        for block, h in zip(table[:num_full], self.block_hashes(seq, num_full)):
-            if block is not NULL_BLOCK:
-                self.pool.register(block, h)
+        hashes = self.block_hashes(seq, num_full)
+        for i, (block, h) in enumerate(zip(table[:num_full], hashes)):
+            if block is not NULL_BLOCK and self.pool.register(block, h):
+                B = self.block_size
+                self.tails.add(hashes[i - 1] if i else None, h, seq.token_ids[i * B:(i + 1) * B])
 
     # ---- allocation ---------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_cached: int = 0) -> int:
@@ -220,7 +249,8 @@ class KVCacheManager:
         return []
 
     def hit_tokens(self, hits: list[Block]) -> int:
-        return len(hits) * self.block_size
+        tail = _tail(hits)
+        return len(hits) * self.block_size + (tail.num_tokens if tail else 0)
 
     def fits_admission(self, seq: Sequence, num_new_tokens: int, hits: list[Block]) -> bool:
         """Whether admitting seq with these hits fits and keeps the watermark free."""
@@ -233,19 +263,21 @@ class KVCacheManager:
         `cached` (prefix-cache hits, only for a sequence with no table yet) joins the table and
         counts as computed.
         """
-        cached = cached or []
+        cached = [] if cached is None else cached       # a hit of only a tail is an empty list
         if not self.can_allocate(seq, num_new_tokens, cached):
             return False
         self.take_slots(seq, num_new_tokens, cached)
-        seq.num_computed_tokens += len(cached) * self.block_size
+        seq.num_computed_tokens += self.hit_tokens(cached)
         return True
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int, cached: list[Block],
                      keep_free: int = 0) -> bool:
         """Whether allocate_slots(seq, num_new_tokens, cached) fits, leaving keep_free blocks."""
-        need = self.blocks_needed(seq, num_new_tokens, len(cached) * self.block_size)
+        need = self.blocks_needed(seq, num_new_tokens, self.hit_tokens(cached))
         revived = sum(1 for b in cached if b.ref_count == 0 and b is not NULL_BLOCK)
-        return need + revived + keep_free <= self.pool.num_free
+        tail = _tail(cached)
+        held = int(tail is not None and tail.block.ref_count == 0)    # during its copy
+        return need + revived + held + keep_free <= self.pool.num_free
 
     def take_slots(self, seq: Sequence, num_new_tokens: int, cached: list[Block]) -> None:
         """allocate_slots once it fits, except that seq.num_computed_tokens is left to the caller
@@ -255,8 +287,10 @@ class KVCacheManager:
             if block is not NULL_BLOCK:
                 self.pool.incref(block)
             table.append(block)
-        computed = seq.num_computed_tokens + len(cached) * self.block_size
-        if not cached and self._needs_copy(seq):   # cached hits end on a block boundary
+        if (tail := _tail(cached)) is not None:
+            self._copy_tail(table, tail.block)
+        computed = seq.num_computed_tokens + self.hit_tokens(cached)
+        if not cached and tail is None and self._needs_copy(seq):   # hits end on a private block
             self._copy_on_write(seq, table)
         total = -(-(computed + num_new_tokens) // self.block_size)
         while len(table) < total:
@@ -271,6 +305,23 @@ class KVCacheManager:
         if move:
             self._record(BlockOpKind.COPY, [move])
         return block
+
+    def _copy_tail(self, table: list[Block], cached: Block) -> None:
+        """A private copy of cached block at the end of table (a tail hit). The cached block is
+        held while its copy's block is chosen, so that choice cannot take or move it; except
+        where the table's runs want that very block next (keep_runs): then it becomes the
+        private block itself, its tokens already in place, and its cached copy moves out of the
+        way as any cached block there would (BlockPool.allocate_next)."""
+        if (self.keep_runs and table and cached.ref_count == 0
+                and cached.block_id == table[-1].block_id + 1):
+            private = self._new_block(table)
+        else:
+            self.pool.incref(cached)
+            private = self._new_block(table)
+            self.pool.decref(cached)
+        if private is not cached:
+            self._record(BlockOpKind.COPY, [(cached.block_id, private.block_id)])
+        table.append(private)
 
     def _needs_copy(self, seq: Sequence) -> bool:
         table = self.tables.get(seq.seq_id, [])
@@ -435,6 +486,7 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> None:
         """Forget every cached hash (the blocks stay where they are)."""
         self.pool.reset_prefix_cache()
+        self.tails.clear()
 
     # ---- invariants ---------------------------------------------------------------------------
     def check(self, expect_empty: bool = False, seqs: list[Sequence] | None = None) -> None:
@@ -482,6 +534,11 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
         budget -= n
     manager.admitted_disk_tokens = disk_tokens
     return cached_tokens
+
+
+def _tail(hits: list[Block]):
+    """The tail hit of a prefix hit (core.partial_prefix), if it has one."""
+    return hits.tail if isinstance(hits, PrefixHit) else None
 
 
 def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:

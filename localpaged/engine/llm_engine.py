@@ -499,5 +499,5 @@ class LLMEngine:
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """Prompt tokens a request for token_ids would get from the prefix cache if admitted now
         (its `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
-        always computes the last prompt token, so only blocks before it count."""
-        return self.block_manager.cached_prefix_length(token_ids[:-1]) * self.block_manager.block_size
+        always computes the last prompt token, so only tokens before it count."""
+        return self.block_manager.cached_prefix_tokens(token_ids)

@@ -93,6 +93,10 @@ class BlockMachine(RuleBasedStateMachine):
         seq = Sequence(tokens, len(tokens), 0, None)
         hits = self.kv.find_cached_prefix(seq)
         n = len(tokens) - self.kv.hit_tokens(hits)
+        if (tail := getattr(hits, "tail", None)) is not None:     # a hit ending inside a block
+            shared = len(hits) * B + tail.num_tokens
+            assert 0 < tail.num_tokens < B and shared < len(tokens)
+            assert self.content[(0, tail.block.block_id)][:shared] == tuple(tokens[:shared])
         if self.kv.allocate_slots(seq, n, hits):
             self.compute(seq, n)
             self.running.append(seq)
@@ -219,7 +223,7 @@ class BlockMachine(RuleBasedStateMachine):
             assert all(seq.seq_id not in g.tables for g in self.groups)
             return
         self.waiting.pop(0)
-        assert seq.num_computed_tokens == cached[0] and cached[0] % B == 0
+        assert seq.num_computed_tokens == cached[0] < len(seq.token_ids)
         assert all(g.pool.num_free >= g.watermark_blocks for g in self.groups)
         n = min(seq.num_uncomputed_tokens, budget)
         self.compute(seq, n)

@@ -60,3 +60,42 @@ def test_parallel_samples_share_prompt_blocks(tiny_llama):
             assert stats.blocks_in_use < stats.blocks_without_sharing
             seen_sharing = True
     assert seen_sharing
+
+
+def test_a_fork_inside_a_block_computes_one_token(tiny_llama):
+    """A reply forked at one of its tokens (the reply's first t tokens, then another token) is
+    found in the prefix cache up to that token, through the block it leaves mid-way (a private
+    copy of the cached block): the new request's first step computes its last token only, a
+    decode step, and its greedy tokens are those of the same prompt on an engine with nothing
+    cached."""
+    llm = LLM(tiny_llama, num_kv_blocks=128, debug_checks=True)
+    eng = llm.engine
+    prompt = prompts(1, seed=7, lo=40, hi=41)[0]
+    reply = llm.generate([prompt], greedy(40))[0].outputs[0].token_ids
+    for t in (21, 9):                       # the fork lands inside block 3, then inside block 3 again
+        forked = prompt + reply[:t] + [(reply[t] + 1) % 512]
+        assert len(forked) % 16 not in (0, 1)
+        before = eng.num_tokens_computed
+        eng.add_request(f"fork-{t}", forked, greedy(8))
+        outs = eng.step()
+        assert eng.num_tokens_computed - before == 1
+        assert len(outs[0].outputs[0].token_ids) == 1            # its first token, after one step
+        while eng.has_unfinished_requests():
+            outs = eng.step()
+        out = outs[0]
+        assert out.finished and out.metrics.num_cached_tokens == len(forked) - 1
+        fresh = LLM(tiny_llama, num_kv_blocks=128, enable_prefix_caching=False)
+        assert out.outputs[0].token_ids == fresh.generate([forked], greedy(8))[0].outputs[0].token_ids
+
+
+def test_an_edit_inside_a_block_reuses_the_tokens_before_it(tiny_llama):
+    """A prompt that differs from a cached one from position p on (p inside a block) reuses the
+    first p tokens, the same output as without the cache."""
+    llm = LLM(tiny_llama, num_kv_blocks=128, debug_checks=True)
+    prompt = prompts(1, seed=8, lo=60, hi=61)[0]
+    llm.generate([prompt], greedy(4))
+    edited = prompt[:37] + [(prompt[37] + 5) % 512] + prompt[38:]
+    out = llm.generate([edited], greedy(6))[0]
+    assert out.metrics.num_cached_tokens == 37
+    fresh = LLM(tiny_llama, num_kv_blocks=128, enable_prefix_caching=False)
+    assert out.outputs[0].token_ids == fresh.generate([edited], greedy(6))[0].outputs[0].token_ids

@@ -1,7 +1,9 @@
 """The cost preview on Edit: before an edited message is saved, the controller
 says how many prompt tokens the new branch reuses from the prefix cache and how many it must
 prefill; after saving, the engine's own report for that request (num_cached_tokens, stored as
-prefix_tokens_reused) and its prompt length must be exactly those numbers."""
+prefix_tokens_reused) and its prompt length must be exactly those numbers. The cache holds a
+prompt that ran as far as its blocks were filled: whole blocks, and the start of the block where
+the edited prompt parts from it (copied)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from localpaged.ui.store import Store
 
 from helpers.tiny_chat import GREEDY, P1, P2, controller, engine_backend, run
 
-BLOCK = 16                                    # the engine's default block size
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +39,18 @@ def test_edit_preview_equals_the_engine_prefix_hit(backend, tmp_path, edit_at):
         new = backend.prompt_ids(ctl.prompt_messages(cid, reply.parent_id))
     assert reused == reply.stats["prefix_tokens_reused"]           # what the engine reported
     assert reused + prefill == reply.stats["prompt_tokens"] == len(new)
-    # Independently: the full blocks of the longest prefix shared with a prompt run before
-    # (the last prompt token is always computed).
+    # Independently: the longest prefix shared with a prompt run before (each was followed by
+    # its reply, so the block where they part was filled); the last prompt token is computed.
     common = max(_common_prefix(new, o) for o in old)
-    assert reused == min(common, len(new) - 1) // 16 * 16 > 0
+    assert reused == min(common, len(new) - 1) > 0
     assert edit_preview.cost_text(1184, prefill) == (
         f"Reuses 1,184 tokens from the cache, prefills {prefill}.")
 
 
 def test_preview_text_and_none_for_a_reply_or_a_remote_backend(backend, tmp_path):
     """What the edit box shows, against numbers computed here: the edited prompt's tokens (the
-    chat template through the tokenizer) and the full blocks of its prefix that the prompt run
-    before holds (the last token is always computed); the engine's cached_prefix_tokens agrees.
+    chat template through the tokenizer) and the prefix it shares with the prompt run before
+    (the last token is always computed); the engine's cached_prefix_tokens agrees.
     Nothing is shown for a reply, a blank edit, or over a remote backend (any backend that is
     not the in-process engine), and the same message shows its preview again with the engine."""
     class Remote:
@@ -68,7 +69,7 @@ def test_preview_text_and_none_for_a_reply_or_a_remote_backend(backend, tmp_path
         edited = backend.engine.tokenizer.apply_chat_template(
             [{"role": "system", "content": system}, {"role": "user", "content": P2}],
             add_generation_prompt=True, tokenize=True, return_dict=False)
-        reused = min(_common_prefix(edited, ran), len(edited) - 1) // BLOCK * BLOCK
+        reused = min(_common_prefix(edited, ran), len(edited) - 1)
         assert reused > 0 and backend.engine.cached_prefix_tokens(edited) == reused
         want = f"Reuses {reused:,} tokens from the cache, prefills {len(edited) - reused:,}."
         assert edit_preview.preview(ctl, cid, 0, P2) == want

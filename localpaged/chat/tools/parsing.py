@@ -26,71 +26,27 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from localpaged.chat.tools.spec import ParsedReply, ToolCall
+from localpaged.chat.tools.syntax import (
+    ArgsDelta,
+    CallStart,
+    Delta,
+    JsonScanner,
+    Syntax,
+    TextDelta,
+    held_marker,
+    is_object,
+    merged,
+    name_and_args,
+)
+
+__all__ = ["ArgsDelta", "CallStart", "Delta", "StreamParser", "Syntax", "TextDelta", "parse"]
 
 MAX_REGION_CHARS = 1 << 20       # a call region longer than this is given up as text
 _NAME_FIRST = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"'
                          r'\s*:\s*', re.S)
-
-
-@dataclass(frozen=True)
-class Syntax:
-    openers: tuple[str, ...]            # consumed markers that open a call region
-    inline: tuple[str, ...] = ()        # text that opens a region and is part of it
-    array: bool = False                 # the region is a JSON array of call objects
-    closer: str | None = None           # the marker that closes a region
-    separators: str = ""                # besides whitespace, dropped between calls
-
-
-@dataclass(frozen=True)
-class TextDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStart:
-    index: int
-    id: str
-    name: str
-
-
-@dataclass(frozen=True)
-class ArgsDelta:
-    index: int
-    text: str
-
-
-Delta = TextDelta | CallStart | ArgsDelta
-
-
-class _Scanner:
-    """Where a JSON value ends: depth of brackets outside strings."""
-
-    def __init__(self) -> None:
-        self.depth, self.in_string, self.escaped, self.started = 0, False, False, False
-
-    def step(self, ch: str) -> bool:
-        """Take one character; True when it ends the (object or array) value."""
-        if self.in_string:
-            if self.escaped:
-                self.escaped = False
-            elif ch == "\\":
-                self.escaped = True
-            elif ch == '"':
-                self.in_string = False
-            return False
-        if ch == '"':
-            self.in_string = True
-        elif ch in "{[":
-            self.depth += 1
-        elif ch in "}]":
-            self.depth -= 1
-            return self.started and self.depth <= 0
-        if not ch.isspace():
-            self.started = True
-        return False
 
 
 @dataclass
@@ -100,7 +56,7 @@ class _Call:
     name: str = ""
     args: str = ""                      # the arguments text as streamed
     raw: str = ""                       # the region text it came from (for parse's fallback)
-    args_scanner: _Scanner | None = None
+    args_scanner: JsonScanner | None = None
     args_done: bool = False
 
 
@@ -125,7 +81,7 @@ class StreamParser:
         self._region: str | None = None    # None: in text; else the region's raw text so far
         self._state = "text"
         self._obj = ""                  # the current call object's text
-        self._scanner = _Scanner()
+        self._scanner = JsonScanner()
         self._call = _Call()
         self._announced_in_region = False
         self._ids: list[str] = []
@@ -151,7 +107,7 @@ class StreamParser:
 
     # ---- the machine ------------------------------------------------------------------------
     def _take(self) -> list[Delta]:
-        out, self._out = _merged(self._out), []
+        out, self._out = merged(self._out), []
         return out
 
     def _run(self, final: bool) -> None:
@@ -174,7 +130,7 @@ class StreamParser:
             self._buf = buf[at + len(consumed):]
             self._open_region(consumed)
             return True
-        keep = 0 if final else _held(buf, self._markers)
+        keep = 0 if final else held_marker(buf, self._markers)
         self._flush_text(buf[:len(buf) - keep], final=False)
         self._buf = buf[len(buf) - keep:]
         return False
@@ -247,7 +203,7 @@ class StreamParser:
     def _start_object(self) -> None:
         self._state = "object"
         self._obj = "{"
-        self._scanner = _Scanner()
+        self._scanner = JsonScanner()
         self._scanner.step("{")
         self._call = _Call()
 
@@ -270,7 +226,7 @@ class StreamParser:
                     name = None
                 if name:
                     self._announce(name)
-                    call.args_scanner = _Scanner()
+                    call.args_scanner = JsonScanner()
         if done:
             self._object_done()
 
@@ -287,7 +243,7 @@ class StreamParser:
             obj = json.loads(self._obj)
         except json.JSONDecodeError:
             obj = None
-        name, args = _name_and_args(obj)
+        name, args = name_and_args(obj)
         if call.index is None:
             if name is None or args is None:
                 self._end_region(complete=False)
@@ -359,54 +315,8 @@ def parse(syntax: Syntax, new_id: Callable[[], str], text: str) -> ParsedReply:
     for seg in parser.segments:
         if seg.call is None:
             content.append(seg.text)
-        elif _is_object(seg.call.arguments):
+        elif is_object(seg.call.arguments):
             calls.append(seg.call)
         else:
             content.append(seg.raw)
     return ParsedReply("".join(content), calls)
-
-
-def _name_and_args(obj) -> tuple[str | None, dict | None]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None, None
-    args = obj.get("arguments", obj.get("parameters"))
-    if isinstance(args, str):           # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return obj["name"], None
-    if args is None and "arguments" not in obj and "parameters" not in obj:
-        args = {}
-    return obj["name"], args if isinstance(args, dict) else None
-
-
-def _is_object(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict)
-    except json.JSONDecodeError:
-        return False
-
-
-def _held(buf: str, markers: tuple[str, ...]) -> int:
-    """Length of the longest end of `buf` that is the start of a marker."""
-    best = 0
-    for m in markers:
-        for k in range(min(len(m) - 1, len(buf)), best, -1):
-            if buf.endswith(m[:k]):
-                best = k
-                break
-    return best
-
-
-def _merged(deltas: list[Delta]) -> list[Delta]:
-    """Neighbouring text deltas, and argument deltas of one call, joined."""
-    out: list[Delta] = []
-    for d in deltas:
-        last = out[-1] if out else None
-        if isinstance(d, TextDelta) and isinstance(last, TextDelta):
-            out[-1] = TextDelta(last.text + d.text)
-        elif isinstance(d, ArgsDelta) and isinstance(last, ArgsDelta) and last.index == d.index:
-            out[-1] = ArgsDelta(d.index, last.text + d.text)
-        else:
-            out.append(d)
-    return out
