@@ -96,6 +96,16 @@ class TokenText:
         return self._tokenizer.decode(token_ids, skip_special_tokens=False)
 
 
+class TokenIdText(TokenText):
+    """Logprobs' tokens written as "token_id:N" (vLLM's return_tokens_as_token_ids)."""
+
+    def __init__(self, text: TokenText) -> None:
+        self._tokenizer = text._tokenizer
+
+    def __call__(self, token_id: int) -> str:
+        return f"token_id:{token_id}"
+
+
 def _lp(value: float) -> float:
     return max(MIN_LOGPROB, float(value)) if value == value else MIN_LOGPROB
 
@@ -176,8 +186,12 @@ class Generation:
                  logprobs: bool, include_usage: bool, recorder: MetricsRecorder,
                  extensions: dict | None = None, echo: Echo | None = None,
                  tools: ToolReplies | None = None,
-                 reasoning: ReasoningReplies | None = None) -> None:
+                 reasoning: ReasoningReplies | None = None,
+                 prompt_ids: list[int] | None = None) -> None:
         self.stream, self.kind, self.model = stream, kind, model
+        # return_token_ids (vLLM's): the prompt's ids, and each choice's, go with the response
+        self.prompt_ids = prompt_ids
+        self.token_ids = prompt_ids is not None
         self.id = stream.request_id
         self.created = int(time.time())
         self.text_of, self.logprobs, self.include_usage = text_of, logprobs, include_usage
@@ -223,11 +237,19 @@ class Generation:
         self._record(final)
         if self.echo is not None and not self.echo.generate:
             final = without_generation(final)
+        choices = [self._choice(o, final) for o in final.outputs]
+        ids = {}
+        if self.token_ids:
+            for choice, o in zip(choices, final.outputs):
+                choice["token_ids"] = list(o.token_ids)
+                if self.kind != "chat":
+                    choice["prompt_token_ids"] = list(self.prompt_ids)
+            if self.kind == "chat":
+                ids["prompt_token_ids"] = list(self.prompt_ids)
         return {"id": self.id, "object": self.object, "created": self.created,
-                "model": self.model, "system_fingerprint": None,
-                "choices": [self._choice(o, final) for o in final.outputs],
+                "model": self.model, "system_fingerprint": None, "choices": choices,
                 "usage": usage(final, reasoning=self.reasoning is not None),
-                **self.extensions}
+                **ids, **self.extensions}
 
     async def _watch(self, request: Request) -> None:
         """Abort the request when its client disconnects before the answer is ready."""
@@ -292,10 +314,15 @@ class Generation:
         done = [False] * n
         echoed = [self.echo is None] * n        # echo: the prompt goes first, once per choice
         prompt_text = ""
+        ids: list[list[int] | None] = [None] * n    # token ids not yet sent (return_token_ids)
+        prompt_ids_due = [self.token_ids and self.kind != "chat"] * n
         if self.kind == "chat":
+            first = dict(self.extensions)
+            if self.token_ids:
+                first["prompt_token_ids"] = list(self.prompt_ids)
             yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
                                 "logprobs": None, "finish_reason": None} for i in range(n)],
-                              extensions=self.extensions)
+                              extensions=first)
         final: RequestOutput | None = None
         rows: list[dict] = []                   # tool replies: one choice entry per delta
         prompt_lps = None                       # a delta carries them only when they changed
@@ -314,6 +341,8 @@ class Generation:
                     delta = o.text
                     new_lps = (o.logprobs or []) if self.logprobs else []
                     newly_done = o.finish_reason is not None and not done[i]
+                    if self.token_ids and o.token_ids:
+                        ids[i] = (ids[i] or []) + list(o.token_ids)
                     if not (delta or new_lps or newly_done or not echoed[i]):
                         continue
                     lps = (self._logprobs_of(new_lps, len(prompt_text) + sent_text[i])
@@ -326,10 +355,17 @@ class Generation:
                     done[i] = done[i] or newly_done
                     reason = o.finish_reason if newly_done else None
                     if self.kind == "chat":
-                        rows.extend(self._chat_rows(i, delta, newly_done, lps, reason))
+                        new_rows = self._chat_rows(i, delta, newly_done, lps, reason)
+                        rows.extend(new_rows)
                     else:
-                        choices.append({"index": i, "text": delta, "logprobs": lps,
-                                        "finish_reason": reason})
+                        new_rows = [{"index": i, "text": delta, "logprobs": lps,
+                                     "finish_reason": reason}]
+                        if prompt_ids_due[i]:        # a completion's first chunk of choice i
+                            new_rows[0]["prompt_token_ids"] = list(self.prompt_ids)
+                            prompt_ids_due[i] = False
+                        choices.extend(new_rows)
+                    if ids[i] is not None and new_rows:     # held text keeps its ids until sent
+                        new_rows[-1]["token_ids"], ids[i] = ids[i], None
                 if choices:
                     yield self._chunk(choices)
                 for row in chunk_rows(rows):

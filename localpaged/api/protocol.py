@@ -15,7 +15,11 @@ stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our 
 (localpaged.chat.context_window); without it nothing is ever dropped. For reasoning models,
 `reasoning_effort`, `max_reasoning_tokens`, `enable_thinking` and `chat_template_kwargs` (read by
 reasoning_output.py). `speculative: false` keeps a request out of speculative decoding where
-the server runs it (`--speculation`).
+the server runs it (`--speculation`). `return_token_ids` (vLLM's) adds the prompt's and each
+choice's token ids to the response, and `return_tokens_as_token_ids` writes logprobs' tokens as
+"token_id:N": with both, a client can continue a completion from any of its tokens, or from one
+of the alternatives logprobs listed, by sending prompt + token ids[:t] + that token as a
+/v1/completions prompt (the prefix cache then computes one token before the first new one).
 
 Every list, map and string a request may carry has a cap (below), so no field can make the
 server's work per request unbounded; the body itself is at most MAX_BODY_BYTES (errors.py), and
@@ -105,6 +109,8 @@ class _Common(BaseModel):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     speculative: bool | None = None       # ours: False keeps this request from being drafted
+    return_token_ids: bool | None = False
+    return_tokens_as_token_ids: bool | None = False
     # output constraints (structured.py): OpenAI's, then vLLM's extensions
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -29,7 +29,7 @@ from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served_model import Model, ServedModel, as_served
-from localpaged.api.generation import Generation, SSEResponse, chat_prompt
+from localpaged.api.generation import Generation, SSEResponse, TokenIdText, chat_prompt
 from localpaged.api.reasoning_output import ReasoningReplies, reasoning_request
 from localpaged.api.structured import constrain, tool_request
 from localpaged.api.tool_output import ToolReplies
@@ -160,10 +160,11 @@ class _API:
                 raise APIError(f"Invalid '{guided_param}': {exc}", param=guided_param,
                                code="invalid_schema") from exc
             raise from_value_error(exc, prompt_param) from exc
-        gen = Generation(stream, kind, model.name, model.text_of,
+        text_of = TokenIdText(model.text_of) if body.return_tokens_as_token_ids else model.text_of
+        gen = Generation(stream, kind, model.name, text_of,
                          params.logprobs is not None, body.include_usage, self.recorder,
                          extensions, echo=body.echo_request(), tools=tools,
-                         reasoning=reasoning)
+                         reasoning=reasoning, prompt_ids=ids if body.return_token_ids else None)
 
         def close() -> None:
             stream.cancel()

@@ -165,3 +165,40 @@ def test_max_model_len_flag(tiny_llama):
     assert parse_args([]).max_model_len is None
     with pytest.raises(ValueError, match="max_model_len must be >= 2"):
         LLM(tiny_llama, max_model_len=1)
+
+
+def test_return_token_ids_and_a_completion_forked_at_a_token(served, tiny_llama):
+    """return_token_ids gives the prompt's and the reply's token ids (whole and streamed alike),
+    return_tokens_as_token_ids names logprobs' tokens by id; a completion whose prompt is the
+    prompt, the reply's first t tokens and one of the alternatives logprobs listed at t gets all
+    but its last token from the prefix cache (the block it leaves mid-way copied), and the
+    tokens of that prompt on an engine with nothing cached."""
+    engine, client = served
+    messages = [{"role": "user", "content": words(4, 40)}]
+    body = {"model": MODEL, "messages": messages, "temperature": 0, "ignore_eos": True,
+            "max_tokens": 30, "logprobs": True, "top_logprobs": 3, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}
+    whole = client.post("/chat/completions", json=body).json()
+    prompt_ids, reply = whole["prompt_token_ids"], whole["choices"][0]["token_ids"]
+    assert prompt_ids == list(engine.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    content = whole["choices"][0]["logprobs"]["content"]
+    assert len(reply) == 30 and [c["token"] for c in content] == [f"token_id:{t}" for t in reply]
+    with client.stream("POST", "/chat/completions", json=body | {"stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks[0]["prompt_token_ids"] == prompt_ids
+    assert [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])] == reply
+
+    t = next(t for t in range(3, 25) if 3 <= (len(prompt_ids) + t) % 16 <= 12)   # mid-block
+    alt = next(int(e["token"].split(":")[1]) for e in content[t]["top_logprobs"]
+               if e["token"] != content[t]["token"])
+    forked = prompt_ids + reply[:t] + [alt]
+    done = client.post("/completions", json={
+        "model": MODEL, "prompt": forked, "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, "return_token_ids": True}).json()
+    assert done["choices"][0]["prompt_token_ids"] == forked
+    assert done["usage"]["prompt_tokens_details"]["cached_tokens"] == len(forked) - 1
+    fresh = LLM(tiny_llama, enable_prefix_caching=False).generate([forked], greedy(8))[0]
+    assert done["choices"][0]["token_ids"] == fresh.outputs[0].token_ids
+    wait_idle(engine)
