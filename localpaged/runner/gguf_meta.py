@@ -15,6 +15,8 @@ $LOCALPAGED_CACHE_DIR, else $XDG_CACHE_HOME/localpaged, else ~/.cache/localpaged
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 from pathlib import Path
@@ -46,17 +48,33 @@ def default_cache_root() -> Path:
 def config_and_tokenizer(folder: str, gguf_file: str) -> tuple[PretrainedConfig, object]:
     """(config, tokenizer) of folder/gguf_file, from its metadata."""
     path = os.path.join(folder, gguf_file)
-    metadata, tensor_names = read_metadata(path)
+    with _no_gc():
+        metadata, tensor_names = read_metadata(path)
     config = built_config(lambda: _config(metadata, tensor_names, folder, gguf_file), path)
     _llamacpp_defaults(config)
     try:
-        tokenizer = tokenizer_from_metadata(metadata)
+        with _no_gc():
+            tokenizer = tokenizer_from_metadata(metadata)
     except UnsupportedVocabulary as exc:
         logger.warning("%s: %s; converting its tokenizer through transformers instead (slow "
                        "for a large vocabulary)", gguf_file, exc)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file,
                                                   trust_remote_code=False)
     return config, tokenizer
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """Python's cycle collector off while a vocabulary's hundreds of thousands of strings and
+    merge pairs are made: they make no cycles, but their count sets off full collections, each
+    a walk over every object of the process (torch's and transformers' included)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _config(metadata: dict, tensor_names: list[str], folder: str,
