@@ -63,6 +63,11 @@ class ChatBackend(Protocol):
         """Cached KV block ids holding a prefix of this conversation's prompt (empty if remote)."""
 
 
+# The top alternatives the engine reports for every token of a chat reply (kept by the app, so
+# a reply can be branched at any token with another choice).
+ALTERNATIVES = 5
+
+
 class LocalChatBackend:
     supports_kv_stats = True
 
@@ -81,7 +86,7 @@ class LocalChatBackend:
     def submit_ids(self, token_ids: list[int], params: SamplingParams,
                    request_id: str | None = None) -> Iterator[RequestOutput]:
         """Stream one reply to a prompt given as token ids (Continue)."""
-        return iter(self.engine.submit(list(token_ids), self._with_markers([params])[0],
+        return iter(self.engine.submit(list(token_ids), self._local([params])[0],
                                        request_id))
 
     def decode(self, token_ids: list[int]) -> str:
@@ -112,11 +117,12 @@ class LocalChatBackend:
         tool_format)."""
         return reasoning_format(self.engine.tokenizer)
 
-    def _with_markers(self, params: list[SamplingParams]) -> list[SamplingParams]:
+    def _local(self, params: list[SamplingParams]) -> list[SamplingParams]:
+        """What every reply of this backend asks the engine besides the user's settings: the
+        top ALTERNATIVES of each token, and the model's reasoning markers."""
         fmt = self.reasoning_format()
-        if fmt is None:
-            return params
-        return [replace(p, reasoning_markers=fmt.markers) for p in params]
+        markers = {} if fmt is None else {"reasoning_markers": fmt.markers}
+        return [replace(p, logprobs=max(p.logprobs or 0, ALTERNATIVES), **markers) for p in params]
 
     def chat(self, messages: list[dict], params: list[SamplingParams],
              request_id: str | None = None,
@@ -133,7 +139,7 @@ class LocalChatBackend:
                 raise ValueError("a reply with tools cannot also follow another output "
                                  "constraint (SamplingParams.guided)")
             params = [replace(p, guided=guided) for p in params]
-        params = self._with_markers(params)
+        params = self._local(params)
         if len(params) == 1:
             return iter(self.engine.submit(ids, params[0], request_id, priority=priority))
         return iter(self.engine.submit(ids, None, request_id, column_params=params,

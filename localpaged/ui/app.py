@@ -18,6 +18,7 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   prepared/      alternatives prepared in the background, and their options
   edit_preview/  the cost preview under the Edit box (reused vs prefilled tokens)
   export/        a tab's Markdown + JSON export
+  tokens/        a reply token by token (probabilities, alternatives) and a branch at a token
   compare/       the side-by-side compare tab (CompareValues)
   engine_panel/  the KV-cache panel, pushed by the server (its own long-poll route)
   kv_disk/       the KV disk tier: the shown conversation read back ahead of a send, Clear
@@ -67,6 +68,7 @@ from .sidebar.view import build_sidebar
 from .style import CSS, THEME
 from .tabs.events import Page, TabSet, wire_scroll
 from .tabs.view import N_SLOTS, PageUI
+from .tokens.events import TokenEvents, wire_token_clicks, wire_tokens
 from .tools.events import wire_tools_panel
 from .tools.view import build_tools_panel
 
@@ -109,15 +111,18 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
                     tabset)
         chat_events = ChatEvents(ctl, tabset)
         context_events = ContextEvents(ctl, chat_events)
+        token_events = TokenEvents(ctl, chat_events)
         for ui in chats:                       # first: they add their followers to the page
             wire_chat_tab(ui, page, chat_events)
             wire_context(ui, page, context_events)
+            wire_tokens(ui, page, token_events)
         loaded = demo.load(page.handler(tabset.restore), None, page.ui.outputs(), **QUICK)
         loaded.then(**page.listing_event())
         page.follow_all(loaded)
         page.wire_more()
         wire_first_screen(loaded)
         wire_sibling_clicks(loaded)
+        wire_token_clicks(loaded)
         wire_keyboard(loaded)
         wire_scroll(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))

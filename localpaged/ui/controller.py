@@ -15,6 +15,7 @@ store, the backend provider, the settings reader) and holding none of their stat
   sidebar.logic.Organiser           the list's query, search hits, pin, archive, tags, import
   delete_branch.logic.BranchDeletion  delete a message and its branch (stopping what writes there)
   tools.logic.ToolFeatures          MCP servers, a conversation's tools and JSON schema, approvals
+  tokens.logic.TokenBranches        a reply token by token, and a branch at any token
 
 and holds the operations every feature shares: conversations (new, rename, delete, search,
 export) and the message tree (the view a tab shows, branches, switch, pick, fork). It returns
@@ -43,6 +44,7 @@ from .sidebar.logic import Organiser
 from .store import Conversation, Message, Store
 from .tabs.logic import OpenTabsFile
 from .tools.logic import ToolFeatures
+from .tokens.logic import TokenBranches, TokenView
 from .tools.mcp_client import McpClient
 from .turns import ChatError, LiveReply, Turn, TurnRegistry
 
@@ -85,6 +87,7 @@ class ChatController:
         self._open_tabs = OpenTabsFile(state_file)
         self.organise = Organiser(store)
         self.branch_deletion = BranchDeletion(self.turns, store, self.prepared)
+        self.token_branches = TokenBranches(self.turns, store, backend, self.continue_reply)
 
     def backend(self) -> ChatBackend | None:
         return self._backend()
@@ -232,6 +235,13 @@ class ChatController:
 
     def continue_reply(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         return self.context.continue_reply(message_id, sampling)
+
+    def reply_tokens(self, message_id: int) -> list[TokenView] | None:
+        return self.token_branches.tokens(message_id)
+
+    def branch_at_token(self, message_id: int, index: int, token_id: int,
+                        sampling: Sampling | None = None) -> Turn:
+        return self.token_branches.branch(message_id, index, token_id, sampling)
 
     def compare(self, cid: int, text: str, columns: list[dict[str, Any]] | int) -> Turn:
         return self.compares.compare(cid, text, columns)

@@ -89,6 +89,17 @@ footer { display: none !important; }
 .lp-composer { align-items: stretch; }
 .lp-composer textarea { min-height: 44px; }
 .lp-edit { border: 1px dashed var(--color-accent) !important; padding: 6px; }
+.lp-tokens { border: 1px dashed var(--color-accent) !important; padding: 6px; }
+.lp-tokhelp { margin: 0 0 4px; font-size: .8rem; color: var(--body-text-color-subdued); }
+.lp-toktext { white-space: pre-wrap; line-height: 1.7; max-height: 40vh; overflow-y: auto;
+  font-size: .92rem; }
+.lp-tok { cursor: pointer; border-radius: 3px; }
+.lp-tok:hover { outline: 1px solid var(--color-accent); }
+.lp-tok.lp-p1 { background: rgba(245, 158, 11, .15); }
+.lp-tok.lp-p2 { background: rgba(245, 158, 11, .32); }
+.lp-tok.lp-p3 { background: rgba(239, 68, 68, .35); }
+.lp-tok.lp-p4 { background: rgba(239, 68, 68, .55); }
+.lp-tok.lp-picked { outline: 2px solid var(--color-accent); }
 
 .lp-columns { gap: 10px; }
 .lp-column { background: var(--background-fill-secondary); border-radius: 10px; padding: 8px; }

@@ -31,7 +31,7 @@ from localpaged.chat.backend import ChatBackend
 from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.engine.outputs import RequestOutput
 
-from .store import Store
+from .store import Store, TokenChoice
 from .store.retry import until_saved
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,24 @@ class LiveReply:
     prefix_ids: list[int] = field(default_factory=list)   # a continued reply's earlier tokens
     progress: tuple[int, int] | None = None  # last prefill progress: (computed, total) tokens
     reasoning: str = ""                     # the reply's reasoning, apart from its text
+    # each token's logprob and top alternatives: a continued reply's earlier tokens', then the
+    # engine's for the new ones (None: the backend reports none)
+    prefix_choices: list[TokenChoice] = field(default_factory=list)
+    logprobs: list | None = None
 
     def extra(self) -> dict[str, Any] | None:
         """What the reply's row keeps in `extra` besides its text."""
         return {"reasoning": self.reasoning} if self.reasoning else None
+
+    def choices(self) -> list[TokenChoice] | None:
+        """Every token's choice, in step with token_ids; None when the engine gave none."""
+        if self.logprobs is None or self.token_ids is None:
+            return None
+        new = [TokenChoice(t.token_id, t.logprob,
+                           tuple(sorted(t.top.items(), key=lambda kv: -kv[1])))
+               for t in self.logprobs]
+        choices = self.prefix_choices + new
+        return choices if len(choices) == len(self.token_ids) else None
 
 
 class Turn:
@@ -187,6 +201,8 @@ class Turn:
                 else:
                     reply.token_ids = new_ids or None
                     text = comp.text
+                if comp.logprobs is not None:
+                    reply.logprobs = comp.logprobs
                 if text is not None:
                     reply.text = text
                     if self._reasoning is not None:
@@ -278,6 +294,8 @@ class Turn:
                 self._store.update_message(reply.message_id, content=reply.text,
                                            status=reply.status, stats=reply.stats,
                                            token_ids=reply.token_ids, extra=kept)
+                if (choices := reply.choices()) is not None:
+                    self._store.set_alternatives(reply.message_id, choices)
         try:
             until_saved(self._store, write, f"reply {reply.message_id}")
         except Exception as exc:  # noqa: BLE001 - a closed store or a bug: say so, keep going

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from ..click_relay import inputs_js, relay_js
 from ..controller import ChatController, ContextAsk
 from ..edit_preview.events import wire_edit_cost
 from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
@@ -250,30 +251,14 @@ COPY_JS = "(text) => { navigator.clipboard.writeText(text || ''); }"
 
 
 # A click on a message's `‹ 2/3 ›` (render.footer: `<span class="lp-sib lp-at-{index}">`): its
-# left half shows the previous version, its right half the next. The listener leaves
-# "index step" in window.__lpSibNav and clicks the tab's hidden `sibgo{i}` button, whose event
-# hands that to ChatEvents.switch_at (SIBLING_INPUTS_JS). One listener for the page (capture
-# phase, so the Chatbot's own select does not also fire).
-SIBLING_JS = """() => { if (window.__lpSiblings) return; window.__lpSiblings = true;
-  document.addEventListener('click', (e) => {
-    const sib = e.target.closest ? e.target.closest('.lp-sib') : null;
-    if (!sib) return;
-    let chat = sib.parentElement;
-    while (chat && !/^chat\\d+$/.test(chat.id)) chat = chat.parentElement;
-    const at = [...sib.classList].find((c) => /^lp-at-\\d+$/.test(c));
-    if (!chat || !at) return;
-    const go = document.getElementById('sibgo' + chat.id.slice(4));
-    if (!go) return;
-    const r = sib.getBoundingClientRect();
-    const step = e.clientX < r.left + r.width / 2 ? -1 : 1;
-    e.stopPropagation(); e.preventDefault();
-    window.__lpSibNav = at.slice(6) + ' ' + step;
-    go.click();
-  }, true);
-}"""
-# The hidden button's event reads what the listener left (its js runs before the handler and
-# gives the handler its inputs).
-SIBLING_INPUTS_JS = "(c, nav) => [c, window.__lpSibNav || '']"
+# left half shows the previous version, its right half the next; "index step" goes to the
+# tab's hidden `sibgo{i}` button, whose event hands it to ChatEvents.switch_at.
+SIBLING_JS = relay_js("sibnav", ".lp-sib", "chat", "sibgo", """(el, e) => {
+    const at = [...el.classList].find((c) => /^lp-at-\\d+$/.test(c));
+    if (!at) return null;
+    const r = el.getBoundingClientRect();
+    return at.slice(6) + ' ' + (e.clientX < r.left + r.width / 2 ? -1 : 1); }""")
+SIBLING_INPUTS_JS = inputs_js("sibnav", before=1)
 
 
 def wire_sibling_clicks(loaded) -> None:

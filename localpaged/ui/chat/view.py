@@ -11,7 +11,8 @@ in ChatTabUI and in TabValues, and its value in `tab_values` (all here); `values
 Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel{i}`, `prev{i}`,
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
 `cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
-`askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `preset{i}`,
+`askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `tokens{i}`,
+`tokpanel{i}`, `tokhtml{i}`, `tokalts{i}`, `tokbranch{i}` (the token view: tokens/view.py), `preset{i}`,
 `presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}`, `attachbtn{i}`
 and `attach{i}` (the files attached to the next message), the tools'
 (tools/view.py) ...
@@ -33,6 +34,7 @@ from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
 from ..settings.logic import EXTRA_KEYS, SAMPLING_KEYS
 from ..settings.view import build_presets, extra_fields, sampling_fields
+from ..tokens.view import build_tokens_button, build_tokens_panel
 from ..tools.view import (approval_values, build_approval, build_tool_settings,
                           tool_settings_values)
 from ..values import KEEP, flatten, outputs
@@ -112,6 +114,7 @@ class ChatTabUI:
     tool_ui: Any = None
     attach: Any = None                # the attached files' list (each name with its remove button)
     attach_button: Any = None         # 📎 Attach: adds files to that list
+    tokens: Any = None                # tokens.view.TokensUI: the selected reply token by token
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -179,6 +182,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             edit = gr.Button("✎ Edit", size="sm", elem_id=f"edit{i}", scale=0, min_width=70)
             fork = gr.Button("⎇ Fork here", size="sm", elem_id=f"fork{i}", scale=0, min_width=96)
             copy = gr.Button("⧉ Copy", size="sm", elem_id=f"copy{i}", scale=0, min_width=70)
+            tokens_button = build_tokens_button(i)
             delete_branch = build_delete_button(i)
             sel_text = gr.Textbox(visible="hidden", elem_id=f"seltext{i}", show_label=False,
                                   container=False)
@@ -193,6 +197,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                                       elem_id=f"editsave{i}")
                 edit_cancel = gr.Button("Cancel", size="sm", elem_id=f"editcancel{i}")
         build_delete_confirm(i, delete_branch)
+        tokens = build_tokens_panel(i, tokens_button)
         with gr.Row(elem_classes="lp-composer", equal_height=True):
             msg = gr.Textbox(placeholder="Message…  (Enter sends, Shift+Enter for a new line)",
                              show_label=False, lines=1, max_lines=10, scale=8,
@@ -225,7 +230,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      extras, presets, presets.preset, presets.name, ask.column, ask.text, ask,
                      sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
                      [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui,
-                     attach, attach_button)
+                     attach, attach_button, tokens)
 
 
 @dataclass

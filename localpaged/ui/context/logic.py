@@ -265,7 +265,8 @@ class ContextFeatures:
                 raise
             reply = LiveReply(m.id, m.content, stats=dict(m.stats), token_ids=m.token_ids,
                               prefix_ids=list(m.token_ids),
-                              reasoning=str(m.extra.get("reasoning") or ""))
+                              reasoning=str(m.extra.get("reasoning") or ""),
+                              prefix_choices=self.store.alternatives(m.id))
             return Turn(cid, request_id, [reply], stream, backend.abort, self.store,
                         decode=backend.decode, reasoning=reasoning_of(backend))
         return self.turns.launch(cid, self.backend(), start)

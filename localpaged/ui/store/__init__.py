@@ -5,6 +5,7 @@
   export.py         ExportImport: fork, export to JSON / Markdown, import
   app_settings.py   AppSettings: app-wide settings (defaults for new chats), saved presets
   tool_servers.py   ToolServerRows: the MCP servers the user added
+  alternatives.py   TokenAlternatives: each reply token's logprob and top alternatives
   db.py             StoreBase: the connection, the lock, transactions
   errors.py         StoreError and its causes (disk full, read-only, locked, damaged, ...)
   private.py        owner-only modes for the data dir, the database, exports
@@ -17,7 +18,7 @@ The names below are what the rest of the app imports (`from localpaged.ui.store 
 """
 
 from .store import (DB_FILENAME, EXPORT_FORMAT, ROLES, STATS_KEYS, STATUSES, Conversation, Message,
-                    Store, StoreError, ToolServer, default_data_dir)
+                    Store, StoreError, TokenChoice, ToolServer, default_data_dir)
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
-           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT", "ToolServer"]
+           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT", "ToolServer", "TokenChoice"]

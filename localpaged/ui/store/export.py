@@ -22,7 +22,7 @@ class ExportImport(MessageTree):
     def fork_conversation(self, message_id: int, title: str | None = None) -> Conversation:
         """A new conversation with the same settings (system prompt, model, sampling
         settings, context policy, options) holding a copy of the path up to `message_id`
-        (timestamps, sampling, stats, status and reply token ids copied)."""
+        (timestamps, sampling, stats, status, reply token ids and their alternatives copied)."""
         path = self.path_to(message_id)
         src = self.get_conversation(path[0].conversation_id)
         with self._write():
@@ -34,6 +34,8 @@ class ExportImport(MessageTree):
             for m in path:
                 parent = self._insert(cid, parent, m.role, m.content, m.sampling, m.status,
                                       m.stats, m.created, token_ids=m.token_ids, extra=m.extra)
+                self.db.execute("INSERT INTO token_alternatives (message_id, data) SELECT ?, data"
+                                " FROM token_alternatives WHERE message_id = ?", [parent, m.id])
         return self.get_conversation(cid)
 
     @guarded

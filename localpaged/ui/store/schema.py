@@ -23,12 +23,14 @@ The version lives in `PRAGMA user_version`:
      a conversation, each at most once) and the full-text index of the messages (`fts.py`: an
      FTS5 table kept by triggers; the migration indexes every existing message). Added columns
      and tables only: every conversation and message is kept as it was.
-  6  current: role 'tool' (a tool's result, answering an assistant message's tool call) and
+  6  role 'tool' (a tool's result, answering an assistant message's tool call) and
      `messages.extra` (JSON: an assistant message's `tool_calls`, a tool message's card: the
      call it answers, its arguments, state, duration; a user message's `attachments`), and
      `tool_servers` (the MCP servers the user added: name, kind 'stdio' | 'http', target: an
      argv list or a URL, as JSON). The role's CHECK changes, so `messages` is rebuilt
      (`rebuild_messages`: copied row for row, ids kept, foreign keys off while it runs).
+  7  current: `token_alternatives` (message id -> a reply's tokens with their logprobs and top
+     alternatives, packed: `alternatives.py`). An added table only.
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -48,7 +50,7 @@ from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
@@ -136,6 +138,14 @@ _TOOL_SERVERS = [
     )""",
 ]
 CREATE_CURRENT += _TOOL_SERVERS
+# Version 7's table.
+_ALTERNATIVES = [
+    """CREATE TABLE token_alternatives (
+        message_id INTEGER PRIMARY KEY REFERENCES messages(id) ON DELETE CASCADE,
+        data BLOB NOT NULL
+    )""",
+]
+CREATE_CURRENT += _ALTERNATIVES
 _MESSAGE_COLUMNS = ("id, conversation_id, parent_id, role, content, created, sampling,"
                     " active_child_id, status, stats, prepared, token_ids")
 # Version 5 -> 6: messages copied into the new table, which then takes the old one's place
@@ -193,6 +203,7 @@ MIGRATIONS: dict[int, list[str]] = {
         *_TAGS,
     ],   # and the full-text index: fts.ensure_index, run after every migration
     5: _REBUILD_MESSAGES,
+    6: _ALTERNATIVES,
 }
 # Migrations that rebuild a table another one references: run with foreign keys off (a DROP
 # TABLE would otherwise run the references' ON DELETE actions), checked before commit.

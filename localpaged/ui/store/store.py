@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .alternatives import TokenAlternatives, TokenChoice
 from .app_settings import AppSettings
 from .db import DB_FILENAME, guarded
 from .errors import StoreError
@@ -26,7 +27,7 @@ from .schema import CONTEXT_POLICIES, ROLES, STATS_KEYS, STATUSES
 from .tool_servers import ToolServer, ToolServerRows
 
 __all__ = ["Conversation", "Message", "Store", "StoreError", "default_data_dir", "ROLES",
-           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT", "ToolServer"]
+           "STATUSES", "STATS_KEYS", "DB_FILENAME", "EXPORT_FORMAT", "ToolServer", "TokenChoice"]
 
 # A conversation row with its tags (a JSON list, sorted).
 _SELECT = ("SELECT c.*, (SELECT json_group_array(tag) FROM (SELECT tag FROM tags"
@@ -48,7 +49,7 @@ def default_data_dir() -> Path:
     return base / "localpaged"
 
 
-class Store(AppSettings, ExportImport, Organise, ToolServerRows):
+class Store(AppSettings, ExportImport, Organise, ToolServerRows, TokenAlternatives):
     """The conversation store. `path` is the database file, or a directory to hold
     DB_FILENAME; missing directories are created (see StoreBase)."""
 
