@@ -21,9 +21,11 @@ import torch
 
 
 def read_bandwidth(threads: int | None = 2, gib: float = 4.0, arrays: int = 4,
-                   repeats: int = 10) -> dict:
+                   repeats: int = 10, beside=None) -> dict:
     """GB/s read on `threads` threads (None: as set now) over `arrays` arrays of `gib` GiB in
-    all: {"best_GBps", "median_GBps", "bytes", "arrays", "threads", "repeats", "kernel"}."""
+    all: {"best_GBps", "median_GBps", "bytes", "arrays", "threads", "repeats", "kernel"}.
+    `beside` (a function of one array): timed on the same arrays, taking turns with the read pass
+    for pass, its "beside_best_GBps" and "beside_median_GBps" added."""
     if threads is not None:
         torch.set_num_threads(threads)
     read, kernel = _reader()
@@ -31,17 +33,20 @@ def read_bandwidth(threads: int | None = 2, gib: float = 4.0, arrays: int = 4,
     xs = [torch.ones(n, dtype=torch.int64) for _ in range(arrays)]   # written: every page mapped
     for x in xs:
         read(x)
-    seconds = []
+    seconds, other = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
-        for x in xs:
-            read(x)
-        seconds.append(time.perf_counter() - start)
+        seconds.append(_seconds(lambda: [read(x) for x in xs]))
+        if beside is not None:
+            other.append(_seconds(lambda: [beside(x) for x in xs]))
     total = n * 8 * arrays
-    return {"best_GBps": round(total / min(seconds) / 1e9, 2),
-            "median_GBps": round(total / statistics.median(seconds) / 1e9, 2),
-            "bytes": total, "arrays": arrays, "threads": torch.get_num_threads(),
-            "repeats": repeats, "kernel": kernel}
+    result = {"best_GBps": round(total / min(seconds) / 1e9, 2),
+              "median_GBps": round(total / statistics.median(seconds) / 1e9, 2),
+              "bytes": total, "arrays": arrays, "threads": torch.get_num_threads(),
+              "repeats": repeats, "kernel": kernel}
+    if other:
+        result.update(beside_best_GBps=round(total / min(other) / 1e9, 2),
+                      beside_median_GBps=round(total / statistics.median(other) / 1e9, 2))
+    return result
 
 
 def _reader():
@@ -103,12 +108,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arrays", type=int, default=4)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--torch-sum", action="store_true",
-                   help="also the earlier measure: torch's float32 sum over 1 GiB, best of 5")
+                   help="also torch's float32 sum: over the same arrays, taking turns with the "
+                        "read pass for pass, and the earlier measure (over 1 GiB, best of 5)")
     args = p.parse_args(argv)
-    bw = read_bandwidth(args.threads, args.gib, args.arrays, args.repeats)
+    beside = (lambda x: x.view(torch.float32).sum()) if args.torch_sum else None
+    bw = read_bandwidth(args.threads, args.gib, args.arrays, args.repeats, beside)
     result = {"read_bandwidth": bw, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     print("read bandwidth:", describe(bw))
     if args.torch_sum:
+        print(f"torch float32 sum over the same arrays, taking turns: {bw['beside_best_GBps']} "
+              f"GB/s best, {bw['beside_median_GBps']} median")
         x = torch.ones(1 << 28, dtype=torch.float32)
         x.sum()
         best = min(_seconds(x.sum) for _ in range(5))
