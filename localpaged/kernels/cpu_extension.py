@@ -106,9 +106,13 @@ class Build:
         if not self.done.wait(CACHED_LOAD_S):            # not a load from the cache: a compile
             logger.info("compiling the CPU kernels once for this machine (g++ -march=native; "
                         "later loads use the cached build): %s waits for them", what)
+            start = time.monotonic()
             with tqdm(desc="compiling the CPU kernels (once)", bar_format="{desc}: {elapsed}") as bar:
                 while not self.done.wait(1.0):
                     bar.refresh()
+            if self.module is not None:
+                logger.info("CPU kernels compiled in %.0f s (cached for later loads)",
+                            time.monotonic() - start)
         return self.module
 
     def _run(self) -> None:
