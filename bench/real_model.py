@@ -367,6 +367,7 @@ def _time_loader_parts() -> tuple[dict, dict]:
     try:
         from localpaged.kernels import cpu_extension
         targets += [(cpu_extension.BUILD, "module_if_cached", "extension module_if_cached"),
+                    (cpu_extension.BUILD, "module_for_load", "extension module_for_load"),
                     (cpu_extension.BUILD, "wait", "extension wait")]
     except ImportError:
         pass
