@@ -161,7 +161,8 @@ def _same_backend(ours, theirs) -> None:
                     f"transformers' {b[at - 80:at + 80]!r}")
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma3", "qwen"])
+@pytest.mark.parametrize("which", [pytest.param("smollm2", marks=pytest.mark.slow),
+                                   pytest.param("gemma3", marks=pytest.mark.slow), "qwen"])
 def test_tokenizer_and_config_equal_transformers_conversion(gguf_files, which):
     path = gguf_files[which]
     config, ours = gguf_meta.config_and_tokenizer(*os.path.split(path))
@@ -204,6 +205,7 @@ def test_tokenizer_and_config_equal_transformers_conversion(gguf_files, which):
                 theirs.decode(ids, skip_special_tokens=skip)
 
 
+@pytest.mark.slow
 def test_no_transformers_conversion_on_the_load_path(gguf_files, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("transformers' GGUF conversion was called")
