@@ -14,7 +14,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
                  the scroll the user was on) (PageValues)
   sidebar/       new chat, search, the conversation list, rename, delete
   settings/      a conversation's system prompt and sampling fields, checked when saved
-  context/       the context gauge, the context policy, Continue, the first screen's focus
+  context/       the context gauge, the context policy, Continue, Compact (a summary and the
+                 recent turns in a new branch), the first screen's focus
   prepared/      alternatives prepared in the background, and their options
   edit_preview/  the cost preview under the Edit box (reused vs prefilled tokens)
   export/        a tab's Markdown + JSON export

@@ -8,6 +8,7 @@ store, the backend provider, the settings reader) and holding none of their stat
   settings.presets.Presets          system-prompt presets, the defaults of new conversations
   prepared.logic.PreparedReplies    alternatives prepared in the background
   context.logic.ContextFeatures     context policy, the gauge's numbers, Continue
+  context.compact.Compaction        Compact: a summary and the recent turns in a new branch
   chat.logic.ChatTurns              send, regenerate, edit (and the request compare makes)
   compare.logic.CompareTurns        compare: samples, settings per column, beams
   edit_preview.logic.edit_cost      reused / prefilled tokens of an edit
@@ -34,6 +35,7 @@ from localpaged.chat.backend import ChatBackend
 
 from .chat.logic import NEW_TITLE, ChatTurns
 from .compare.logic import CompareTurns
+from .context.compact import Compaction
 from .context.logic import ContextAsk, ContextFeatures, ContextUsage, prompt_messages
 from .delete_branch.logic import BranchDeletion
 from .edit_preview.logic import edit_cost
@@ -81,6 +83,7 @@ class ChatController:
         parts = (self.turns, store, backend, self.conversation_settings)
         self.prepared = PreparedReplies(*parts)
         self.context = ContextFeatures(*parts)
+        self.compaction = Compaction(*parts)
         self.tools = ToolFeatures(store, self.turns, tool_client)
         self.chat = ChatTurns(*parts, self.prepared, self.tools)
         self.compares = CompareTurns(self.turns, backend, self.conversation_settings, self.chat)
@@ -223,8 +226,12 @@ class ChatController:
 
     def send(self, cid: int, text: str, sampling: Sampling | None = None,
              policy: str | None = None, attachments: list[dict] | None = None) -> Turn:
-        """`policy`: this request's context policy (default: the conversation's);
+        """`policy`: this request's context policy (default: the conversation's); under
+        "compact", a message that would not fit is sent on a compacted branch (`compact`);
         `attachments`: files' text sent with the message (tools/messages.py)."""
+        if text.strip() and (policy or self.conversation(cid).context_policy) == "compact" \
+                and self.compaction.needed(cid, text, sampling):
+            self.compaction.compact(cid, text, sampling)
         return self.chat.send(cid, text, sampling, policy, attachments)
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
@@ -260,6 +267,17 @@ class ChatController:
     # ---- context (context/logic.py) and the edit preview ------------------------------------
     def set_context_policy(self, cid: int, policy: str) -> Conversation:
         return self.context.set_policy(cid, policy)
+
+    def compact(self, cid: int, sampling: Sampling | None = None) -> list[Message]:
+        """A new branch: the system prompt, the model's summary of the oldest turns and copies
+        of the recent ones (context/compact.py); the original path stays. Returns its path."""
+        return self.compaction.compact(cid, "", sampling)
+
+    def compact_prompt(self, cid: int) -> str:
+        return self.compaction.prompt(cid)
+
+    def set_compact_prompt(self, cid: int, text: str) -> str:
+        return self.compaction.set_prompt(cid, text)
 
     def context_usage(self, cid: int, draft: str = "", system_prompt: str | None = None,
                       max_tokens: int | None = None) -> ContextUsage | None:

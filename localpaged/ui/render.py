@@ -73,6 +73,8 @@ def _note(msg: Message, live: LiveReply | None) -> str:
     bits: list[str] = []
     if msg.role == "user" and msg.extra.get("attachments"):
         bits.append(attachments_note(msg.extra["attachments"]))
+    if "summary_of" in msg.extra:
+        bits.append(summary_note(msg.extra["summary_of"]))
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
@@ -95,6 +97,13 @@ def _note(msg: Message, live: LiveReply | None) -> str:
         if model:
             bits.append(model_label(str(model)))
     return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
+
+
+def summary_note(summary_of) -> str:
+    """`📝 Summary of 6 earlier messages (the original is the other branch here: ‹ ›)`."""
+    n = len(summary_of) if isinstance(summary_of, list) else 0
+    return (f"📝 Summary of {n} earlier message{'s' if n != 1 else ''} (compacted; the "
+            "original is the other branch here: ‹ ›)")
 
 
 def attachments_note(attachments: list) -> str:
@@ -133,7 +142,8 @@ def chat_messages(view: View) -> list[dict[str, str]]:
             body += f'<div class="lp-foot"><sub>{note}</sub></div>'
         if cut and i == cut:
             body = f"<sub>{html.escape(context_marker(cut), quote=False)}</sub>{body}"
-        out.append({"role": "assistant" if msg.role == "tool" else msg.role, "content": body})
+        role = "assistant" if msg.role in ("tool", "system") else msg.role
+        out.append({"role": role, "content": body})
     return out
 
 
@@ -169,11 +179,13 @@ def _source(msg: Message, live: LiveReply | None) -> str:
 
 def context_cut(view: View) -> int:
     """How many messages at the top of the shown path the latest reply's prompt left out
-    (the marker goes on the first message it kept); 0 when it sent the whole path."""
+    (the marker goes on the first message it kept); 0 when it sent the whole path. A
+    compacted branch's summary, at the top, is always sent (with the system prompt)."""
+    lead = next((i for i, m in enumerate(view.path) if m.role != "system"), len(view.path))
     for msg in reversed(view.path):
         if msg.role == "assistant":
             n = int(msg.stats.get("context_dropped") or 0)
-            return n if 0 < n < len(view.path) else 0
+            return n + lead if 0 < n and n + lead < len(view.path) else 0
     return 0
 
 

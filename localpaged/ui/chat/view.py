@@ -10,7 +10,8 @@ in ChatTabUI and in TabValues, and its value in `tab_values` (all here); `values
 
 Elem ids a browser test touches: `chat{i}`, `msg{i}`, `send{i}`, `stop{i}`, `sel{i}`, `prev{i}`,
 `next{i}`, `regen{i}`, `edit{i}`, `fork{i}`, `close{i}`, `editbox{i}`, `editsave{i}`,
-`cont{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features: context/view.py), `ask{i}`,
+`cont{i}`, `compact{i}`, `compactprompt{i}`, `gauge{i}`, `ctxpolicy{i}` (the context features:
+context/view.py), `ask{i}`,
 `askdrop{i}`, `askedit{i}`, `askcancel{i}` (the "Stop and ask me" dialog), `tokens{i}`,
 `tokpanel{i}`, `tokhtml{i}`, `tokalts{i}`, `tokbranch{i}` (the token view: tokens/view.py), `preset{i}`,
 `presetname{i}`, `presetsave{i}`, `defaults{i}` (settings/view.py), `sibgo{i}`, `attachbtn{i}`
@@ -26,7 +27,8 @@ from typing import Any
 import gradio as gr
 
 from .. import markdown, render
-from ..context.view import GAUGE_EMPTY, build_continue, build_gauge, build_policy, gauge_value
+from ..context.view import (GAUGE_EMPTY, build_compact, build_compact_prompt, build_continue,
+                            build_gauge, build_policy, gauge_value)
 from ..controller import ChatController
 from ..edit_preview.view import build_edit_cost
 from ..delete_branch.view import build_delete_button, build_delete_confirm
@@ -56,6 +58,7 @@ class TabValues:
     prepare: Any = KEEP               # its prepared-alternatives options (prepared/view.py)
     gauge: Any = KEEP                 # the context gauge (HTML)
     policy: Any = KEEP                # the conversation's context policy
+    compact_prompt: Any = KEEP        # its compaction prompt (context/compact.py)
     extras: Any = KEEP                # its penalties and thinking budget, in EXTRA_KEYS order
     preset: Any = KEEP                # the presets dropdown (choices; no value: a chooser)
     preset_name: Any = KEEP           # the name a preset is saved under
@@ -115,6 +118,8 @@ class ChatTabUI:
     attach: Any = None                # the attached files' list (each name with its remove button)
     attach_button: Any = None         # 📎 Attach: adds files to that list
     tokens: Any = None                # tokens.view.TokensUI: the selected reply token by token
+    compact: Any = None               # context/view.py: Compact, and its prompt in the settings
+    compact_prompt: Any = None
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -152,6 +157,7 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
         values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy
+        values.compact_prompt = ctl.compact_prompt(cid)
         values.tool_settings = tool_settings_values(ctl, cid)
     return values
 
@@ -187,6 +193,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             sel_text = gr.Textbox(visible="hidden", elem_id=f"seltext{i}", show_label=False,
                                   container=False)
             cont = build_continue(i)
+            compact = build_compact(i)
             close = gr.Button("✕ Close tab", size="sm", elem_id=f"close{i}", scale=0, min_width=96)
         with gr.Group(visible=False, elem_classes="lp-edit") as edit_row:
             edit_box = gr.Textbox(label="Edit your message: the old version stays as a branch",
@@ -216,6 +223,7 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
             presets = build_presets(i)
             system = gr.Textbox(label="System prompt", lines=2, max_lines=10, elem_id=f"system{i}")
             policy = build_policy(i)
+            compact_prompt = build_compact_prompt(i)
             sampling = sampling_fields(f"s{i}-")
             extras = extra_fields(f"s{i}-")
             prepare = build_prepare_fields(i)
@@ -230,7 +238,8 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      extras, presets, presets.preset, presets.name, ask.column, ask.text, ask,
                      sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
                      [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui,
-                     attach, attach_button, tokens)
+                     attach, attach_button, tokens, compact=compact,
+                     compact_prompt=compact_prompt)
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """The context features' handlers and wiring on a chat tab: the gauge, the policy setting,
-Continue, and the first screen (the cursor starts in the message box, which is first in the tab
-order). The gauge follows the draft as the user types (the message box's `.change`, with the
-trigger_mode "always_last" of every quick event: keystrokes that arrive while a count runs
-collapse into one, a debounce that never drops the last one); a change of the chat (a reply
-ended, a branch switched, a tab opened) brings the gauge in the same update (chat/view.py
-`tab_values`), counted without the draft, which the next keystroke adds again.
+Continue, Compact and its prompt (saved on blur, as the system prompt is), and the first screen
+(the cursor starts in the message box, which is first in the tab order). The gauge follows the
+draft as the user types (the message box's `.change`, with the trigger_mode "always_last" of
+every quick event: keystrokes that arrive while a count runs collapse into one, a debounce that
+never drops the last one); a change of the chat (a reply ended, a branch switched, a tab
+opened) brings the gauge in the same update (chat/view.py `tab_values`), counted without the
+draft, which the next keystroke adds again.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import gradio as gr
 
 from ..controller import ChatController
 from ..event_settings import GEN, QUICK
-from ..settings.logic import SAMPLING_KEYS
-from ..toasts import USER_ERRORS, warn, why
+from ..settings.logic import SAMPLING_KEYS, from_fields
+from ..toasts import USER_ERRORS, info, warn, why
 from .view import gauge_value
 
 # Focus the shown chat's message box; the tab order starts with the message box, then Send, then
@@ -45,10 +46,18 @@ class ContextEvents:
         return gauge_value(self.ctl, cid, draft, system, max_tokens)
 
     def set_policy(self, slots: list, i: int, policy: str) -> None:
+        self._save(slots, i, self.ctl.set_context_policy, policy)
+
+    def set_compact_prompt(self, slots: list, i: int, text: str) -> None:
+        self._save(slots, i, self.ctl.set_compact_prompt, text)
+
+    @staticmethod
+    def _save(slots: list, i: int, setter, value) -> None:
+        """One setting of tab i's conversation; a refused value is a toast saying why."""
         if slots[i] is None:
             return
         try:
-            self.ctl.set_context_policy(slots[i], policy)
+            setter(slots[i], value)
         except USER_ERRORS as exc:
             warn(why(exc))
 
@@ -65,6 +74,22 @@ class ContextEvents:
             sel = None
         return self.chat_events.start_turn(cid, self.ctl.continue_reply, sel, system, sampling)
 
+    def compact(self, slots: list, i: int, system: str, *sampling) -> Iterator:
+        """Save the settings fields, then compact the conversation into a new branch (the
+        summary is written before the tab updates); the tab then shows that branch."""
+        cid = slots[i]
+        if cid is None:
+            return
+        try:
+            checked = self.ctl.update_settings(cid, system or "", from_fields(sampling))
+            self.ctl.compact(cid, checked)
+        except USER_ERRORS as exc:
+            warn(why(exc))
+        else:
+            info("Compacted into a new branch: a summary and the recent turns. The original "
+                 "is the other branch at the first message (‹).")
+        yield self.chat_events.chat(cid)
+
 
 def wire_context(ui, page, events: ContextEvents) -> None:
     """The gauge, the policy setting and Continue of chat tab `ui.index`."""
@@ -75,12 +100,19 @@ def wire_context(ui, page, events: ContextEvents) -> None:
         for v in events.continue_reply(slot_cids, i, sel, system, *sampling):
             yield ui.flatten(v)
 
+    def compact(slot_cids, system, *sampling) -> Iterator[list]:
+        for v in events.compact(slot_cids, i, system, *sampling):
+            yield ui.flatten(v)
+
     def gauge(slot_cids, draft, system, max_tokens):
         return events.gauge(slot_cids, i, draft, system, max_tokens)
 
     gauge_in = [slots, ui.msg, ui.system, ui.sampling[SAMPLING_KEYS.index("max_tokens")]]
 
     ui.cont.click(continue_, [slots, ui.sel, *settings], out, **GEN)
+    ui.compact.click(compact, [slots, *settings], out, **GEN)
+    ui.compact_prompt.blur(lambda c, t: events.set_compact_prompt(c, i, t),
+                           [slots, ui.compact_prompt], None, **QUICK)
     # (the chat's own changes bring their gauge with them: chat/view.py tab_values)
     for trigger in (ui.msg.change, ui.msg.focus, ui.system.input, gauge_in[-1].input):
         trigger(gauge, gauge_in, ui.gauge, **QUICK)

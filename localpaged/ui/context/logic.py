@@ -1,6 +1,7 @@
 """The conversation against the model's context window, in plain Python: the chat messages a
 path makes (`chat_prompt`, `prompt_messages`), what the context gauge shows (`ContextUsage`),
-which messages a request sends (`fit_prompt`, per-conversation policy "drop_oldest" | "error"),
+which messages a request sends (`fit_prompt`, per-conversation policy "drop_oldest" | "error" |
+"compact"; compaction itself is `compact.py`, which falls back to "drop_oldest" here),
 the request that continues a reply stopped early (`continue_prompt`), and `ContextFeatures`,
 where they meet the store and the backend: the policy setting, the gauge's numbers and Continue.
 Thin over `localpaged.chat.context_window` and `localpaged.chat.continuation`.
@@ -34,7 +35,10 @@ from ..tools.messages import message_dict
 from ..turns import ChatError, LiveReply, Turn, TurnRegistry
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
-                 "error": "Stop and ask me"}
+                 "error": "Stop and ask me",
+                 "compact": "Compact: summarise the oldest turns into a new branch"}
+# How a summary (a leading system-role message of a compacted branch) joins the system prompt.
+SUMMARY_INTRO = "Summary of the earlier conversation:\n"
 NEAR_LIMIT = 0.8           # the gauge turns amber from this share of the room for the prompt
 
 
@@ -122,7 +126,7 @@ def fit_prompt(backend, messages: list[dict], max_tokens: int | None, policy: st
     if window.count_tokens(messages) + reserve <= window.limit:
         return Prompt(messages, 0)              # fits (a cached count: no second tokenizing)
     try:
-        fit = window.fit(messages, reserve, policy)
+        fit = window.fit(messages, reserve, window_policy(policy))
     except SystemPromptTooLongError as exc:
         raise ContextError(f"The system prompt is too long for this model's context: {exc}. "
                            "Shorten it in the conversation settings.") from exc
@@ -139,6 +143,12 @@ def fit_prompt(backend, messages: list[dict], max_tokens: int | None, policy: st
         raise ContextError(f"Your message is too long for the model's context: {exc}. "
                            "Shorten it and send again.") from exc
     return Prompt(fit.messages, fit.num_dropped)
+
+
+def window_policy(policy: str) -> str:
+    """The window's own policy for a conversation's: "compact" makes a new branch before the
+    send (compact.py) and, should that still not fit, drops the oldest turns."""
+    return "drop_oldest" if policy == "compact" else policy
 
 
 def _dropped_to_fit(window: ContextWindow, messages: list[dict], reserve: int) -> int | None:
@@ -175,7 +185,8 @@ def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list
     params = dataclasses.replace(params, max_tokens=None if more is None else more + len(reply_ids))
     room = reply_reserve(more, window.limit)
     prompt_ids, k = window.token_ids(sent_messages(messages, dropped)), dropped
-    if len(prompt_ids) + len(reply_ids) + room > window.limit and policy == "drop_oldest":
+    if len(prompt_ids) + len(reply_ids) + room > window.limit and \
+            window_policy(policy) == "drop_oldest":
         _, turns = split_turns(messages)
         bounds = [sum(len(t) for t in turns[:n]) for n in range(1, len(turns))]
         for n in (b for b in bounds if b > dropped):          # fewest more turns left out
@@ -192,9 +203,22 @@ def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list
 
 def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
     """The engine's chat messages for a path: the system prompt (if any), then the path (with
-    attachments, tool calls and tool results: tools/messages.py)."""
-    msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return msgs + [message_dict(m) for m in path]
+    attachments, tool calls and tool results: tools/messages.py). The system-role messages a
+    path starts with (a compacted branch's summary) join the system prompt in one system
+    message, which every chat template accepts."""
+    lead = leading_system(path)
+    parts = [system_prompt] if system_prompt else []
+    parts += [(SUMMARY_INTRO if "summary_of" in m.extra else "") + m.content for m in path[:lead]]
+    msgs = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
+    return msgs + [message_dict(m) for m in path[lead:]]
+
+
+def leading_system(path: list[Message]) -> int:
+    """How many system-role messages the path starts with."""
+    n = 0
+    while n < len(path) and path[n].role == "system":
+        n += 1
+    return n
 
 
 def prompt_messages(store: Store, cid: int, last_id: int | None) -> list[dict[str, str]]:
@@ -211,8 +235,8 @@ class ContextFeatures:
         self.turns, self.store, self.backend, self.settings = turns, store, backend, settings
 
     def set_policy(self, cid: int, policy: str) -> Conversation:
-        """What a send does when the conversation no longer fits: "drop_oldest" | "error"
-        (ValueError naming the choices otherwise)."""
+        """What a send does when the conversation no longer fits: "drop_oldest" | "error" |
+        "compact" (ValueError naming the choices otherwise)."""
         conv = self.store.get_conversation(cid)
         if conv.context_policy == policy:
             return conv

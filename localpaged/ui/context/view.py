@@ -1,5 +1,6 @@
 """The context features' components on a chat tab: the context gauge under the message box, the
-per-conversation "when the conversation no longer fits" setting and the Continue button, made
+per-conversation "when the conversation no longer fits" setting and its compaction prompt, the
+Continue and Compact buttons, made
 by `chat.view.build_chat_tab` through the small builders here (so they sit where they belong on
 the tab); `gauge_html` draws `ContextUsage` from numbers and fixed strings only, `gauge_value`
 is the gauge of a conversation (the `gauge` field of TabValues).
@@ -25,6 +26,16 @@ def build_continue(i: int) -> gr.Button:
     return gr.Button("▸ Continue", size="sm", elem_id=f"cont{i}", scale=0, min_width=100)
 
 
+def build_compact(i: int) -> gr.Button:
+    return gr.Button("🗜 Compact", size="sm", elem_id=f"compact{i}", scale=0, min_width=100)
+
+
+def build_compact_prompt(i: int) -> gr.Textbox:
+    return gr.Textbox(label="Compaction prompt (what the model is asked when it summarises "
+                            "the oldest turns; blank: the default)", lines=2, max_lines=6,
+                      elem_id=f"compactprompt{i}")
+
+
 def build_policy(i: int) -> gr.Radio:
     return gr.Radio([(label, key) for key, label in POLICY_LABELS.items()],
                     value="drop_oldest", elem_id=f"ctxpolicy{i}",
@@ -41,6 +52,8 @@ def gauge_html(u: ContextUsage | None) -> str:
     if u.over and u.policy == "drop_oldest":
         note = (f" · the oldest {u.dropped} message{'s' if u.dropped != 1 else ''} will be left "
                 "out of the model's context" if u.dropped else " · too long to send")
+    elif u.over and u.policy == "compact":
+        note = " · over the limit: sending will compact the oldest turns into a new branch"
     elif u.over:
         note = " · over the limit: sending will ask you first"
     return (f"<div class='lp-gauge lp-gauge-{level}' role='meter' aria-valuemin='0' "

@@ -12,8 +12,8 @@ The version lives in `PRAGMA user_version`:
      `conversations.options` (JSON: per-conversation app options, e.g. `alternatives`),
      `messages.token_ids` (JSON list of a reply's token ids, exactly as generated, so
      Continue resumes token-exact; NULL when unknown: older rows, a remote backend) and
-     `conversations.context_policy` ('drop_oldest' | 'error': what a send does when the
-     conversation no longer fits the model's context).
+     `conversations.context_policy` ('drop_oldest' | 'error' | 'compact': what a send does
+     when the conversation no longer fits the model's context).
   4  `app_settings` (key -> JSON value: app-wide settings, e.g. `defaults`, the system
      prompt, sampling settings and context policy a new conversation starts with) and `presets`
      (named system prompts the user saved; the built-in ones are not stored, see
@@ -59,7 +59,7 @@ STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped",
               "draft_tokens", "accepted_draft_tokens", "prefix_tokens_from_disk",
               "model")
-CONTEXT_POLICIES = ("drop_oldest", "error")
+CONTEXT_POLICIES = ("drop_oldest", "error", "compact")
 
 
 _STATUS_CHECK = "CHECK (status IN ('complete', 'streaming', 'stopped', 'interrupted'))"
