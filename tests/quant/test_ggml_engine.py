@@ -41,6 +41,7 @@ N_NEW = 12
 # (logits' std ~1.3) that moves logits by ~0.03 on average and by 0.15-0.28 at most (measured
 # per format: Q8_0 0.19, Q4_0 0.15, Q6_K 0.28), so a race closer than MARGIN may flip.
 MARGIN = 0.6
+NEAR_TIE = 0.05      # a top-2 logprob gap the CPU kernels' rounding can close (see its use)
 
 
 def reference_matmul(x: torch.Tensor, data: torch.Tensor, type_id: int) -> torch.Tensor:
@@ -162,8 +163,18 @@ def test_cpu_kernel_keeps_guarantees(cpu_kernel, written, name):
     assert token_ids(llm.generate(batch, greedy(16))) == alone             # batched, cold
     assert token_ids(llm.generate(batch, greedy(16))) == alone             # prefix hits
     small = LLM(path, num_kv_blocks=10)
-    assert token_ids(small.generate(batch, greedy(16))) == alone
+    preempted = token_ids(small.generate(batch, greedy(16)))
     assert small.stats().num_preemptions > 0
+    # A sequence preempted by recompute computes its generated positions again by prefill, which
+    # rounds a few ulp otherwise than the decode steps did (attention over another split of the
+    # positions, which the int8 activations can turn into a visible logprob step): its tokens
+    # are those of the run alone up to a near-tie of that run, where one may flip.
+    gaps = [[sorted(t.top.values())[-1] - sorted(t.top.values())[-2] for t in out.outputs[0].logprobs]
+            for out in (llm.generate([p], greedy(16, logprobs=2))[0] for p in batch)]
+    for want, got, gap in zip(alone, preempted, gaps):
+        first = next((i for i, (a, b) in enumerate(zip(want[0], got[0])) if a != b), None)
+        assert first is None or gap[first] < NEAR_TIE, (first, gap[first] if first is not None else None)
+    assert sum(want == got for want, got in zip(alone, preempted)) >= len(batch) - 1
     compared = 0
     with pytest.MonkeyPatch.context() as mp:
         with_reference(mp)
