@@ -289,7 +289,7 @@ def int8_alone(tiny_llama, batch):
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_preemption_changes_nothing_at_int8(tiny_llama, batch, int8_alone, mode):
-    llm = LLM(tiny_llama, num_kv_blocks=9, kv_cache_dtype="int8", preemption_mode=mode,
+    llm = LLM(tiny_llama, num_kv_blocks=8, kv_cache_dtype="int8", preemption_mode=mode,
               swap_space_gb=0.001, debug_checks=True)
     out = token_ids(llm.generate(batch, greedy(N_NEW)))
     stats = llm.stats()

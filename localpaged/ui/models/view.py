@@ -25,7 +25,12 @@ from .logic import ModelManager
 
 QUANT_LABELS = {"auto": "auto (a GGUF keeps its bit width)", "none": "none (float weights)",
                 "int8": "int8", "int4": "int4 (group 32)"}
-BAR_STYLE = ("display:flex;align-items:center;gap:.5rem;font-size:.8rem;min-width:260px")
+# The load's bar floats at the top of the window, so it stays in view wherever the page is
+# scrolled (the Load button sits low in the right column).
+BAR_STYLE = ("display:flex;align-items:center;gap:.5rem;font-size:.8rem;min-width:260px;"
+             "position:fixed;top:8px;left:50%;transform:translateX(-50%);z-index:1000;"
+             "background:var(--background-fill-primary);padding:6px 12px;border-radius:10px;"
+             "box-shadow:0 4px 16px rgba(0,0,0,.18)")
 
 
 @dataclass
