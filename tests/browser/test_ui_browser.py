@@ -202,6 +202,25 @@ def saved(app, sql: str, check, timeout: float = 30.0):
         time.sleep(0.05)                  # a polling interval, under a deadline
 
 
+def choose(page, dropdown: str, option: str, chosen_js: str, arg=None) -> None:
+    """Pick `option` in the Gradio dropdown `dropdown` (a selector) by typing it (its list
+    animates), until `chosen_js` (a function of `arg`) holds. Now and then, in a long run of the
+    suite, the dropdown closes before the Enter lands and nothing is chosen: the pick is made
+    again, as a user would, at most three times."""
+    box = page.locator(f"{dropdown} input")
+    for attempt in range(3):
+        box.click()
+        page.get_by_role("option", name=option).first.wait_for(state="visible")
+        box.fill(option)
+        box.press("Enter")
+        try:
+            page.wait_for_function(chosen_js, arg=arg, timeout=15_000)
+            return
+        except Exception:     # playwright's TimeoutError
+            if attempt == 2:
+                raise
+
+
 def send(page, i: int, message: str) -> None:
     page.fill(f"#msg{i} textarea", message)
     page.click(f"#send{i}")

@@ -16,7 +16,8 @@ import json
 import pytest
 
 from localpaged.ui.settings.presets import BUILT_IN
-from test_ui_browser import ARTIFACTS, browser_page, saved, send, text, wait_idle, wait_text
+from test_ui_browser import (ARTIFACTS, browser_page, choose, saved, send, text, wait_idle,
+                             wait_text)
 from test_ui_browser_context import WORDS, app  # noqa: F401  (app: the same app fixture)
 
 pytestmark = pytest.mark.slow
@@ -67,14 +68,9 @@ def walk_through(page, app) -> None:
     open_settings(page, 0)
 
     # A preset fills the system prompt (and saves it).
-    choose = page.locator("#preset0 input")
-    choose.click()
-    page.get_by_role("option", name="Concise").wait_for(state="visible")
-    choose.fill("Concise")                    # the list animates: choose by typing
-    choose.press("Enter")
     prompt = BUILT_IN["Concise"]
-    page.wait_for_function("p => document.querySelector('#system0 textarea').value === p",
-                           arg=prompt)
+    choose(page, "#preset0", "Concise",
+           "p => document.querySelector('#system0 textarea').value === p", prompt)
     saved(app, "SELECT system_prompt FROM conversations", lambda r: (prompt,) in r)
     shot(page, "01-preset")
 

@@ -11,7 +11,8 @@ import threading
 import time
 
 import pytest
-from test_ui_browser import App, browser_page, long_context_model, require_part, shot, wait_idle
+from test_ui_browser import (App, browser_page, choose, long_context_model, require_part, shot,
+                             wait_idle)
 
 from localpaged.ui.chat.events import NOTHING_TO_REGENERATE
 from localpaged.ui.tabs.view import N_SLOTS
@@ -101,13 +102,8 @@ def test_a_fifth_a_tenth_and_a_thirteenth_tab_open(page):
     page.wait_for_function("() => document.querySelector('#tab0-button')"
                            ".getAttribute('aria-selected') === 'true'")
     shot(page, "tabs-05-more")
-    choose = more.locator("input")                     # shown again, tab 2 moves there
-    choose.click()
-    page.get_by_role("option", name="New chat").wait_for(state="visible")
-    choose.fill("New chat")                            # the list animates: choose by typing
-    choose.press("Enter")
-    page.wait_for_function("() => document.querySelector('#tab1-button')"
-                           ".getAttribute('aria-selected') === 'true'")
+    choose(page, "#lp-more", "New chat",               # shown again, tab 2 moves there
+           "() => document.querySelector('#tab1-button').getAttribute('aria-selected') === 'true'")
     more.get_by_text("More tabs (1)").wait_for()
     assert visible_tabs(page) == N_SLOTS
 
