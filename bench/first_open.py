@@ -35,8 +35,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from bench.grammar import cpu_flags, cpu_model  # noqa: E402
-from bench.machine import write_results  # noqa: E402
+from bench.machine import cpu_flags, cpu_model, write_results  # noqa: E402
 
 MEASURES = ("open", "meta", "tokenizer")
 COMPILED_S = 20.0       # the extension took longer to be ready: compiled, not loaded from cache

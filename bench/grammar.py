@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,7 +29,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench.machine import write_results  # noqa: E402
+from bench.machine import cpu_flags, cpu_model, write_results  # noqa: E402
 
 SCHEMAS = {
     "person": {"type": "object", "properties": {
@@ -51,27 +50,6 @@ SAMPLE = {"person": {"name": "Ada Lovelace", "age": 36, "tags": ["math", "poetry
                      "address": {"city": "London", "zip": "12345"}},
           "records": {"rows": [{"id": i, "status": "open", "priority": "high", "done": False}
                                for i in range(6)]}}
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> list[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
-    except (OSError, StopIteration):
-        return []
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
-    return [f for f in wanted if f in flags]
 
 
 def _per_token_us(fill, accept, ids) -> float:

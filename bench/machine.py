@@ -1,5 +1,6 @@
 """What the machine can read: every benchmark reports it beside its figures (machines differ in
-it, and one-conversation decode is bound by reading the weights), and its decode as a share of it.
+it, and one-conversation decode is bound by reading the weights), and its decode as a share of it;
+and what CPU it is (`cpu_model`, `cpu_flags`), which every figure names.
 
 `read_bandwidth` measures it the way STREAM does: arrays of several GiB together (far past the
 last-level cache), each read whole by all threads at once (every thread its own contiguous
@@ -14,10 +15,32 @@ float32 sum, which does more work per byte and reads lower (the result's "kernel
 from __future__ import annotations
 
 import argparse
+import platform
 import statistics
 import time
 
 import torch
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_flags() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        return []
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8")
+    return [f for f in wanted if f in flags]
 
 
 def read_bandwidth(threads: int | None = 2, gib: float = 4.0, arrays: int = 4,

@@ -23,8 +23,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from bench.grammar import cpu_flags, cpu_model  # noqa: E402
-from bench.machine import write_results  # noqa: E402
+from bench.machine import cpu_flags, cpu_model, write_results  # noqa: E402
 
 
 def first_step(llm, prompt: list[int], tokens: int) -> dict:

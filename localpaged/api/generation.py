@@ -99,9 +99,6 @@ class TokenText:
 class TokenIdText(TokenText):
     """Logprobs' tokens written as "token_id:N" (vLLM's return_tokens_as_token_ids)."""
 
-    def __init__(self, text: TokenText) -> None:
-        self._tokenizer = text._tokenizer
-
     def __call__(self, token_id: int) -> str:
         return f"token_id:{token_id}"
 

@@ -160,7 +160,8 @@ class _API:
                 raise APIError(f"Invalid '{guided_param}': {exc}", param=guided_param,
                                code="invalid_schema") from exc
             raise from_value_error(exc, prompt_param) from exc
-        text_of = TokenIdText(model.text_of) if body.return_tokens_as_token_ids else model.text_of
+        text_of = (TokenIdText(model.engine.tokenizer) if body.return_tokens_as_token_ids
+                   else model.text_of)
         gen = Generation(stream, kind, model.name, text_of,
                          params.logprobs is not None, body.include_usage, self.recorder,
                          extensions, echo=body.echo_request(), tools=tools,

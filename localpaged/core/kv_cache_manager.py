@@ -212,10 +212,6 @@ class KVCacheManager:
         extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
         return [b.block_id for b in self._lookup_chain(hashes)]
 
-    def cached_prefix_length(self, token_ids: list[int]) -> int:
-        """Blocks of the prefix of token_ids the cache holds (read-only)."""
-        return len(self.cached_prefix_block_ids(token_ids))
-
     def cache_full_blocks(self, seq: Sequence) -> None:
         """Register the blocks that became full and computed (called after each step)."""
         table = self.tables.get(seq.seq_id, [])

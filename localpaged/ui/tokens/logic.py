@@ -57,10 +57,9 @@ class TokenBranches:
         """The reply's tokens with their probabilities and alternatives; None when it kept
         none (a user message, a remote backend's reply, an imported one)."""
         m = self.store.get_message(message_id)
-        backend = self._backend()
-        decode = getattr(backend, "decode", None)
-        choices = self.store.alternatives(m.id) if m.role == "assistant" else []
-        if not m.token_ids or decode is None or len(choices) != len(m.token_ids):
+        decode = getattr(self._backend(), "decode", None)
+        choices = self._choices(m)
+        if choices is None or decode is None:
             return None
         pieces = _pieces(decode, m.token_ids)
         return [TokenView(i, c.token_id, piece, _prob(c.logprob),
@@ -72,8 +71,8 @@ class TokenBranches:
         model writes next (with `sampling`, default the conversation's, as Continue)."""
         m = self.store.get_message(message_id)
         self.turns.check_idle(m.conversation_id)
-        choices = self.store.alternatives(m.id) if m.role == "assistant" else []
-        if not m.token_ids or len(choices) != len(m.token_ids):
+        choices = self._choices(m)
+        if choices is None:
             raise ChatError(NO_TOKENS)
         if not 0 <= index < len(m.token_ids):
             raise ChatError(f"token {index} is not in this reply (it has {len(m.token_ids)})")
@@ -92,6 +91,11 @@ class TokenBranches:
         self.store.update_message(branch.id, token_ids=ids)
         self.store.set_alternatives(branch.id, kept)
         return self._continue(branch.id, sampling)
+
+    def _choices(self, m) -> list[TokenChoice] | None:
+        """A reply's token choices, one per token id; None when it kept none."""
+        choices = self.store.alternatives(m.id) if m.role == "assistant" else []
+        return choices if m.token_ids and len(choices) == len(m.token_ids) else None
 
 
 def _prob(logprob: float) -> float:
