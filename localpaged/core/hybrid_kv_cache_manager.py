@@ -197,9 +197,9 @@ class HybridKVCacheManager:
         for group in self.groups:
             group.fork(parent, child)
 
-    def free(self, seq: Sequence) -> None:
-        for group in self.groups:
-            group.free(seq)
+    def free(self, seq: Sequence) -> int:
+        """Frees seq in every group; returns the blocks released over all groups."""
+        return sum(group.free(seq) for group in self.groups)
 
     def reset_computed(self, seq: Sequence) -> None:
         self.free(seq)

@@ -38,6 +38,7 @@ from localpaged.core.block_pool import (
     BlockOpKind,
     BlockPool,
 )
+from localpaged.core.multimodal import ImageSpan, block_extra_key, token_keys
 from localpaged.core.partial_prefix import PrefixHit, TailIndex
 from localpaged.core.request import Sequence
 
@@ -63,11 +64,14 @@ def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -
     return h.digest()
 
 
-def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, block_size: int) -> None:
-    """Append the chain hashes of full blocks len(hashes) .. num_blocks-1 of token_ids."""
+def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, block_size: int,
+                 images: tuple[ImageSpan, ...] = ()) -> None:
+    """Append the chain hashes of full blocks len(hashes) .. num_blocks-1 of token_ids; a block
+    that holds tokens of `images` carries their content hashes (core.multimodal)."""
     for i in range(len(hashes), num_blocks):
-        block = token_ids[i * block_size:(i + 1) * block_size]
-        hashes.append(hash_block(hashes[-1] if hashes else None, block))
+        start, end = i * block_size, (i + 1) * block_size
+        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start:end],
+                                 block_extra_key(images, start, end)))
 
 
 class DiskTier(Protocol):
@@ -150,7 +154,7 @@ class KVCacheManager:
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         """Chain hashes of seq's first num_blocks full blocks (memoized: tokens only grow)."""
         hashes = self._hashes.setdefault(seq.seq_id, [])
-        extend_chain(hashes, seq.token_ids, num_blocks, self.block_size)
+        extend_chain(hashes, seq.token_ids, num_blocks, self.block_size, seq.images)
         return hashes[:num_blocks]
 
     def _lookup_chain(self, hashes: list[bytes]) -> list[Block]:
@@ -181,19 +185,20 @@ class KVCacheManager:
         if self.disk is not None:
             self.last_disk_tokens = disk_prefix.disk_tokens([self], hashes, len(hits), self.block_size)
             self.prefix_cache_disk_hits += self.last_disk_tokens
-        hits.tail = self._tail_after(hashes, len(hits), seq.token_ids)
+        hits.tail = self._tail_after(hashes, len(hits), seq.token_ids, seq.images)
         self.prefix_cache_queries += len(seq.token_ids)
         self.prefix_cache_hits += self.hit_tokens(hits)
         return hits
 
-    def _tail_after(self, hashes: list[bytes], num_hits: int, token_ids: list[int]):
+    def _tail_after(self, hashes: list[bytes], num_hits: int, token_ids: list[int],
+                    images: tuple[ImageSpan, ...] = ()):
         """The tail hit after num_hits full blocks of token_ids, if any (the last token left
-        to compute)."""
+        to compute); an image's positions match only the same image's (token_keys)."""
         start, end = num_hits * self.block_size, len(token_ids) - 1
         if start >= end:
             return None
         return self.tails.find(hashes[num_hits - 1] if num_hits else None,
-                               token_ids[start:min(end, start + self.block_size)])
+                               token_keys(token_ids, images, start, min(end, start + self.block_size)))
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """Tokens of token_ids a request would get from the cache if admitted now: its full
@@ -220,7 +225,8 @@ class KVCacheManager:
         for i, (block, h) in enumerate(zip(table[:num_full], hashes)):
             if block is not NULL_BLOCK and self.pool.register(block, h):
                 B = self.block_size
-                self.tails.add(hashes[i - 1] if i else None, h, seq.token_ids[i * B:(i + 1) * B])
+                self.tails.add(hashes[i - 1] if i else None, h,
+                               token_keys(seq.token_ids, seq.images, i * B, (i + 1) * B))
 
     # ---- allocation ---------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_cached: int = 0) -> int:
@@ -375,17 +381,21 @@ class KVCacheManager:
         self.tables[child.seq_id] = table
         self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, []))
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence) -> int:
         """Drop seq's blocks, tail first, so its last block is the first to be evicted. With a
         disk tier, a hashed block whose last holder this is goes to it first (its K/V are
-        computed: a block is hashed only then)."""
+        computed: a block is hashed only then). Returns the device blocks it was the last
+        holder of (now free or cached)."""
+        released = 0
         for block in reversed(self.tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:
                 self._release(block)
+                released += block.ref_count == 0
         for block in reversed(self.cpu_tables.pop(seq.seq_id, [])):
             if block is not NULL_BLOCK:
                 self.cpu_pool.decref(block)
         self._hashes.pop(seq.seq_id, None)
+        return released
 
     def reset_computed(self, seq: Sequence) -> None:
         """Preemption by recompute: the sequence keeps its tokens and loses its K/V."""

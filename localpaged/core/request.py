@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from localpaged.core.pruning import PruneNote
+from localpaged.core.multimodal import ImageSpan
 from localpaged.core.reasoning_budget import ReasoningState
 from localpaged.core.sampling_params import INTERACTIVE, SamplingParams
 
@@ -87,6 +89,11 @@ class Sequence:
         self.grammar: Grammar | None = None     # SamplingParams.guided's state, forked with it
         # SamplingParams.reasoning_markers' state (tokens spent thinking, forced closing marker)
         self.reasoning: ReasoningState | None = None
+        # The prompt's images (core/multimodal.py): part of its blocks' hashes; kept by forks
+        self.images: tuple[ImageSpan, ...] = ()
+        self.pruned: PruneNote | None = None    # why core/pruning.py stopped it early
+        # Blocks its free returned to the pool while its siblings went on (None: not freed so)
+        self.released_blocks: int | None = None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -128,6 +135,7 @@ class Sequence:
         child.text, child.detok_state = self.text, self.detok_state
         child.grammar = self.grammar.fork() if self.grammar is not None else None
         child.reasoning = self.reasoning.copy() if self.reasoning is not None else None
+        child.images = self.images
         return child
 
 
@@ -178,6 +186,7 @@ class SequenceGroup:
     grammars: tuple[GrammarSource | None, ...] = ()
     # params.prompt_logprobs: entry q for prompt token q, grown in order (see prompt_logprobs.py)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=lambda: [None])
+    next_prune_check: int = 0            # core/pruning.py: the next checkpoint (0: the first)
 
     @property
     def width(self) -> int:

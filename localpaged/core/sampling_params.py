@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from localpaged.core.config import check_choice
 from localpaged.core.guided import GuidedDecoding
+from localpaged.core.pruning import PruneRule
 from localpaged.core.reasoning_budget import ReasoningMarkers
 
 GREEDY_EPSILON = 1e-5
@@ -63,6 +64,9 @@ class SamplingParams:
     # without markers does nothing (the chat's setting, for a model that marks no reasoning).
     reasoning_markers: ReasoningMarkers | None = None
     reasoning_budget: int | None = None
+    # Parallel thinking (n > 1 or columns): branches that fall behind are stopped early
+    # (core/pruning.py); read from the request's first output's params.
+    prune: PruneRule | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,6 +120,8 @@ class SamplingParams:
             ("reasoning_budget", self.reasoning_budget is None
              or (_is_int(self.reasoning_budget) and self.reasoning_budget >= 0),
              "must be an integer >= 0 or None"),
+            ("prune", self.prune is None or isinstance(self.prune, PruneRule),
+             "must be a PruneRule or None"),
         ]
         for name, ok, rule in checks:
             if not ok:

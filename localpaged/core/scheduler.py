@@ -310,8 +310,8 @@ class Scheduler:
             self.block_manager.cache_full_blocks(item.seq)
         for fork in result.forks:
             self.block_manager.fork(fork.parent, fork.child)
-        for seq in result.frees:
-            self.block_manager.free(seq)
+        for seq in result.frees:          # siblings go on: what it gave back is reported
+            seq.released_blocks = self.block_manager.free(seq)
         for group in result.finished:
             self._finish(group)
 

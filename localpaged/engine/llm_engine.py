@@ -240,6 +240,9 @@ class LLMEngine:
                               priority=priority, grammars=grammars)
         seq.grammar = group.new_grammar(0)
         seq.reasoning = group.new_reasoning(0)
+        if params.prune is not None and (beam is not None or group.width < 2):
+            raise ValueError("SamplingParams.prune stops branches that fall behind: it needs "
+                             "n > 1 or several columns, and no beam search")
         if group.width > self.config.max_num_seqs:
             raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
                              f"beam width); this engine runs at most "

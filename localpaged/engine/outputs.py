@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from localpaged.core.pruning import PruneNote
 from localpaged.core.request import TokenLogprob
 
 # Why an output finished, finer than OpenAI's finish_reason (which stays "stop" / "length" /
@@ -24,6 +25,7 @@ FINISH_DETAILS: dict[str, str] = {
     "max_model_len": "the reply reached the model's context length",
     "kv_cache_full": "the KV cache was full",
     "abort": "stopped",
+    "pruned": "pruned: it fell behind the other branches",
 }
 NATURAL_ENDS = frozenset({"eos", "stop_token", "stop_string"})
 
@@ -43,6 +45,8 @@ class CompletionOutput:
     accepted_draft_tokens: int = 0     # of those, tokens it kept
     reasoning_tokens: int = 0          # output tokens inside its reasoning, markers excluded
                                        # (SamplingParams.reasoning_markers; 0 without them)
+    pruned: PruneNote | None = None    # SamplingParams.prune stopped it (core/pruning.py)
+    released_blocks: int | None = None  # blocks it gave back when it ended before its siblings
 
     @property
     def can_continue(self) -> bool:

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from localpaged.core import beam_search
+from localpaged.core import beam_search, pruning
 from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
@@ -65,9 +65,21 @@ def sample(out: SchedulerOutput, logits: torch.Tensor | None, row_of: dict[int, 
         _beam_step(group, beam_logits, result, tokenizer)
         groups.append(group)
     now = time.monotonic()
-    for group in groups:
+    for group in dict.fromkeys(groups):
         group.first_token_time = group.first_token_time or now
+        _prune(group, result, tokenizer)
     return groups
+
+
+def _prune(group: SequenceGroup, result: StepResult, tokenizer) -> None:
+    """Parallel thinking: branches behind at a checkpoint stop (core/pruning.py) and free
+    their blocks in this step; the group ends if no branch is left running."""
+    dropped = pruning.prune(group)
+    for seq in dropped:
+        detokenize(tokenizer, seq, final=True)
+        result.frees.append(seq)
+    if dropped and not group.unfinished_seqs() and group not in result.finished:
+        result.finished.append(group)
 
 
 def _allowed(seqs: list[Sequence], masks: dict[int, torch.Tensor], vocab: int) -> torch.Tensor | None:
@@ -201,4 +213,5 @@ def _completion(seq: Sequence, p: SamplingParams) -> CompletionOutput:
                             list(seq.logprobs) if p.logprobs is not None else None,
                             seq.cumulative_logprob, finish_detail=detail,
                             draft_tokens=seq.drafted, accepted_draft_tokens=seq.accepted,
-                            reasoning_tokens=seq.reasoning.count if seq.reasoning else 0)
+                            reasoning_tokens=seq.reasoning.count if seq.reasoning else 0,
+                            pruned=seq.pruned, released_blocks=seq.released_blocks)
