@@ -137,11 +137,16 @@ def _done(group: SequenceGroup, state: BeamState, candidates: list[Candidate],
 
 def hypothesis_seqs(group: SequenceGroup, finished: list[FinishedBeam],
                     decode: Callable[[list[int]], str]) -> list[Sequence]:
-    """The finished hypotheses as the group's final sequences, best first."""
+    """The finished hypotheses as the group's final sequences, best first. Each one's reasoning
+    state is its tokens' from the prompt on (the count of its reasoning tokens, as a sample's)."""
     prompt = group.prompt_token_ids
     seqs = []
     for index, f in enumerate(finished):
         seq = Sequence(prompt + f.token_ids, len(prompt), index, None)
+        seq.reasoning = group.new_reasoning(0)
+        if seq.reasoning is not None:
+            for token in f.token_ids:
+                seq.reasoning.advance(token)
         seq.cumulative_logprob = f.score
         seq.text = decode(f.token_ids)
         eos = f.last_token in group.eos_token_ids and not group.params.ignore_eos

@@ -2,9 +2,12 @@
 tokens the engine forces once that budget is spent.
 
 A reasoning model writes its reasoning between an opening and a closing marker (`<think>` ...
-`</think>`) and its answer after. `ReasoningMarkers` (in SamplingParams) are those markers' token
-ids and a short transition the answer starts with ("\\n\\n"); chat/reasoning.py finds them for a
-chat template. `ReasoningState` belongs to one sequence like its block table and its grammar:
+`</think>`, or harmony's `<|channel|>analysis<|message|>` ... `<|end|><|start|>assistant<|channel|>
+final<|message|>`) and its answer after. `ReasoningMarkers` (in SamplingParams) are those
+markers' token ids, a short transition the answer starts with ("\\n\\n"; none for harmony) and
+the markers' special tokens, which the detokenizer keeps in the reply's text where it drops
+every other special token (engine/detokenizer.py `decode`), so the text can be split;
+chat/reasoning.py finds them for a chat template. `ReasoningState` belongs to one sequence like its block table and its grammar:
 forked with it (n samples, beams), advanced by every token it keeps (`Sequence.keep`), never by a
 draft, and kept as it is across preemption (a recomputed or swapped-in sequence has the same
 tokens, so the same state).
@@ -29,9 +32,10 @@ class ReasoningMarkers:
     start: tuple[int, ...]          # the opening marker's token ids
     end: tuple[int, ...]            # the closing marker's token ids
     transition: tuple[int, ...] = ()    # forced after a closing marker the budget forced
+    special: tuple[int, ...] = ()       # the markers' special tokens: kept in the reply's text
 
     def __post_init__(self) -> None:
-        for name in ("start", "end", "transition"):
+        for name in ("start", "end", "transition", "special"):
             ids = getattr(self, name)
             if not isinstance(ids, tuple) or not all(
                     isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
@@ -39,6 +43,9 @@ class ReasoningMarkers:
                                  f"got {ids!r}")
         if not self.start or not self.end:
             raise ValueError("ReasoningMarkers.start and .end must not be empty")
+        if not set(self.special) <= set(self.start + self.end + self.transition):
+            raise ValueError("ReasoningMarkers.special must be tokens of the markers, "
+                             f"got {self.special!r}")
 
 
 @dataclass

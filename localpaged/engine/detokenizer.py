@@ -6,10 +6,17 @@ tokenizer its context), so each step costs O(window), and an incomplete UTF-8 ch
 finishes (except at a stop string, which cuts the text itself), what was held back is flushed,
 so the final text is exactly the tokenizer's decode of the output (an unfinished character
 included, as U+FFFD).
+
+Special tokens are left out of the text (the tokenizer's `skip_special_tokens`), but for a
+reasoning model's marker tokens (`ReasoningMarkers.special`: harmony's `<|channel|>`,
+`<|message|>`, `<|end|>`, `<|start|>`), which the text keeps so that its reasoning can be split
+from its answer (chat/reasoning.py). `decode` is that rule for any token ids (beam hypotheses,
+a continued reply).
 """
 
 from __future__ import annotations
 
+from localpaged.core.reasoning_budget import ReasoningMarkers
 from localpaged.core.request import Sequence
 
 
@@ -17,13 +24,32 @@ def start_offsets(prompt_len: int) -> tuple[int, int]:
     return max(0, prompt_len - 5), prompt_len
 
 
+def decode(tokenizer, ids: list[int], markers: ReasoningMarkers | None = None) -> str:
+    """The text of ids without their special tokens, but for the markers' special tokens: each
+    of those is its own text (the runs between them are decoded apart, which equals decoding
+    the whole where a special token bounds a decoder's pieces, as in byte-level BPE)."""
+    keep = markers.special if markers is not None else ()
+    if not keep or not any(t in keep for t in ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+    parts: list[str] = []
+    run: list[int] = []
+    for t in ids:
+        if t in keep:
+            parts += [tokenizer.decode(run, skip_special_tokens=True), tokenizer.decode([t])]
+            run = []
+        else:
+            run.append(t)
+    return "".join(parts) + tokenizer.decode(run, skip_special_tokens=True)
+
+
 def detokenize(tokenizer, seq: Sequence, final: bool = False) -> str:
     """Extend seq.text with the text of its newest tokens; returns the new text. An incomplete
     character at the end is held back unless `final` (the sequence has finished)."""
     prefix_offset, read_offset = seq.detok_state
     ids = seq.token_ids
-    prefix = tokenizer.decode(ids[prefix_offset:read_offset], skip_special_tokens=True)
-    full = tokenizer.decode(ids[prefix_offset:], skip_special_tokens=True)
+    markers = seq.reasoning.markers if seq.reasoning is not None else None
+    prefix = decode(tokenizer, ids[prefix_offset:read_offset], markers)
+    full = decode(tokenizer, ids[prefix_offset:], markers)
     if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
         return ""
     new_text = full[len(prefix):]

@@ -19,7 +19,7 @@ from localpaged.core import beam_search, pruning
 from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
-from localpaged.engine.detokenizer import detokenize, find_stop, visible_text
+from localpaged.engine.detokenizer import decode, detokenize, find_stop, visible_text
 from localpaged.engine.grammar import all_allowed, allowed_rows, allows, apply_mask, force_token
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localpaged.engine.sampler import record, verify
@@ -157,7 +157,8 @@ def _beam_step(group: SequenceGroup, logits: dict[int, torch.Tensor], result: St
     if decision.finished is not None:            # done: the hypotheses replace the beams
         result.frees.extend(decision.beams)
         group.seqs = beam_search.hypothesis_seqs(
-            group, decision.finished, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+            group, decision.finished,
+            lambda ids: decode(tokenizer, ids, group.params.reasoning_markers))
         result.finished.append(group)
 
 

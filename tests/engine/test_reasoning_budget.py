@@ -82,6 +82,14 @@ def test_beams_close_after_the_budget(thinker, prompt):
     group = llm.engine.make_group(prompt, greedy(16, 5), beam=BeamParams(3))
     for hyp in llm._run([group], False)[0].outputs:
         assert hyp.token_ids[5:8] == FORCED
+        assert hyp.reasoning_tokens == 5                 # counted as a sample's are
+
+
+def test_beams_without_a_budget_count_every_reasoning_token(thinker, prompt):
+    llm = LLM(thinker, num_kv_blocks=128)
+    group = llm.engine.make_group(prompt, greedy(12), beam=BeamParams(2))
+    for hyp in llm._run([group], False)[0].outputs:
+        assert END_THINK not in hyp.token_ids and hyp.reasoning_tokens == len(hyp.token_ids)
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
