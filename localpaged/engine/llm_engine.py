@@ -445,8 +445,9 @@ class LLMEngine:
         blocks = kv.usage()
         running = [s for g in sched.running for s in g.unfinished_seqs()]
         tables = {}
-        if with_block_tables:          # group 0's held blocks (a sliding group 0's NULL entries left out)
-            tables = {g.request_id: [kv.live_block_ids(s) for s in g.unfinished_seqs()]
+        if with_block_tables:          # group 0's held blocks (a sliding group 0's NULL entries
+            # left out), one list per output: empty for one that ended before its siblings
+            tables = {g.request_id: [[] if s.is_finished else kv.live_block_ids(s) for s in g.seqs]
                       for g in sched.running}
         return EngineStats(
             num_blocks=blocks.num_blocks, block_size=kv.block_size, blocks_in_use=blocks.in_use,

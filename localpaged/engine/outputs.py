@@ -25,7 +25,7 @@ FINISH_DETAILS: dict[str, str] = {
     "max_model_len": "the reply reached the model's context length",
     "kv_cache_full": "the KV cache was full",
     "abort": "stopped",
-    "pruned": "pruned: it fell behind the other branches",
+    "pruned": "pruned (behind the other branches)",
 }
 NATURAL_ENDS = frozenset({"eos", "stop_token", "stop_string"})
 
@@ -226,7 +226,7 @@ class EngineStats:
     num_running: int
     num_waiting: int
     num_swapped: int
-    block_tables: dict[str, list[list[int]]] = field(default_factory=dict)  # request -> per seq
+    block_tables: dict[str, list[list[int]]] = field(default_factory=dict)  # request -> per output
     weights_bytes: int = 0             # resident model weights (packed tables counted once)
     weights_format: str = ""           # e.g. "int4 g32 · 97 MB", "float32 · 540 MB"
     draft_tokens: int = 0              # speculative decoding: tokens drafted so far

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from localpaged.chat.backend import ChatBackend
+from localpaged.core.pruning import PruneRule
 
 from .chat.logic import NEW_TITLE, ChatTurns
 from .compare.logic import CompareTurns
@@ -255,6 +256,9 @@ class ChatController:
 
     def compare_beams(self, cid: int, text: str, width: int) -> Turn:
         return self.compares.compare_beams(cid, text, width)
+
+    def think(self, cid: int, text: str, k: int, rule: PruneRule) -> Turn:
+        return self.compares.think(cid, text, k, rule)
 
     def stop(self, cid: int) -> bool:
         return self.turns.stop(cid)

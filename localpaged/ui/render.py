@@ -53,6 +53,12 @@ def fmt_stats(stats: dict[str, Any]) -> str:
         bits.append(f"drafted {int(stats['draft_tokens'])}, accepted "
                     f"{int(stats.get('accepted_draft_tokens') or 0)}")
     return " · ".join(bits)
+    pruned = stats.get("pruned")
+    if isinstance(pruned, dict):          # parallel thinking: why the branch stopped
+        bits.append(f"pruned at token {int(pruned['at'])}: mean logprob "
+                    f"{float(pruned['score']):.2f} against the best {float(pruned['best']):.2f}")
+    if stats.get("released_blocks"):
+        bits.append(f"gave back {int(stats['released_blocks'])} KV blocks")
 
 
 def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None,

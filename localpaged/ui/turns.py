@@ -262,6 +262,11 @@ class Turn:
         short), written until it lands; `extra` goes into each reply's row."""
         stopped = self._stop.is_set() or self.error is not None
         for i, reply in enumerate(replies):
+        if getattr(comp, "pruned", None) is not None:     # parallel thinking stopped it
+            p = comp.pruned
+            stats["pruned"] = {"at": p.at, "score": p.score, "best": p.best}
+        if getattr(comp, "released_blocks", None) is not None:
+            stats["released_blocks"] = comp.released_blocks
             reason = out.outputs[i].finish_reason if out and i < len(out.outputs) else None
             reply.status = "stopped" if stopped or reason in (None, "abort") else "complete"
             if self.error:

@@ -1,16 +1,21 @@
 """The compare tab's handlers and wiring: one prompt, 2 to 4 columns decoded in one engine batch
 over the shared prompt, each column k samples of the conversation's settings or its own
-settings, or the k final beams of one beam search (width k, each with its score; local engine
-only); "Continue with this" makes a column the active branch (the others stay as siblings).
+settings, the k final beams of one beam search (width k, each with its score; local engine
+only), or Think N ways (k samples pruned as they fall behind, a majority vote of the survivors'
+short answers; local engine only); "Continue with this" makes a column the active branch (the
+others stay as siblings).
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator
 
 import gradio as gr
 
 from .. import markdown, render
+from localpaged.core.pruning import PruneRule
+
 from ..controller import ChatController
 from ..event_settings import GEN, QUICK
 from ..settings.logic import SAMPLING_KEYS, from_fields
@@ -18,6 +23,7 @@ from ..tabs.events import Page
 from ..toasts import USER_ERRORS, info, warn, why
 from ..values import KEEP, flatten, outputs
 from .logic import MAX_COLUMNS
+from .vote import vote
 from .view import NEW_CONVERSATION, ColumnsValues, CompareUI, CompareValues
 
 
@@ -37,13 +43,20 @@ class CompareEvents:
                                        for _ in range(MAX_COLUMNS)])
 
     def run(self, target: int | None, prompt: str, k: int, own: bool,
-            per_column: list[tuple], beam: bool = False) -> Iterator[CompareValues]:
+            per_column: list[tuple], beam: bool = False, think: bool = False,
+            margin: float | None = None) -> Iterator[CompareValues]:
         """`per_column`: each column's settings field values, in SAMPLING_KEYS order; `beam`:
-        the columns are the k beams of one beam search (own settings do not apply)."""
+        the columns are the k beams of one beam search (own settings do not apply); `think`:
+        k samples pruned by a rule with this `margin` (Think N ways)."""
         k = int(k)
+        rule = None
         try:
+            if think:
+                rule = PruneRule(margin=float(PruneRule().margin if margin is None else margin))
             cid = target if target not in (None, NEW_CONVERSATION) else self.ctl.new_conversation().id
-            if beam:
+            if think:
+                turn = self.ctl.think(cid, prompt or "", k, rule)
+            elif beam:
                 turn = self.ctl.compare_beams(cid, prompt or "", k)
             else:
                 columns = [from_fields(per_column[j]) for j in range(k)]
@@ -58,6 +71,7 @@ class CompareEvents:
                 warn(f"Generation stopped: {t.error}")
             values = self._columns(t, k)
             values.state, values.prompt = state, "" if t.done else KEEP
+            values.summary = think_summary(t, rule) if rule is not None else ""
             yield values
 
     def _columns(self, turn, k: int) -> CompareValues:
@@ -93,13 +107,34 @@ class CompareEvents:
         return state["cid"]
 
 
+def think_summary(turn, rule: PruneRule) -> str:
+    """The line above Think N ways' columns (HTML, model text escaped): the rule, each pruned
+    branch and what it gave back, and once done the majority vote of the survivors."""
+    lines = [f"<b>Think {len(turn.replies)} ways</b> · {html.escape(rule.describe())}"]
+    survivors = []
+    for j, r in enumerate(turn.replies):
+        pruned = r.stats.get("pruned")
+        if pruned:
+            freed = r.stats.get("released_blocks")
+            lines.append(f"Branch {j + 1} pruned at token {int(pruned['at'])}"
+                         + (f", gave back {int(freed)} KV blocks" if freed else ""))
+        elif r.status != "deleted":
+            survivors.append(r.text)
+    if turn.done:
+        v = vote(survivors)
+        lines.append("No short final answers to vote on." if v is None else
+                     f"Majority vote: <b>{html.escape(v.answer)}</b> ({v.count} of {v.voters} "
+                     f"branches with a short answer)")
+    return "<br>".join(lines)
+
+
 def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> None:
     slots, current = page.ui.slots, page.ui.current
     n_fields = len(SAMPLING_KEYS)
 
-    def run(target, prompt, k, own, beam, *settings) -> Iterator[list]:
+    def run(target, prompt, k, own, beam, think, margin, *settings) -> Iterator[list]:
         per_column = [settings[j * n_fields:(j + 1) * n_fields] for j in range(MAX_COLUMNS)]
-        for v in ev.run(target, prompt, k, own, per_column, beam):
+        for v in ev.run(target, prompt, k, own, per_column, beam, think, margin):
             yield flatten(cmp, v)
 
     def pick(j: int):
@@ -111,7 +146,8 @@ def wire_compare(cmp: CompareUI, tab: gr.Tab, page: Page, ev: CompareEvents) -> 
     for trigger in (cmp.k.change, cmp.own.change):
         trigger(lambda k, own: flatten(cmp, ev.layout(k, own)), [cmp.k, cmp.own],
                 outputs(cmp, ColumnsValues), **QUICK)
-    ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own, cmp.beam,
+    ran = cmp.run.click(run, [cmp.target, cmp.prompt, cmp.k, cmp.own, cmp.beam, cmp.think,
+                              cmp.margin,
                               *[f for col in cmp.fields for f in col]],
                         outputs(cmp, CompareValues), **GEN)
     page.refresh_after(ran)

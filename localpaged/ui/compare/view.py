@@ -1,7 +1,7 @@
 """The compare tab's components (`CompareUI`: the target conversation, the prompt, the number of
-columns, per-column settings, beam search, and per column its text, stats and "Continue with
-this") and the values its handlers return (`CompareValues`, `ColumnsValues`, mapped to outputs
-by `values.py`).
+columns, per-column settings, beam search, Think N ways and its prune margin, the summary line
+above the columns, and per column its text, stats and "Continue with this") and the values its
+handlers return (`CompareValues`, `ColumnsValues`, mapped to outputs by `values.py`).
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+
+from localpaged.core.pruning import PruneRule
 
 from ..settings.view import sampling_fields
 from ..values import KEEP
@@ -28,6 +30,7 @@ class CompareValues:
     stats: Any = KEEP                 # each column's stats line
     picks: Any = KEEP                 # each column's "Continue with this" (interactive or not)
     prompt: Any = KEEP                # the prompt box ("" when done)
+    summary: Any = KEEP               # Think N ways: the rule, what was pruned, the vote (HTML)
 
 
 @dataclass
@@ -44,9 +47,12 @@ class CompareUI:
     k: gr.Radio
     own: gr.Checkbox
     beam: gr.Checkbox
+    think: gr.Checkbox
+    margin: gr.Number
     run: gr.Button
     stop: gr.Button
     state: gr.State
+    summary: gr.HTML
     boxes: list = field(default_factory=list)         # per column: gr.Column
     settings: list = field(default_factory=list)      # per column: gr.Accordion
     fields: list = field(default_factory=list)        # per column: SAMPLING_KEYS fields
@@ -68,12 +74,21 @@ def build_compare() -> CompareUI:
         beam = gr.Checkbox(label="Beam search (width = columns)", value=False, scale=2,
                            elem_id="cmp-beam",
                            info="The final beams, each with its score (local engine only)")
+    with gr.Row(equal_height=True, elem_classes="lp-compare-head"):
+        think = gr.Checkbox(label="Think N ways (branches = columns)", value=False, scale=3,
+                            elem_id="cmp-think",
+                            info="Samples that fall behind are pruned as they go; a majority "
+                                 "vote on short final answers (local engine only)")
+        margin = gr.Number(value=PruneRule().margin, minimum=0, step=0.1, scale=2,
+                           label="Prune margin (mean logprob behind the best)",
+                           elem_id="cmp-margin")
     with gr.Row(equal_height=True, elem_classes="lp-composer"):
         prompt = gr.Textbox(placeholder="One prompt, answered side by side…", show_label=False,
                             lines=1, max_lines=8, scale=8, elem_id="cmp-prompt", container=False)
         run = gr.Button("Compare", variant="primary", scale=1, min_width=90, elem_id="cmp-run")
         stop = gr.Button("Stop", variant="stop", scale=1, min_width=80, elem_id="cmp-stop")
-    ui = CompareUI(target, prompt, k, own, beam, run, stop, gr.State(None))
+    summary = gr.HTML("", elem_id="cmp-summary", elem_classes="lp-meta")
+    ui = CompareUI(target, prompt, k, own, beam, think, margin, run, stop, gr.State(None), summary)
     with gr.Row(equal_height=False, elem_classes="lp-columns"):
         for j in range(MAX_COLUMNS):
             with gr.Column(visible=j < 3, min_width=220, elem_classes="lp-column") as box:

@@ -29,6 +29,8 @@ class BranchRow:
     active: bool                      # the branch the tab shows
     live: bool                        # generating now (its blocks are the live block table)
     blocks: list[int] = field(default_factory=list)
+    ended: str = ""                   # a reply of a live turn that ended before its siblings:
+                                      # why, and the blocks it gave back
 
 
 @dataclass
@@ -45,6 +47,14 @@ class KvSnapshot:
             for b in set(row.blocks):
                 count[b] = count.get(b, 0) + 1
         return count
+
+
+def ended_note(stats: dict) -> str:
+    """`pruned at token 48 · gave back 3 blocks` for a reply that ended while its siblings go
+    on (parallel thinking's pruning, or its own end)."""
+    pruned, freed = stats.get("pruned"), stats.get("released_blocks")
+    why = f"pruned at token {int(pruned['at'])}" if pruned else "ended"
+    return why + (f" · gave back {int(freed)} blocks" if freed is not None else "")
 
 
 class KvMap:
@@ -92,7 +102,10 @@ class KvMap:
         for n, br in enumerate(branches[:MAX_BRANCHES]):
             row = BranchRow(cid, conv.title, n + 1, len(branches), br.active, br.leaf_id in live)
             if row.live and len(tables) == len(live):
-                row.blocks = list(tables[live[br.leaf_id]])
+                i = live[br.leaf_id]
+                row.blocks = list(tables[i])
+                if not row.blocks:
+                    row.ended = ended_note(turn.replies[i].stats)
             else:
                 seen.add(br.leaf_id)
                 row.blocks = backend.cached_blocks(self._token_ids(backend, conv, br))

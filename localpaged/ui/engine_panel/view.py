@@ -142,7 +142,8 @@ def _rows_html(rows: list[BranchRow], sharing: dict[int, int]) -> str:
         shared = sum(1 for b in r.blocks if sharing.get(b, 0) > 1)
         mark = ("● " if r.live else "") + ("★ " if r.active else "")
         detail = (f"{len(r.blocks)} blocks: {shared} shared, {len(r.blocks) - shared} its own"
-                  if r.blocks else "not in the cache (its prefill would run again)")
+                  if r.blocks else html.escape(r.ended) if r.ended
+                  else "not in the cache (its prefill would run again)")
         out.append(f'<div class="lp-row" data-conv="{r.conversation_id}" data-shared="{shared}">'
                    f'<div class="lp-row-label">{mark}branch {r.branch}/{r.branches} '
                    f'<span class="lp-muted">· {detail}</span></div>')
