@@ -36,6 +36,7 @@ from localpaged.chat.tool_calls import (
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
+from localpaged.engine.detokenizer import decode
 from localpaged.engine.llm import apply_chat_template
 from localpaged.engine.outputs import EngineStats, RequestOutput
 
@@ -90,7 +91,9 @@ class LocalChatBackend:
                                        request_id))
 
     def decode(self, token_ids: list[int]) -> str:
-        return self.engine.tokenizer.decode(token_ids, skip_special_tokens=True)
+        """A reply's text as the engine streams it (its reasoning markers kept: detokenizer.py)."""
+        fmt = self.reasoning_format()
+        return decode(self.engine.tokenizer, token_ids, fmt.markers if fmt else None)
 
     def prompt_ids(self, messages: list[dict], tools: list[ToolSpec] | None = None,
                    tool_choice="auto") -> list[int]:
@@ -150,7 +153,9 @@ class LocalChatBackend:
         """Stream a beam search over the chat prompt, as `LLM.beam_search` runs it (length
         penalty 1, transformers' heuristic stopping): the running beams while it runs, then the
         `beam_width` hypotheses, best first, each score in `cumulative_logprob`."""
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        fmt = self.reasoning_format()
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                reasoning_markers=fmt.markers if fmt else None)
         return iter(self.engine.submit(self.prompt_ids(messages), params, request_id,
                                        beam=BeamParams(beam_width, 1.0, False)))
 

@@ -8,19 +8,31 @@ endpoint and the chat UI.
     parser.feed(delta) -> Split(reasoning, content); parser.finish() -> Split
     fmt.split(text, prompt_ids) -> Split       # the same machine over a whole reply
 
-The family told apart here is "think": `<think>` ... `</think>` then the answer (Qwen3, QwQ,
-DeepSeek-R1 and its distills), found from the chat template (it names `</think>`) and the
-tokenizer (both markers are tokens it decodes back to their text; the detokenizer drops special
-tokens, so markers it would drop cannot be split in text and the model is treated as plain).
-A template that reads `enable_thinking` (Qwen3) can switch the reasoning off. GPT-OSS's harmony
-channels are not told apart: the engine does not run that architecture.
+Two families are told apart, each found from the chat template and the tokenizer:
+- "think": `<think>` ... `</think>` then the answer (Qwen3, QwQ, DeepSeek-R1 and its distills): the
+  template names `</think>`, and both markers are tokens the detokenizer decodes back to their
+  text (it drops special tokens, so markers it would drop cannot be split in text and the model
+  is treated as plain).
+- "harmony" (OpenAI's format, GPT-OSS): the reply is channel messages, `<|channel|>analysis
+  <|message|>` reasoning `<|end|>`, then `<|start|>assistant<|channel|>final<|message|>` the
+  answer; the template names `<|channel|>` and the tokenizer has `<|channel|>`, `<|message|>`,
+  `<|end|>` and `<|start|>` as single tokens. Those are special tokens: the markers carry them
+  in `ReasoningMarkers.special`, and the engine keeps them in the reply's text (and only them:
+  engine/detokenizer.py `decode`), so the split below works on text for both families. A
+  second analysis message joins the reasoning after a blank line; an answer written without
+  reasoning (`<|channel|>final<|message|>` first) is all content. Nothing here needs GPT-OSS's
+  architecture: any model the engine runs with such a tokenizer and template is split.
+The closing marker is what a spent thinking budget forces (core/reasoning_budget.py): `</think>`
+and "\n\n", or harmony's `<|end|><|start|>assistant<|channel|>final<|message|>`.
+A template that reads `enable_thinking` (Qwen3) can switch the reasoning off (`has_switch`).
 
 Invariants of the parser:
 - Text is held back only while it may still be the start of the marker looked for next, or
-  while it is whitespace that may lie right before the closing marker (dropped if so).
-- The opening marker is recognised only before any other text of the reply (a reply that
-  mentions `<think>` in its answer keeps it); everything after the closing marker is content,
-  its leading whitespace dropped.
+  while it is whitespace that may lie right before the closing marker (dropped if so). A
+  harmony reply cut short inside a marker drops that marker's start (special tokens, no text).
+- The opening marker (or the format's header of a direct answer) is recognised only before any
+  other text of the reply (a reply that mentions `<think>` in its answer keeps it); everything
+  after the closing marker is content, its leading whitespace dropped.
 - `split(text)` equals the concatenation of what `feed` returned over any cut of the text into
   deltas, plus `finish()`.
 """
@@ -36,6 +48,12 @@ logger = logging.getLogger(__name__)
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TRANSITION = "\n\n"          # what a forced closing marker is followed by, as templates write it
+
+# harmony's structural tokens and the headers of the messages a reply is made of
+HARMONY_TOKENS = ("<|channel|>", "<|message|>", "<|end|>", "<|start|>")
+HARMONY_ANALYSIS = "<|channel|>analysis<|message|>"
+HARMONY_FINAL = "<|channel|>final<|message|>"
+HARMONY_NEXT = "<|end|><|start|>assistant"          # a message ends, the next one begins
 
 # reasoning_effort (OpenAI's values) as thinking budgets, in tokens
 EFFORT_BUDGETS = {"low": 1024, "medium": 4096, "high": 16384}
@@ -56,6 +74,9 @@ class ReasoningFormat:
     end: str
     markers: ReasoningMarkers        # the markers' token ids and the forced transition's
     has_switch: bool                 # the template reads enable_thinking
+    family: str = "think"            # "think" | "harmony"
+    direct: str = ""                 # the header of an answer written without reasoning
+    again: str = ""                  # the header of a further reasoning message (a blank line)
 
     def opens_in(self, prompt_ids: list[int]) -> bool:
         """Whether the prompt leaves the reply inside the reasoning (the template opened it)."""
@@ -73,21 +94,46 @@ class ReasoningFormat:
 def reasoning_format(tokenizer) -> ReasoningFormat | None:
     """The reasoning format of a model's chat template and tokenizer, None if it marks none."""
     template = getattr(tokenizer, "chat_template", None) or ""
-    if not isinstance(template, str) or THINK_CLOSE not in template:
+    if not isinstance(template, str):
         return None
     try:
-        ids = [tuple(tokenizer.encode(s, add_special_tokens=False))
-               for s in (THINK_OPEN, THINK_CLOSE, TRANSITION)]
-        shown = [tokenizer.decode(list(i), skip_special_tokens=True) for i in ids[:2]]
+        if HARMONY_TOKENS[0] in template:
+            return _harmony(tokenizer, template)
+        if THINK_CLOSE in template:
+            return _think(tokenizer, template)
     except Exception:  # noqa: BLE001 - a tokenizer that cannot say: not a reasoning model
         logger.debug("reasoning markers could not be tokenized", exc_info=True)
-        return None
+    return None
+
+
+def _ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _think(tokenizer, template: str) -> ReasoningFormat | None:
+    ids = [_ids(tokenizer, s) for s in (THINK_OPEN, THINK_CLOSE, TRANSITION)]
+    shown = [tokenizer.decode(list(i), skip_special_tokens=True) for i in ids[:2]]
     if not ids[0] or not ids[1] or shown != [THINK_OPEN, THINK_CLOSE]:
         logger.info("the chat template names %s but the detokenizer drops it: reasoning is "
                     "not split from the answer", THINK_CLOSE)
         return None
     return ReasoningFormat(THINK_OPEN, THINK_CLOSE, ReasoningMarkers(*ids),
                            has_switch="enable_thinking" in template)
+
+
+def _harmony(tokenizer, template: str) -> ReasoningFormat | None:
+    special = [_ids(tokenizer, s) for s in HARMONY_TOKENS]
+    if any(len(i) != 1 or tokenizer.decode(list(i)) != s
+           for i, s in zip(special, HARMONY_TOKENS)):
+        logger.info("the chat template names %s but the tokenizer does not have harmony's "
+                    "tokens: reasoning is not split from the answer", HARMONY_TOKENS[0])
+        return None
+    end = HARMONY_NEXT + HARMONY_FINAL
+    markers = ReasoningMarkers(_ids(tokenizer, HARMONY_ANALYSIS), _ids(tokenizer, end),
+                               special=tuple(i[0] for i in special))
+    return ReasoningFormat(HARMONY_ANALYSIS, end, markers,
+                           has_switch="enable_thinking" in template, family="harmony",
+                           direct=HARMONY_FINAL, again=HARMONY_NEXT + HARMONY_ANALYSIS)
 
 
 def effort_budget(effort: str) -> int:
@@ -102,6 +148,7 @@ class ReasoningParser:
         self.phase = "reasoning" if inside else "before"   # before | reasoning | after | answer
         self.buf = ""
         self.started = False            # reasoning text emitted (its leading whitespace dropped)
+        self.gap = False                # a further reasoning message began: a blank line first
 
     def feed(self, text: str) -> Split:
         self.buf += text
@@ -115,8 +162,9 @@ class ReasoningParser:
     def finish(self) -> Split:
         buf, self.buf = self.buf, ""
         if self.phase == "reasoning":       # never closed (cut short): all of it is reasoning
-            text = buf.rstrip() if self.started else buf.strip()
-            return Split(reasoning=text)
+            if self.fmt.family == "harmony":     # but a marker's start: special tokens, not text
+                buf = buf[:len(buf) - self._held(buf)]
+            return self._reasoning(buf.rstrip())
         if self.phase == "after":
             return Split()
         return Split(content=buf)
@@ -126,20 +174,26 @@ class ReasoningParser:
         f, buf = self.fmt, self.buf
         if self.phase == "before":
             head = buf.lstrip()
-            if head.startswith(f.start):
-                self.phase, self.buf = "reasoning", head[len(f.start):]
-                return Split(), True
-            if f.start.startswith(head):
-                return Split(), False            # empty or the opener's start: wait
+            for marker, phase in ((f.start, "reasoning"), (f.direct, "after")):
+                if marker and head.startswith(marker):
+                    self.phase, self.buf = phase, head[len(marker):]
+                    return Split(), True
+            if any(m.startswith(head) for m in (f.start, f.direct) if m):
+                return Split(), False            # empty or a marker's start: wait
             self.phase = "answer"
             return Split(), True
         if self.phase == "reasoning":
-            at = buf.find(f.end)
+            at, marker = _first(buf, (f.end, f.again))
             if at >= 0:
-                self.phase, self.buf = "after", buf[at + len(f.end):]
-                return self._reasoning(buf[:at].rstrip()), True
-            # held: a partial closer at the end, and the whitespace that may precede a closer
-            cut = len(buf[:len(buf) - _partial_suffix(buf, f.end)].rstrip())
+                self.buf = buf[at + len(marker):]
+                out = self._reasoning(buf[:at].rstrip())
+                if marker == f.end:
+                    self.phase = "after"
+                else:
+                    self.gap = self.started
+                return out, True
+            # held: a partial marker at the end, and the whitespace that may precede a marker
+            cut = len(buf[:len(buf) - self._held(buf)].rstrip())
             self.buf = buf[cut:]
             return self._reasoning(buf[:cut]), False
         if self.phase == "after":
@@ -152,11 +206,23 @@ class ReasoningParser:
         self.buf = ""
         return Split(content=buf), False
 
+    def _held(self, buf: str) -> int:
+        """Length of the end of buf that may be the start of a marker ending the reasoning."""
+        return max(_partial_suffix(buf, m) for m in (self.fmt.end, self.fmt.again) if m)
+
     def _reasoning(self, text: str) -> Split:
-        if not self.started:
+        if not self.started or self.gap:
             text = text.lstrip()
-            self.started = bool(text)
+            if text and self.gap:
+                text, self.gap = TRANSITION + text, False
+            self.started = self.started or bool(text)
         return Split(reasoning=text)
+
+
+def _first(text: str, markers: tuple[str, ...]) -> tuple[int, str]:
+    """Where the earliest of the (non-empty) markers occurs in text, and which; (-1, "")."""
+    found = [(at, m) for m in markers if m and (at := text.find(m)) >= 0]
+    return min(found) if found else (-1, "")
 
 
 def _partial_suffix(text: str, marker: str) -> int:

@@ -103,6 +103,9 @@ class Turn:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._first_token: dict[int, float] = {}
+        # a continued reply's reasoning tokens before this turn (its new request counts its own)
+        self._prefix_reasoning = [int(r.stats.get("reasoning_tokens") or 0) if r.prefix_ids else 0
+                                  for r in replies]
         self._thread = threading.Thread(target=self._run, name=f"turn-{request_id}", daemon=True)
 
     def start(self) -> "Turn":
@@ -209,6 +212,9 @@ class Turn:
                         self._split(reply, out.prompt_token_ids or [])
                 reply.stats = self._stats(out, i, now)
                 reply.stats["generated_tokens"] += len(reply.prefix_ids)
+                if self._prefix_reasoning[i]:
+                    reply.stats["reasoning_tokens"] = (reply.stats.get("reasoning_tokens", 0)
+                                                       + self._prefix_reasoning[i])
             self.version += 1
             self._cond.notify_all()
 

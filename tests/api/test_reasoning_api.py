@@ -13,15 +13,13 @@ import json
 
 import httpx
 import pytest
-from helpers.api_server import MODEL, start_server, stop_server
+from helpers.api_server import MODEL, serve_model
 from helpers.reasoning_models import QUESTION, build_thinker, hf_budgeted
 
-from localpaged import LLM
 from localpaged.api.protocol import ChatCompletionRequest
 from localpaged.api.reasoning_output import reasoning_request
 from localpaged.chat.reasoning import EFFORT_BUDGETS, reasoning_format
 from localpaged.core.sampling_params import SamplingParams
-from localpaged.engine.async_engine import AsyncEngine
 
 MESSAGES = [{"role": "user", "content": QUESTION}]
 
@@ -33,11 +31,7 @@ def thinker(tiny_root):
 
 @pytest.fixture(scope="module")
 def served(thinker):
-    engine = AsyncEngine(LLM(thinker, num_kv_blocks=128, max_num_seqs=8).engine)
-    url, server = start_server(engine)
-    yield engine, httpx.Client(base_url=url + "/v1", timeout=60)
-    stop_server(server)
-    engine.shutdown()
+    yield from serve_model(thinker)
 
 
 def _body(**kw):

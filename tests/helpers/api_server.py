@@ -1,12 +1,14 @@
 """An API server over a tiny engine, for the tests of the OpenAI-compatible API and of what
 serves through it: a uvicorn server in a background thread (start_server, stop_server), the
-engine it serves (make_engine: a toy chat template, step records), a server that follows the
-UI's model switches (serve_switchable), and prompts whose tokens differ one by one (words)."""
+engine it serves (make_engine: a toy chat template, step records), a server over a model with
+its own template (serve_model), a server that follows the UI's model switches
+(serve_switchable), and prompts whose tokens differ one by one (words)."""
 
 from __future__ import annotations
 
 import time
 
+import httpx
 import openai
 
 from helpers.step_gate import StepGate
@@ -78,6 +80,16 @@ def wait_idle(engine: AsyncEngine, timeout: float = 10.0) -> None:
                       for g in list(sched.waiting) + list(sched.running)]
             raise AssertionError(f"engine not idle: {s}; {groups}")
         time.sleep(0.02)
+
+
+def serve_model(path: str):
+    """A server over the model at path with its own chat template: yields (engine, an httpx
+    client on its /v1); a generator for a module fixture."""
+    engine = AsyncEngine(LLM(path, num_kv_blocks=128, max_num_seqs=8).engine)
+    url, server = start_server(engine)
+    yield engine, httpx.Client(base_url=url + "/v1", timeout=60)
+    stop_server(server)
+    engine.shutdown()
 
 
 def serve_switchable(llm: LLM):

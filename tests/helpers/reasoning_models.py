@@ -10,6 +10,12 @@ there), so after the final RMSNorm h[0] is C / rms(x) > 0 at every position. The
 tokens' lm_head rows read only that dimension, with a large negative weight, and no other row
 reads it: their logits are always far below every other token's, on every code path that
 computes logits (no hook to bypass).
+
+`build_harmony_thinker` is the same model with a harmony tokenizer (OpenAI's GPT-OSS format:
+`<|channel|>`, `<|message|>`, `<|end|>`, `<|start|>` special tokens, `analysis`, `final` and
+`assistant` tokens of their own) and a harmony-style template whose generation prompt opens
+the analysis channel; the forbidden tokens are the four structural ones and EOS, so it never
+leaves the analysis channel on its own.
 """
 
 from __future__ import annotations
@@ -41,10 +47,29 @@ CHAT_TEMPLATE = (
 QUESTION = "".join(chr(0x100 + (i * 7) % 256) for i in range(10))
 
 
-def _tokenizer() -> PreTrainedTokenizerFast:
+# harmony: the four structural tokens are special (the detokenizer drops them unless kept)
+H_CHANNEL, H_MESSAGE, H_END, H_START, H_ANALYSIS, H_FINAL, H_ASSISTANT, H_UNK = range(500, 508)
+HARMONY_SPECIAL = {H_CHANNEL: "<|channel|>", H_MESSAGE: "<|message|>", H_END: "<|end|>",
+                   H_START: "<|start|>"}
+HARMONY_PLAIN = {H_ANALYSIS: "analysis", H_FINAL: "final", H_ASSISTANT: "assistant"}
+HARMONY_FORBIDDEN = (*HARMONY_SPECIAL, 2)
+HARMONY_FORCED = [H_END, H_START, H_ASSISTANT, H_CHANNEL, H_FINAL, H_MESSAGE]
+HARMONY_TEMPLATE = (
+    "{%- for m in messages %}<|start|>{{ m.role }}"
+    "{%- if m.role == 'assistant' %}<|channel|>final{%- endif %}<|message|>{{ m.content }}<|end|>"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|start|>assistant<|channel|>analysis<|message|>{%- endif %}")
+
+
+def _tokenizer(plain: dict[int, str], special: dict[int, str], unk: int,
+               template: str) -> PreTrainedTokenizerFast:
+    """One character a token (U+0100..U+01FF), the ids of `plain` and `special` given to those
+    texts as added tokens (plain ones decoded back to their text, special ones dropped by
+    skip_special_tokens), `<unk>` at id unk."""
+    added = {**plain, **special, unk: "<unk>"}
     vocab = {f"<{i}>": i for i in range(3)}
     vocab.update({chr(0x100 + i) if i < 256 else f"<x{i}>": i + 3 for i in range(VOCAB - 3)})
-    for tid, text in ADDED.items():
+    for tid, text in added.items():
         del vocab[next(k for k, v in vocab.items() if v == tid)]
         vocab[text] = tid
     # ASCII (the template's role names) is unknown: not the pad id, which transformers'
@@ -52,19 +77,18 @@ def _tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
-    tok.add_tokens([AddedToken(ADDED[t], special=False, normalized=False)
-                    for t in (THINK, END_THINK, NEWLINE)])
-    tok.add_special_tokens([AddedToken(ADDED[t], special=True, normalized=False)
-                            for t in (IM_START, IM_END)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain.values()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in special.values()])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<1>", eos_token="<2>",
                                    pad_token="<0>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = template
     return fast
 
 
-def build_thinker(root: str, seed: int = 0) -> str:
-    """Save (once) the never-closing reasoning model to root; returns its path."""
-    path = os.path.join(root, "tiny-thinker")
+def _build(path: str, tokenizer: PreTrainedTokenizerFast, forbidden: tuple[int, ...],
+           seed: int) -> str:
+    """Save (once) the tiny Llama that never writes `forbidden` to path; returns path."""
     if os.path.isdir(path):
         return path
     config = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **COMMON)
@@ -82,16 +106,32 @@ def build_thinker(root: str, seed: int = 0) -> str:
         head = model.lm_head.weight
         head.mul_(8.0)                  # logits far apart: greedy has no near-ties
         head[:, 0] = 0.0
-        for t in FORBIDDEN:
+        for t in forbidden:
             head[t, :] = 0.0
             head[t, 0] = -50.0
     model.save_pretrained(path)
-    _tokenizer().save_pretrained(path)
+    tokenizer.save_pretrained(path)
     return path
 
 
-def hf_budgeted(path: str, prompt: list[int], budget: int, total: int) -> list[int]:
+def build_thinker(root: str, seed: int = 0) -> str:
+    """Save (once) the never-closing reasoning model to root; returns its path."""
+    plain = {t: ADDED[t] for t in (THINK, END_THINK, NEWLINE)}
+    special = {t: ADDED[t] for t in (IM_START, IM_END)}
+    return _build(os.path.join(root, "tiny-thinker"),
+                  _tokenizer(plain, special, UNK, CHAT_TEMPLATE), FORBIDDEN, seed)
+
+
+def build_harmony_thinker(root: str, seed: int = 0) -> str:
+    """Save (once) the never-closing harmony model to root; returns its path."""
+    return _build(os.path.join(root, "tiny-harmony"),
+                  _tokenizer(HARMONY_PLAIN, HARMONY_SPECIAL, H_UNK, HARMONY_TEMPLATE),
+                  HARMONY_FORBIDDEN, seed)
+
+
+def hf_budgeted(path: str, prompt: list[int], budget: int, total: int,
+                forced: list[int] = FORCED) -> list[int]:
     """A greedy reply under a thinking budget, from transformers: the model's own first `budget`
     reasoning tokens, the forced closing marker and transition, then its greedy continuation."""
-    head = (hf_greedy(path, prompt, budget) if budget else []) + FORCED
+    head = (hf_greedy(path, prompt, budget) if budget else []) + forced
     return head + hf_greedy(path, prompt + head, total - len(head))

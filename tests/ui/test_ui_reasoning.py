@@ -13,7 +13,8 @@ from __future__ import annotations
 import html
 
 import pytest
-from helpers.reasoning_models import QUESTION, build_thinker, hf_budgeted
+from helpers.reasoning_models import (HARMONY_FORCED, QUESTION, build_harmony_thinker,
+                                      build_thinker, hf_budgeted)
 from helpers.ui_helpers import TinyBackend, controller, run
 
 from localpaged import LLM
@@ -63,6 +64,35 @@ def test_the_budget_setting_ends_the_reasoning_and_the_reply_keeps_it_apart(ctl,
     run(ctl.send(cid, QUESTION))
     path = ctl.store.active_path(cid)
     assert path[1].extra["reasoning"] and path[3].extra["reasoning"]
+
+
+def test_a_harmony_reply_keeps_its_analysis_apart_and_continues(tiny_root, tmp_path):
+    """GPT-OSS's channels on the tiny harmony model: the analysis is the reasoning, the final
+    channel the answer, in the stored reply and after Continue (which decodes the stored
+    tokens again: the markers' special tokens must survive that too)."""
+    path = build_harmony_thinker(tiny_root)
+    backend = TinyBackend(LLM(path, num_kv_blocks=128).engine)
+    try:
+        for c in controller(backend, tmp_path, {**GREEDY, "max_tokens": 12}):
+            cid = c.new_conversation().id
+            c.update_setting(cid, "reasoning_budget", "5")
+            reply = c.store.get_message(run(c.send(cid, QUESTION)).replies[0].message_id)
+            tok = backend.engine.tokenizer
+            prompt = list(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                                  add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+            ids = hf_budgeted(path, prompt, 5, 24, HARMONY_FORCED)
+            assert reply.token_ids == ids[:12] and reply.stats["reasoning_tokens"] == 5
+            assert reply.extra["reasoning"] == tok.decode(ids[:5], skip_special_tokens=True)
+            assert reply.content == tok.decode(ids[11:12], skip_special_tokens=True).lstrip()
+            run(c.continue_reply(reply.id))               # 12 tokens more
+            done = c.store.get_message(reply.id)
+            assert done.token_ids == ids and done.stats["reasoning_tokens"] == 5
+            assert done.extra["reasoning"] == reply.extra["reasoning"]
+            assert done.content == tok.decode(ids[11:], skip_special_tokens=True).lstrip()
+            assert "<|" not in done.content and "final" not in done.content
+    finally:
+        backend.engine.shutdown()
 
 
 def test_export_and_import_keep_the_reasoning(ctl):
