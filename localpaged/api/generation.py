@@ -80,6 +80,12 @@ def chat_prompt(tokenizer, messages: list[dict], body: ChatCompletionRequest, li
     return fit.token_ids, {"dropped_messages": cut + fit.num_dropped}
 
 
+
+def pruned_field(o: CompletionOutput) -> dict:
+    """{"pruned": {"at", "score", "best"}} for a choice parallel thinking pruned, else {}."""
+    p = o.pruned
+    return {} if p is None else {"pruned": {"at": p.at, "score": p.score, "best": p.best}}
+
 class TokenText:
     """The text of single tokens, for logprobs (cached: the vocabulary is fixed)."""
 
@@ -235,6 +241,8 @@ class Generation:
         if self.echo is not None and not self.echo.generate:
             final = without_generation(final)
         choices = [self._choice(o, final) for o in final.outputs]
+        for choice, o in zip(choices, final.outputs):
+            choice.update(pruned_field(o))
         ids = {}
         if self.token_ids:
             for choice, o in zip(choices, final.outputs):
@@ -361,6 +369,8 @@ class Generation:
                             new_rows[0]["prompt_token_ids"] = list(self.prompt_ids)
                             prompt_ids_due[i] = False
                         choices.extend(new_rows)
+                    if newly_done and new_rows:
+                        new_rows[-1].update(pruned_field(o))
                     if ids[i] is not None and new_rows:     # held text keeps its ids until sent
                         new_rows[-1]["token_ids"], ids[i] = ids[i], None
                 if choices:

@@ -15,7 +15,9 @@ stop_token_ids; for chat, add_generation_prompt and continue_final_message. Our 
 (localpaged.chat.context_window); without it nothing is ever dropped. For reasoning models,
 `reasoning_effort`, `max_reasoning_tokens`, `enable_thinking` and `chat_template_kwargs` (read by
 reasoning_output.py). `speculative: false` keeps a request out of speculative decoding where
-the server runs it (`--speculation`). `return_token_ids` (vLLM's) adds the prompt's and each
+the server runs it (`--speculation`). `prune` (ours: {"margin", "after", "every", "keep"}, each
+optional) stops the branches of an n > 1 request that fall behind (core/pruning.py); a pruned
+choice ends with finish_reason "abort" and says why in its `pruned` field. `return_token_ids` (vLLM's) adds the prompt's and each
 choice's token ids to the response, and `return_tokens_as_token_ids` writes logprobs' tokens as
 "token_id:N": with both, a client can continue a completion from any of its tokens, or from one
 of the alternatives logprobs listed, by sending prompt + token ids[:t] + that token as a
@@ -34,6 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from localpaged.api.errors import APIError
+from localpaged.core.pruning import PruneRule
 from localpaged.core.sampling_params import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,
@@ -84,6 +87,18 @@ class StreamOptions(BaseModel):
     include_usage: bool | None = False
 
 
+class Prune(BaseModel):
+    """`prune` (ours): parallel thinking's rule for an n > 1 request (core/pruning.py)."""
+    model_config = _CONFIG
+    margin: Annotated[float, Field(ge=0.0)] = PruneRule.margin
+    after: Annotated[int, Field(ge=1)] = PruneRule.after
+    every: Annotated[int, Field(ge=1)] = PruneRule.every
+    keep: Annotated[int, Field(ge=1)] = PruneRule.keep
+
+    def rule(self) -> PruneRule:
+        return PruneRule(self.margin, self.after, self.every, self.keep)
+
+
 class _Common(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
     model_config = _CONFIG
@@ -109,6 +124,7 @@ class _Common(BaseModel):
     stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]],
                               Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     speculative: bool | None = None       # ours: False keeps this request from being drafted
+    prune: Prune | None = None            # ours: stop the n branches that fall behind
     return_token_ids: bool | None = False
     return_tokens_as_token_ids: bool | None = False
     # output constraints (structured.py): OpenAI's, then vLLM's extensions
@@ -142,7 +158,8 @@ class _Common(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
             max_tokens=max_tokens, ignore_eos=bool(self.ignore_eos), logprobs=logprobs,
-            speculative=self.speculative is not False)
+            speculative=self.speculative is not False,
+            prune=self.prune.rule() if self.prune is not None else None)
 
 
 class TextPart(BaseModel):

@@ -202,3 +202,37 @@ def test_return_token_ids_and_a_completion_forked_at_a_token(served, tiny_llama)
     fresh = LLM(tiny_llama, enable_prefix_caching=False).generate([forked], greedy(8))[0]
     assert done["choices"][0]["token_ids"] == fresh.outputs[0].token_ids
     wait_idle(engine)
+
+
+def test_prune_extension(served):
+    """`prune` over the API: with margin 0 all but the best branch end at the first checkpoint,
+    as the engine's own request with the same rule; streamed, each pruned choice's last chunk
+    says so; n = 1 with prune is a 400 naming it; a bad rule is a 400 naming the field."""
+    from localpaged import SamplingParams
+    from localpaged.core.pruning import PruneRule
+
+    engine, client = served
+    prompt = words(5, 20)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 24, "temperature": 1.0, "seed": 4,
+            "ignore_eos": True, "n": 3, "prune": {"margin": 0, "after": 6, "every": 4}}
+    r = client.post("/completions", json=body).json()
+    pruned = [c for c in r["choices"] if "pruned" in c]
+    assert len(pruned) == 2 and all(c["finish_reason"] == "abort" for c in pruned)
+    assert all(c["pruned"]["at"] == 6 and c["pruned"]["score"] < c["pruned"]["best"]
+               for c in pruned)
+    out = engine.generate(prompt, SamplingParams(         # the engine's own request
+        n=3, temperature=1.0, seed=4, max_tokens=24, ignore_eos=True,
+        prune=PruneRule(margin=0, after=6, every=4)))
+    final = list(out)[-1]
+    assert [c["text"] for c in r["choices"]] == [o.text for o in final.outputs]
+    streamed = client.post("/completions", json=body | {"stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    ends = [c for chunk in chunks for c in chunk["choices"] if c.get("finish_reason")]
+    assert sorted(c["index"] for c in ends if "pruned" in c) == \
+        sorted(c["index"] for c in r["choices"] if "pruned" in c)
+    one = client.post("/completions", json=body | {"n": 1})
+    assert one.status_code == 400 and "prune" in one.json()["error"]["message"]
+    bad = client.post("/completions", json=body | {"prune": {"margin": -1}})
+    assert bad.status_code == 400 and "margin" in json.dumps(bad.json())
+    wait_idle(engine)
