@@ -10,10 +10,11 @@ from localpaged.core.config import EngineConfig
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
+from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import EngineStats, RequestOutput
 from localpaged.runner.loader import DEFAULT_MODEL
 
-Prompt = str | list[int]
+Prompt = str | list[int] | ImagePrompt
 Messages = list[dict]
 
 
@@ -49,6 +50,19 @@ class LLM:
 
     def apply_chat_template(self, messages: Messages, add_generation_prompt: bool = True) -> list[int]:
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt)
+
+    def image_prompt(self, prompt: str | Messages, images: list) -> ImagePrompt:
+        """A prompt with images (PIL images, in order) for generate: `prompt` is text holding the
+        processor's image marker once per image ("<image>" for Idefics3), or chat messages
+        whose content parts include {"type": "image"} once per image. A ValueError for a
+        model without a vision tower, or markers unlike the images."""
+        if self.engine.images is None:
+            raise ValueError("this model takes no images" + (
+                " (its image processor could not be loaded: see the log)"
+                if self.engine.encoder is not None else " (it has no vision tower)"))
+        if isinstance(prompt, str):
+            return self.engine.images.prompt(prompt, images)
+        return self.engine.images.chat(prompt, images)
 
     def beam_search(self, prompts: Prompt | list[Prompt], beam_width: int, max_tokens: int,
                     length_penalty: float = 1.0, early_stopping: bool | str = False,
@@ -89,6 +103,7 @@ def apply_chat_template(tokenizer, messages: Messages, add_generation_prompt: bo
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
-    if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    if isinstance(prompts, (str, ImagePrompt)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
         return [prompts]
     return list(prompts)

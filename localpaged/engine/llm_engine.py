@@ -51,6 +51,7 @@ from localpaged.engine import kv_sizing, step_decisions
 from localpaged.engine.detokenizer import detokenize, start_offsets
 from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.grammar import GrammarCompiler, step_masks
+from localpaged.engine.multimodal import ImagePreprocessor, ImagePrompt, prompt_images
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
@@ -63,6 +64,7 @@ from localpaged.kernels import kv_quant
 from localpaged.quant.linear import kernels_summary, weight_formats, weights_summary
 from localpaged.runner import loader, prompt_logprobs, startup_check
 from localpaged.runner.batch1_cpu import Batch1Decoder
+from localpaged.runner.encoder_cache import EncoderCache
 from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
 from localpaged.runner.kv_disk import KVDiskStore, KVDiskTier, weights_identity
 from localpaged.runner.kv_disk import fingerprint as kv_fingerprint
@@ -113,8 +115,12 @@ class LLMEngine:
             self.max_model_len, config.block_size, self.device, self.dtype)
         batch1 = None if config.enforce_eager else Batch1Decoder.create(
             self.model, self.kv_cache.layers, self.backend)
+        # A vision-language model: its tower's outputs cached per image, its image preprocessing
+        self.encoder = EncoderCache(loaded.vision) if loaded.vision is not None else None
+        self.images = (ImagePreprocessor(loaded.processor, loaded.vision)
+                       if loaded.processor is not None else None)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend,
-                                  graphs, batch1)
+                                  graphs, batch1, self.encoder)
         # LOCALPAGED_SPECULATION=ngram turns it on for every engine (to run any test suite with it)
         speculation = check_choice("LOCALPAGED_SPECULATION", os.environ.get(
             "LOCALPAGED_SPECULATION", config.speculation), SPECULATION)
@@ -208,7 +214,7 @@ class LLMEngine:
                               c.num_kv_blocks, budget, swap)
 
     # ---- requests -----------------------------------------------------------------------------
-    def make_group(self, prompt: str | list[int], params: SamplingParams | None = None,
+    def make_group(self, prompt: str | list[int] | ImagePrompt, params: SamplingParams | None = None,
                    request_id: str | None = None, beam: BeamParams | None = None,
                    column_params: list[SamplingParams] | None = None,
                    priority: str | None = None) -> SequenceGroup:
@@ -227,13 +233,17 @@ class LLMEngine:
         priority = check_priority(params.priority if priority is None else priority)
         if isinstance(prompt, str):
             text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
+        elif isinstance(prompt, ImagePrompt):          # engine/multimodal.py
+            text, ids = prompt.text, [int(t) for t in prompt.token_ids]
         else:
             text, ids = None, [int(t) for t in prompt]
         self._check_prompt(ids)
+        images = prompt_images(prompt, ids, self.encoder.tower if self.encoder else None)
         grammars = self._compile(column_params or [params])
         request_id = request_id or f"req-{next(self._ids)}"
         seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
         seq.detok_state = start_offsets(len(ids))
+        seq.images = images
         group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
                               self.max_model_len, beam, column_params=column_params,
                               beam_state=BeamState() if beam else None,
@@ -277,7 +287,7 @@ class LLMEngine:
         self.groups[group.request_id] = group
         self.scheduler.add(group)
 
-    def add_request(self, request_id: str | None, prompt: str | list[int],
+    def add_request(self, request_id: str | None, prompt: str | list[int] | ImagePrompt,
                     params: SamplingParams | None = None, priority: str | None = None) -> str:
         group = self.make_group(prompt, params, request_id, priority=priority)
         self.add_group(group)
@@ -464,7 +474,9 @@ class LLMEngine:
             kv_groups=self._group_stats(running),
             prefix_cache_disk_hits=kv.prefix_cache_disk_hits,
             kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None,
-            kernels=self.kernels, weight_formats=dict(self.weight_formats))
+            kernels=self.kernels, weight_formats=dict(self.weight_formats),
+            encoder_runs=self.encoder.runs if self.encoder else 0,
+            encoder_cache_hits=self.encoder.hits if self.encoder else 0)
 
     def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
         """Per KV-cache group, for a model with windows (empty without: the fields above)."""

@@ -237,6 +237,8 @@ class EngineStats:
     kernels: str = ""                  # what multiplies the weights (quant/linear.py
     #                                    kernels_summary): "cpu extension (avx2+vnni)", "reference"
     weight_formats: dict[str, int] = field(default_factory=dict)   # weights per format, most first
+    encoder_runs: int = 0              # vision tower runs (one per image not in the encoder cache)
+    encoder_cache_hits: int = 0        # image embeddings the encoder cache gave instead
 
     @property
     def window_bytes_saved(self) -> int:

@@ -220,9 +220,14 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata | list[AttentionMetadata],
-                backend: PagedAttention, max_position: int | None = None) -> torch.Tensor:
-        """`meta`: one AttentionMetadata per KV-cache group, or one for all (layer_metadata)."""
+                backend: PagedAttention, max_position: int | None = None,
+                images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`meta`: one AttentionMetadata per KV-cache group, or one for all (layer_metadata).
+        `images`: (rows, embeddings) that replace those rows' token embeddings (a vision
+        tower's output at image placeholders: runner/image_batch.py)."""
         x = self.model.embed_tokens(input_ids)
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
         rope = split_rope(self.rotary(positions, x.dtype, max_position))    # (cos, sin)
         metas = layer_metadata(meta, self.kv_groups.windows, self.kv_groups.layer_group)
         for layer, kv_cache, layer_meta in zip(self.model.layers, kv_caches, metas):

@@ -38,6 +38,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig, Pretrained
 from localpaged.kernels import cpu_extension
 from localpaged.models import Gemma3ForCausalLM, LlamaForCausalLM, build_model
 from localpaged.models.llama import fuse_state_dict
+from localpaged.models.vision import VisionTower
 from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
 from localpaged.quant.ggml import NativeKernel, cpu_native
 from localpaged.quant.gguf import FLOAT_TYPES, read_gguf
@@ -45,6 +46,7 @@ from localpaged.quant.gguf_file import GgufFile
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
+from localpaged.runner import vision_loader
 from localpaged.runner.gguf_meta import cache_root, config_and_tokenizer
 from localpaged.runner.startup_check import triton_ggml_native
 from localpaged.runner.model_check import (
@@ -120,6 +122,8 @@ class LoadedModel:
     tokenizer: object
     eos_token_ids: set[int]
     source: ModelSource
+    vision: VisionTower | None = None     # a vision-language model's tower (runner/vision_loader.py)
+    processor: object = None              # and its transformers processor (images to pixels)
 
 
 def bundled_gguf_path() -> str | None:
@@ -243,6 +247,10 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     stamp = _file_stamp(source)
     _report("config", "reading the config")
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
+    prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
+    whole = None                 # a vision-language model's config; `config` is its text model's
+    if vision_loader.is_vision_language(config):
+        whole, config = config, vision_loader.text_config(config, quantization, bool(prequantized))
     _check_model_files(source, config)   # before any kernel sees a size or any weight is read
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
@@ -250,7 +258,6 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     tokenizer = _tokenizer(source.path, source.gguf_file, stamp)
     _report("weights", "reading weights")
     packed: dict = {}
-    prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
         path = os.path.join(source.path, source.gguf_file)
         state, packed = read_gguf(path, config, quantization, _gguf_kernel(path, device, quantization),
@@ -263,6 +270,11 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state, packed = read_safetensors(source.path, quantization)
     else:
         state = _safetensors_state_dict(source.path)
+    tower = processor = None
+    if whole is not None:
+        state, vision = vision_loader.split_weights(state)
+        tower = vision_loader.build_tower(whole, vision, device, dtype)
+        processor = vision_loader.load_processor(source.path)
     _report("install", "installing weights")
     if packed:
         _install_packed(model, packed, device, dtype)     # consumes `packed`
@@ -274,7 +286,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         _use_cpu_kernels(model)
     eos = _eos_ids(source, config, tokenizer)
     trim_heap()            # the config/tokenizer parsing's and the weights' freed temporaries
-    return LoadedModel(model, config, tokenizer, eos, source)
+    return LoadedModel(model, config, tokenizer, eos, source, tower, processor)
 
 
 def _check_model_files(source: ModelSource, config: PretrainedConfig) -> None:

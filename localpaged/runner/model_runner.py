@@ -24,9 +24,10 @@ from localpaged.core.scheduler import ScheduledSeq, SchedulerOutput
 from localpaged.kernels.reference import decode_runs, window_start
 from localpaged.models import LlamaForCausalLM
 from localpaged.models.attention import AttentionMetadata, PagedAttention
-from localpaged.runner import prompt_logprobs
+from localpaged.runner import image_batch, prompt_logprobs
 from localpaged.runner.batch1_cpu import Batch1Decoder
 from localpaged.runner.cuda_graphs import DecodeGraphRunner
+from localpaged.runner.encoder_cache import EncoderCache
 from localpaged.runner.kv_cache import KVCache
 
 
@@ -73,8 +74,9 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_cache: KVCache,
                  block_manager: BlockManager,
                  backend: PagedAttention, graphs: DecodeGraphRunner | None = None,
-                 batch1: Batch1Decoder | None = None) -> None:
+                 batch1: Batch1Decoder | None = None, encoder: EncoderCache | None = None) -> None:
         self.model = model
+        self.encoder = encoder        # a vision-language model's tower and its cache, else None
         self.graphs = graphs          # decode-only batches replay a CUDA graph when set
         self.batch1 = batch1          # CPU batch-1 decode: the layer loop in C++ when set
         self.kv_cache = kv_cache
@@ -100,10 +102,18 @@ class ModelRunner:
             return None, {}, {}
         with phase("prepare"):
             input_ids, positions, meta = self.prepare(items)
+        images = None
+        if self.encoder is not None:
+            with phase("encode"):
+                images = image_batch.gather(items, self.encoder, self.encoder.tower.image_token_id,
+                                            self.device)
         with phase("forward"):
             max_position = max(it.seq.num_computed_tokens + it.num_tokens for it in items) - 1
             one = isinstance(meta, AttentionMetadata)       # one KV-cache group
-            if one and self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
+            if images is not None:        # image rows: the eager model (graphs and batch-1 take ids)
+                hidden = self.model(input_ids, positions, self.kv_cache.layers, meta,
+                                    self.backend, max_position, images=images)
+            elif one and self.graphs is not None and self.graphs.can_run(meta, input_ids.shape[0]):
                 hidden = self.graphs.run(input_ids, positions, meta)
             elif one and self.batch1 is not None and self.batch1.can_run(meta):
                 hidden = self.batch1.run(input_ids, positions, meta, max_position)

@@ -1,0 +1,41 @@
+"""Vision towers: from an image's pixels to the embeddings its placeholder tokens take in the
+text model. One module per family (idefics3.py: SigLIP + pixel shuffle + linear, for Idefics3
+and SmolVLM); siglip.py is the encoder they share. Parameter names mirror transformers' so a
+checkpoint's vision weights load as they are (runner/vision_loader.py strips their prefix).
+
+Every tower has the interface the runner uses (`VisionTower`): `encode(pixels)` returns one
+row per placeholder token of the image, in the order the placeholders appear in the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class ImagePixels:
+    """One image as its model's processor prepared it: `values` [crops, channels, H, W]
+    (normalised), `mask` [crops, H, W] (true on real pixels, false on padding) or None."""
+    values: torch.Tensor
+    mask: torch.Tensor | None = None
+
+
+class VisionTower(Protocol):
+    image_token_id: int          # the placeholder token whose embeddings the tower gives
+
+    def encode(self, pixels: ImagePixels) -> torch.Tensor:
+        """[placeholder tokens of the image, text hidden size], in prompt order."""
+        ...
+
+    def num_embeddings(self, pixels: ImagePixels) -> int:
+        """The rows `encode(pixels)` returns, without running it."""
+        ...
+
+    def split_pixels(self, batch: Mapping, counts: list[int]) -> list[ImagePixels]:
+        """The model's processor output for one prompt, cut into its images (`counts`: each
+        image's placeholder tokens, in order)."""
+        ...

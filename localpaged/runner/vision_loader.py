@@ -1,0 +1,82 @@
+"""Loading a vision-language model: its text model goes through the loader like any other
+(models/llama.py on its `text_config`), its vision tower (models/vision/) is built here from
+the same safetensors files, and its transformers processor (image preprocessing and the
+placeholder tokens) is loaded beside the tokenizer.
+
+transformers' checkpoint names: `model.text_model.*` and `lm_head.*` (the text model, whose
+names become `model.*` and `lm_head.*`), `model.vision_model.*` and `model.connector.*`
+(Idefics3 / SmolVLM: the tower's, without `model.`). Float safetensors only: a GGUF
+(llama.cpp's mmproj files) and int8/int4 quantization of the text model are refused by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+from transformers import PretrainedConfig
+
+from localpaged.models import VISION_LANGUAGE
+from localpaged.models.vision import VisionTower
+
+logger = logging.getLogger(__name__)
+
+TEXT_PREFIX = "model.text_model."
+VISION_PREFIXES = ("model.vision_model.", "model.connector.")
+
+
+def is_vision_language(config: PretrainedConfig) -> bool:
+    return getattr(config, "model_type", None) in VISION_LANGUAGE
+
+
+def text_config(config: PretrainedConfig, quantization: str, prequantized: bool) -> PretrainedConfig:
+    """The text model's config (tied embeddings as the whole model says); a ValueError for a
+    weight form this loader does not read for vision-language models."""
+    if quantization in ("int8", "int4") or prequantized:
+        name = VISION_LANGUAGE[config.model_type][0]
+        raise ValueError(f"{name}: vision-language models load from float safetensors only "
+                         f"(quantization {quantization!r} is not supported for them)")
+    text = copy.deepcopy(config.text_config)
+    text.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+    return text
+
+
+def split_weights(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(the text model's weights under our names, the tower's under its module's names);
+    `state` is consumed."""
+    text, vision = {}, {}
+    for key in list(state):
+        tensor = state.pop(key)
+        if key.startswith(TEXT_PREFIX):
+            text["model." + key[len(TEXT_PREFIX):]] = tensor
+        elif key.startswith(VISION_PREFIXES):
+            vision[key[len("model."):]] = tensor
+        else:
+            text[key] = tensor                          # lm_head.weight
+    return text, vision
+
+
+def build_tower(config: PretrainedConfig, weights: dict[str, torch.Tensor],
+                device: torch.device, dtype: torch.dtype) -> VisionTower:
+    """The model's vision tower with `weights` (all of them, none missing or left over)."""
+    tower = VISION_LANGUAGE[config.model_type][1](config)
+    missing, unexpected = tower.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"vision weights do not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return tower.to(device=device, dtype=dtype).eval().requires_grad_(False)
+
+
+def load_processor(path: str):
+    """transformers' processor for the model (image preprocessing, the prompt's placeholder
+    tokens), or None with a warning saying why when transformers cannot build it (SmolVLM's
+    needs torchvision for its video processor): the model then serves text, and a prompt
+    with images is refused (engine/multimodal.py)."""
+    from transformers import AutoProcessor
+    try:
+        return AutoProcessor.from_pretrained(path, trust_remote_code=False)
+    except (ImportError, OSError, ValueError, TypeError) as exc:
+        logger.warning("the image processor of %s could not be loaded, so images are refused: "
+                       "%s: %s", path, type(exc).__name__, str(exc).strip().splitlines()[0])
+        return None
