@@ -32,7 +32,6 @@ from .turns import LiveReply
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
 PREPARED_NOTE = "⚡ prepared in the background"
-COPY_NOTE = "⧉ copied from the original branch (not generated here)"
 CURSOR = " ▌"
 
 
@@ -81,10 +80,7 @@ def _note(msg: Message, live: LiveReply | None) -> str:
     if msg.role == "user" and msg.extra.get("attachments"):
         bits.append(attachments_note(msg.extra["attachments"]))
     if "summary_of" in msg.extra:
-        bits.append(summary_note(msg.extra["summary_of"],
-                                 writing=live is not None and live.status == "streaming"))
-    if "copy_of" in msg.extra:
-        bits.append(COPY_NOTE)
+        bits.append(summary_note(msg.extra["summary_of"]))
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
@@ -109,14 +105,11 @@ def _note(msg: Message, live: LiveReply | None) -> str:
     return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
 
 
-def summary_note(summary_of, writing: bool = False) -> str:
-    """`📝 Summary of 6 earlier messages (the original is the other branch here: ‹ ›)`; while
-    the model writes it, `📝 Writing a summary of 6 earlier messages…`."""
+def summary_note(summary_of) -> str:
+    """`📝 Summary of 6 earlier messages (the original is the other branch here: ‹ ›)`."""
     n = len(summary_of) if isinstance(summary_of, list) else 0
-    what = f"{n} earlier message{'s' if n != 1 else ''}"
-    if writing:
-        return (f"📝 Writing a summary of {what}… (Stop leaves the conversation as it was)")
-    return (f"📝 Summary of {what} (compacted; the original is the other branch here: ‹ ›)")
+    return (f"📝 Summary of {n} earlier message{'s' if n != 1 else ''} (compacted; the "
+            "original is the other branch here: ‹ ›)")
 
 
 def attachments_note(attachments: list) -> str:
