@@ -29,7 +29,6 @@ from helpers.reasoning_models import (
     HARMONY_TEMPLATE,
     QUESTION,
     build_harmony_thinker,
-    build_thinker,
     hf_budgeted,
 )
 from transformers import AutoTokenizer
@@ -60,14 +59,14 @@ def fmt(llm):
     return reasoning_format(llm.tokenizer)
 
 
-def test_the_format_is_found_from_the_template_and_the_tokens(fmt, llm, tiny_root, tiny_llama):
+def test_the_format_is_found_from_the_template_and_the_tokens(fmt, thinker, tiny_llama):
     assert fmt.family == "harmony" and not fmt.has_switch
     assert fmt.markers.start == tuple(OPEN) and fmt.markers.end == tuple(HARMONY_FORCED)
     assert sorted(fmt.markers.special) == sorted(HARMONY_SPECIAL) and fmt.markers.transition == ()
-    thinker = AutoTokenizer.from_pretrained(build_thinker(tiny_root))   # a copy of its own
-    assert reasoning_format(thinker).family == "think"
-    thinker.chat_template = HARMONY_TEMPLATE         # harmony's template, not its tokens
-    assert reasoning_format(thinker) is None
+    tok = AutoTokenizer.from_pretrained(thinker)       # a copy of its own
+    assert reasoning_format(tok).family == "think"
+    tok.chat_template = HARMONY_TEMPLATE               # harmony's template, not its tokens
+    assert reasoning_format(tok) is None
     assert reasoning_format(AutoTokenizer.from_pretrained(tiny_llama)) is None
 
 

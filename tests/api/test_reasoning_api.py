@@ -14,7 +14,7 @@ import json
 import httpx
 import pytest
 from helpers.api_server import MODEL, serve_model
-from helpers.reasoning_models import QUESTION, build_thinker, hf_budgeted
+from helpers.reasoning_models import QUESTION, hf_budgeted
 
 from localpaged.api.protocol import ChatCompletionRequest
 from localpaged.api.reasoning_output import reasoning_request
@@ -22,11 +22,6 @@ from localpaged.chat.reasoning import EFFORT_BUDGETS, reasoning_format
 from localpaged.core.sampling_params import SamplingParams
 
 MESSAGES = [{"role": "user", "content": QUESTION}]
-
-
-@pytest.fixture(scope="module")
-def thinker(tiny_root):
-    return build_thinker(tiny_root)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,14 @@
   shapes (`any` -> "required", `tool` -> the named function) and `disable_parallel_tool_use`
   as `parallel_tool_calls`, which the OpenAI routes' tool handling (api/structured.py) takes.
 - `sampling_params(body)`: the engine's SamplingParams (Anthropic's defaults: temperature 1).
+- `thinking(body, fmt)`: `thinking` as a thinking budget and the chat template's
+  `enable_thinking` for a reasoning model (chat/reasoning.py): "enabled" -> its budget_tokens
+  (any number >= 0: Anthropic's minimum of 1024 and its cap below max_tokens are not enforced),
+  "adaptive" -> no budget, "disabled" -> the template's no-thinking prompt where it has one and
+  a budget of 0 (the engine closes the reasoning at once), so no thinking block comes back.
+  A model that marks no reasoning ignores it, as clients send it to any model.
+  Assistant `thinking` and `redacted_thinking` blocks are dropped from the prompt, as Anthropic
+  does with earlier turns' thinking (the template renders earlier replies' answers only).
 
 Every refusal is an APIError naming the field, answered as a 400.
 """
@@ -16,6 +24,7 @@ Every refusal is an APIError naming the field, answered as a 400.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from localpaged.api.anthropic.protocol import (
@@ -23,12 +32,15 @@ from localpaged.api.anthropic.protocol import (
     Message,
     MessagesRequest,
     OtherBlock,
+    RedactedThinkingBlock,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
 )
 from localpaged.api.errors import APIError
 from localpaged.api.protocol import check_text
+from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.core.sampling_params import SamplingParams
 
 ERROR_PREFIX = "Error: "        # before a tool result sent with is_error
@@ -94,10 +106,12 @@ def _message(m: Message, param: str, called: set[str]) -> list[dict]:
                 out.append({"role": "user", "content": "".join(text)})
                 text = []
             out.append(_tool_result(b, where))
-        elif isinstance(b, (ToolUseBlock, ToolResultBlock)):
-            raise APIError(f"{where} is a {b.type} block in a {m.role} message; tool_use "
-                           "blocks belong in assistant messages, tool_result blocks in user "
-                           "messages.", param=where, code="invalid_value")
+        elif isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) and m.role == "assistant":
+            continue                           # an earlier reply's reasoning: not prompted
+        elif isinstance(b, (ToolUseBlock, ToolResultBlock, ThinkingBlock, RedactedThinkingBlock)):
+            raise APIError(f"{where} is a {b.type} block in a {m.role} message; tool_use and "
+                           "thinking blocks belong in assistant messages, tool_result blocks "
+                           "in user messages.", param=where, code="invalid_value")
         else:
             raise _refuse_block(b, where)
     if text or calls or not out:
@@ -173,3 +187,23 @@ def sampling_params(body: MessagesRequest) -> SamplingParams:
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0,
         stop=body.stop_sequences, max_tokens=body.max_tokens)
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """What a request's `thinking` asks of a reasoning model."""
+    budget: int | None = None                                  # reasoning tokens; None: no limit
+    template_kwargs: dict = field(default_factory=dict)        # enable_thinking, for the template
+
+
+def thinking(body: CountTokensRequest, fmt: ReasoningFormat | None) -> Thinking:
+    config = body.thinking
+    if config is not None and config.type == "enabled" and config.budget_tokens is None:
+        raise APIError("thinking of type 'enabled' needs budget_tokens: the most tokens the "
+                       "model may reason for.", param="thinking.budget_tokens",
+                       code="missing_required_parameter")
+    if config is None or fmt is None:
+        return Thinking()
+    if config.type == "disabled":
+        return Thinking(0, {"enable_thinking": False})
+    return Thinking(config.budget_tokens, {"enable_thinking": True})

@@ -6,8 +6,12 @@
     content_block_start / content_block_delta* / content_block_stop   per block, in order
     message_delta (stop_reason, stop_sequence, usage.output_tokens), message_stop   (finish())
 
-Text arrives as `text_delta`s of a `text` block; a tool call as a `tool_use` block whose input
-arrives as `input_json_delta`s (`partial_json`, which joined are its JSON arguments). A streamed
+A reasoning model's reasoning (chat/reasoning.py splits it from the answer) comes first, as a
+`thinking` block whose text arrives as `thinking_delta`s; its `signature` is "" (this server
+signs nothing; Anthropic's clients keep and send back whatever it is), and no `signature_delta`
+is sent. Text arrives as `text_delta`s of a `text` block; a tool call as a `tool_use` block
+whose input arrives as `input_json_delta`s (`partial_json`, which joined are its JSON
+arguments). A streamed
 response sends the events as they come (`sse()` writes one); a whole response feeds the same
 outputs and returns `message()`. Which text is a tool call is the tool format's stream parser's
 business (chat/tool_calls.py), run on the deltas for events and on the whole text for
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from localpaged.chat.reasoning import ReasoningFormat, Split
 from localpaged.chat.tool_calls import CallStart, Delta, TextDelta, ToolFormat
 from localpaged.engine.outputs import RequestOutput
 
@@ -41,16 +46,20 @@ class Reply:
 
     `fmt`: the tool format whose calls the reply may hold (chat/tool_calls.ToolFormat), or None
     when no tool is offered. `streamed`: whether `feed` makes events (else it only keeps the
-    text, which `message()` reads).
+    text, which `message()` reads). `reasoning`: the model's reasoning format (None: it marks
+    none), whose split starts where `prompt_ids` left the reply.
     """
 
     def __init__(self, message_id: str, model: str, input_tokens: int,
                  stop_sequences: list[str] | None = None, fmt: ToolFormat | None = None,
-                 streamed: bool = True) -> None:
+                 streamed: bool = True, reasoning: ReasoningFormat | None = None,
+                 prompt_ids: list[int] | None = None) -> None:
         self.id, self.model, self.input_tokens = message_id, model, input_tokens
         self.stop_sequences = set(stop_sequences or ())
         self.fmt, self.streamed = fmt, streamed
         self.parser = fmt.stream_parser() if fmt is not None and streamed else None
+        self.reasoning, self.prompt_ids = reasoning, list(prompt_ids or [])
+        self.thoughts = reasoning.parser(self.prompt_ids) if reasoning and streamed else None
         self.text = ""                          # the reply as the model wrote it
         self.blocks: list[dict] = []            # the streamed blocks; tool inputs as JSON text
         self._open: dict | None = None          # the block being streamed
@@ -75,11 +84,12 @@ class Reply:
             self.stop_string = o.stop_reason if isinstance(o.stop_reason, str) else None
         if not (o.text and self.streamed):
             return []
-        return self._deltas(self.parser.feed(o.text)) if self.parser else self._text(o.text)
+        return self._split(self.thoughts.feed(o.text)) if self.thoughts else self._answer(o.text)
 
     def finish(self) -> list[dict]:
         """The events that end the message (after the last output)."""
-        events = self._deltas(self.parser.finish()) if self.parser is not None else []
+        events = self._split(self.thoughts.finish()) if self.thoughts is not None else []
+        events += self._deltas(self.parser.finish()) if self.parser is not None else []
         events += self._close()
         reason, sequence = self.stop_reason(self.blocks)
         return events + [{"type": "message_delta",
@@ -89,8 +99,13 @@ class Reply:
 
     # ---- the whole message --------------------------------------------------------------------
     def message(self) -> dict:
-        """The whole reply as one message (its text parsed for calls once, at the end)."""
-        content = self._parsed()
+        """The whole reply as one message (its text split and parsed for calls once, at the
+        end)."""
+        split = self.reasoning.split(self.text, self.prompt_ids) if self.reasoning \
+            else Split(content=self.text)
+        content = self._parsed(split.content)
+        if split.reasoning:
+            content.insert(0, {"type": "thinking", "thinking": split.reasoning, "signature": ""})
         reason, sequence = self.stop_reason(content)
         return {**self._head(), "content": content, "stop_reason": reason,
                 "stop_sequence": sequence, "usage": self.usage()}
@@ -107,14 +122,14 @@ class Reply:
             return "stop_sequence", self.stop_string
         return "end_turn", None
 
-    def _parsed(self) -> list[dict]:
-        """The whole text's blocks in the order written: the stream parser's segments, read
-        as `parse` reads them (a call whose arguments are not a JSON object stays text), but
+    def _parsed(self, text: str) -> list[dict]:
+        """The answer's blocks in the order written: the stream parser's segments, read as
+        `parse` reads them (a call whose arguments are not a JSON object stays text), but
         keeping text after a call after it."""
         if self.fmt is None:
-            return [{"type": "text", "text": self.text}] if self.text else []
+            return [{"type": "text", "text": text}] if text else []
         parser = self.fmt.stream_parser()
-        parser.feed(self.text)
+        parser.feed(text)
         parser.finish()
         blocks: list[dict] = []
         for seg in parser.segments:
@@ -129,12 +144,26 @@ class Reply:
             elif text:
                 blocks.append({"type": "text", "text": text})
         if not any(b["type"] == "tool_use" for b in blocks):     # the reply exactly as written
-            return [{"type": "text", "text": self.text}] if self.text else []
+            return [{"type": "text", "text": text}] if text else []
         return blocks
 
     # ---- streamed blocks ----------------------------------------------------------------------
     def _head(self) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
+
+    def _split(self, split: Split) -> list[dict]:
+        """A split delta's events: its reasoning (always before any answer), then its answer."""
+        events = []
+        if split.reasoning:
+            if self._open is None or self._open["type"] != "thinking":
+                events += self._close() + self._begin(
+                    {"type": "thinking", "thinking": "", "signature": ""})
+            self._open["thinking"] += split.reasoning
+            events.append(self._delta({"type": "thinking_delta", "thinking": split.reasoning}))
+        return events + (self._answer(split.content) if split.content else [])
+
+    def _answer(self, text: str) -> list[dict]:
+        return self._deltas(self.parser.feed(text)) if self.parser else self._text(text)
 
     def _text(self, text: str) -> list[dict]:
         events = []

@@ -2,9 +2,11 @@
 
 Types are strict, as on the OpenAI routes (api/protocol.py): a string is not a number, NaN is
 refused, and a bad field is a 400 naming it before anything reaches the engine. Lists have the
-same caps as there; the body's size limit and the prompt's bound limit the text. Content blocks are `text`, `tool_use` and `tool_result`; any
-other type (image, document, thinking, ...) parses as `OtherBlock` so that conversion can refuse
-it by name. Fields this server has no use for (`metadata`, `thinking`, `service_tier`,
+same caps as there; the body's size limit and the prompt's bound limit the text. Content blocks are `text`, `tool_use`, `tool_result`,
+`thinking` and `redacted_thinking` (an earlier reply's reasoning, which conversion drops); any
+other type (image, document, ...) parses as `OtherBlock` so that conversion can refuse it by
+name. `thinking` ({"type": "enabled", "budget_tokens": N}, "adaptive" or "disabled") is read
+by convert.thinking. Fields this server has no use for (`metadata`, `service_tier`,
 `cache_control` on blocks, ...) are ignored, as Anthropic's clients send a few of their own.
 """
 
@@ -26,7 +28,7 @@ _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 # Anthropic's rule for a tool's name, which the OpenAI function-name rule also accepts.
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-BLOCK_TYPES = ("text", "tool_use", "tool_result")
+BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class OtherBlock(BaseModel):
@@ -71,9 +73,26 @@ class ToolResultBlock(BaseModel):
     is_error: bool | None = False
 
 
+class ThinkingBlock(BaseModel):
+    """An earlier reply's reasoning, sent back with it (dropped from the prompt)."""
+    model_config = _CONFIG
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+class RedactedThinkingBlock(BaseModel):
+    """An earlier reply's reasoning as Anthropic encrypts it (dropped from the prompt)."""
+    model_config = _CONFIG
+    type: Literal["redacted_thinking"]
+    data: str
+
+
 Block = Annotated[Union[Annotated[TextBlock, Tag("text block")],
                         Annotated[ToolUseBlock, Tag("tool_use block")],
                         Annotated[ToolResultBlock, Tag("tool_result block")],
+                        Annotated[ThinkingBlock, Tag("thinking block")],
+                        Annotated[RedactedThinkingBlock, Tag("redacted_thinking block")],
                         Annotated[OtherBlock, Tag("other block")]],
                   Discriminator(_tag)]
 
@@ -101,6 +120,14 @@ class ToolChoice(BaseModel):
     disable_parallel_tool_use: bool | None = False
 
 
+class ThinkingConfig(BaseModel):
+    """Extended thinking: "enabled" with a budget of reasoning tokens, "adaptive" (the model's
+    own length) or "disabled"."""
+    model_config = _CONFIG
+    type: Literal["enabled", "adaptive", "disabled"]
+    budget_tokens: Annotated[int, Field(ge=0)] | None = None
+
+
 class CountTokensRequest(BaseModel):
     """What decides the prompt: the body of /v1/messages/count_tokens."""
     model_config = _CONFIG
@@ -110,6 +137,7 @@ class CountTokensRequest(BaseModel):
     system: str | Annotated[list[TextBlock], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):

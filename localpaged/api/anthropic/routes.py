@@ -1,10 +1,11 @@
 """The Anthropic Messages routes, `POST /v1/messages` and `POST /v1/messages/count_tokens`, over
-the same path as /v1/chat/completions: the request becomes OpenAI-shaped chat messages and tool
-fields (convert.py); the OpenAI routes' tool handling (structured.py) shapes them for the
-model's template and gives the grammar of the calls; the chat template and the same bounds make
-the prompt (generation.chat_prompt); the one AsyncEngine of the ServedModel runs it. SSEResponse
-aborts the engine request however a stream ends; a whole response aborts it when its client
-goes away. Nothing of the engine is held once a response has ended, by error or not.
+the same path as /v1/chat/completions: the request becomes OpenAI-shaped chat messages, tool
+fields and a thinking budget (convert.py); the OpenAI routes' tool handling (structured.py)
+shapes them for the model's template and gives the grammar of the calls; the chat template and
+the same bounds make the prompt (generation.chat_prompt); the one AsyncEngine of the
+ServedModel runs it. SSEResponse aborts the engine request however a stream ends; a whole
+response aborts it when its client goes away. Nothing of the engine is held once a response
+has ended, by error or not.
 
     app.include_router(create_messages_api(served, api_key, recorder))
 """
@@ -55,9 +56,11 @@ def create_messages_api(served: ServedModel, api_key: str | None = None,
 
 @dataclass
 class Prompt:
-    """What the engine is sent for one request, and the tools its reply may call."""
+    """What the engine is sent for one request, the tools its reply may call and what its
+    `thinking` asks (convert.thinking)."""
     ids: list[int]
     tools: ToolRequest
+    thinking: convert.Thinking
 
 
 class _Messages:
@@ -73,6 +76,7 @@ class _Messages:
     def _prompt(self, model: Model, body: CountTokensRequest) -> Prompt:
         """The prompt's token ids (run in a worker thread: the template and the tokenizer)."""
         tools = tool_request(convert.openai_tool_fields(body), model.engine.tokenizer.chat_template)
+        thinking = convert.thinking(body, model.reasoning)
         messages, template_kwargs = tools.prompt(convert.chat_messages(body))
         prefill = convert.prefills(messages)
         flags = SimpleNamespace(add_generation_prompt=not prefill, continue_final_message=prefill,
@@ -80,11 +84,11 @@ class _Messages:
         try:
             ids, _ = chat_prompt(model.engine.tokenizer, messages, flags,
                                  model.engine.context_limit(), getattr(body, "max_tokens", None),
-                                 template_kwargs=template_kwargs)
+                                 template_kwargs={**thinking.template_kwargs, **template_kwargs})
         except (jinja2.TemplateError, ValueError, TypeError) as exc:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
-        return Prompt(ids, tools)
+        return Prompt(ids, tools, thinking)
 
     async def count_tokens(self, body: CountTokensRequest) -> dict:
         prompt = await run_in_threadpool(self._prompt, self._model(body.model), body)
@@ -99,6 +103,9 @@ class _Messages:
         prompt = await run_in_threadpool(self._prompt, model, body)
         _check_limits(model, prompt.ids, params, "max_tokens", "messages")
         params = replace(params, guided=prompt.tools.guided())
+        if model.reasoning is not None:
+            params = replace(params, reasoning_markers=model.reasoning.markers,
+                             reasoning_budget=prompt.thinking.budget)
         message_id = new_id("msg")
         try:
             stream = self.served.submit(
@@ -109,7 +116,8 @@ class _Messages:
         except ValueError as exc:
             raise from_value_error(exc, "messages") from exc
         reply = Reply(message_id, model.name, len(prompt.ids), body.stop_sequences,
-                      prompt.tools.fmt if prompt.tools.active else None, bool(body.stream))
+                      prompt.tools.fmt if prompt.tools.active else None, bool(body.stream),
+                      model.reasoning, prompt.ids)
 
         def close() -> None:
             stream.cancel()
