@@ -86,7 +86,7 @@ class ChatController:
         self.context = ContextFeatures(*parts)
         self.compaction = Compaction(*parts)
         self.tools = ToolFeatures(store, self.turns, tool_client)
-        self.chat = ChatTurns(*parts, self.prepared, self.tools)
+        self.chat = ChatTurns(*parts, self.prepared, self.tools, self.compaction)
         self.compares = CompareTurns(self.turns, backend, self.conversation_settings, self.chat)
         self._open_tabs = OpenTabsFile(state_file)
         self.organise = Organiser(store)
@@ -228,18 +228,18 @@ class ChatController:
     def send(self, cid: int, text: str, sampling: Sampling | None = None,
              policy: str | None = None, attachments: list[dict] | None = None) -> Turn:
         """`policy`: this request's context policy (default: the conversation's); under
-        "compact", a message that would not fit is sent on a compacted branch (`compact`);
+        "compact", a message that would not fit is sent on a compacted branch: the turn
+        returned streams the summary, then hands on to the reply (`Turn.then`, `Turn.final`);
         `attachments`: files' text sent with the message (tools/messages.py)."""
-        if text.strip() and (policy or self.conversation(cid).context_policy) == "compact" \
-                and self.compaction.needed(cid, text, sampling):
-            self.compaction.compact(cid, text, sampling)
         return self.chat.send(cid, text, sampling, policy, attachments)
 
-    def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
-        return self.chat.regenerate(message_id, sampling)
+    def regenerate(self, message_id: int, sampling: Sampling | None = None,
+                   policy: str | None = None) -> Turn:
+        return self.chat.regenerate(message_id, sampling, policy)
 
-    def edit(self, message_id: int, text: str, sampling: Sampling | None = None) -> Turn:
-        return self.chat.edit(message_id, text, sampling)
+    def edit(self, message_id: int, text: str, sampling: Sampling | None = None,
+             policy: str | None = None) -> Turn:
+        return self.chat.edit(message_id, text, sampling, policy)
 
     def continue_reply(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         return self.context.continue_reply(message_id, sampling)
@@ -272,10 +272,11 @@ class ChatController:
     def set_context_policy(self, cid: int, policy: str) -> Conversation:
         return self.context.set_policy(cid, policy)
 
-    def compact(self, cid: int, sampling: Sampling | None = None) -> list[Message]:
+    def compact(self, cid: int, sampling: Sampling | None = None) -> Turn:
         """A new branch: the system prompt, the model's summary of the oldest turns and copies
-        of the recent ones (context/compact.py); the original path stays. Returns its path."""
-        return self.compaction.compact(cid, "", sampling)
+        of the recent ones (context/compact.py); the original path stays. The turn streams the
+        summary (Stop cancels it: nothing is kept) and makes the branch, active, when done."""
+        return self.compaction.start(cid, sampling=sampling)
 
     def compact_prompt(self, cid: int) -> str:
         return self.compaction.prompt(cid)

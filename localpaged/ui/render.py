@@ -32,6 +32,7 @@ from .turns import LiveReply
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}
 PREPARED_NOTE = "⚡ prepared in the background"
+COPY_NOTE = "⧉ copied from the original branch (not generated here)"
 CURSOR = " ▌"
 
 
@@ -52,13 +53,13 @@ def fmt_stats(stats: dict[str, Any]) -> str:
     if stats.get("draft_tokens"):
         bits.append(f"drafted {int(stats['draft_tokens'])}, accepted "
                     f"{int(stats.get('accepted_draft_tokens') or 0)}")
-    return " · ".join(bits)
     pruned = stats.get("pruned")
     if isinstance(pruned, dict):          # parallel thinking: why the branch stopped
         bits.append(f"pruned at token {int(pruned['at'])}: mean logprob "
                     f"{float(pruned['score']):.2f} against the best {float(pruned['best']):.2f}")
     if stats.get("released_blocks"):
         bits.append(f"gave back {int(stats['released_blocks'])} KV blocks")
+    return " · ".join(bits)
 
 
 def footer(msg: Message, pos: tuple[int, int], live: LiveReply | None = None,
@@ -80,7 +81,12 @@ def _note(msg: Message, live: LiveReply | None) -> str:
     if msg.role == "user" and msg.extra.get("attachments"):
         bits.append(attachments_note(msg.extra["attachments"]))
     if "summary_of" in msg.extra:
-        bits.append(summary_note(msg.extra["summary_of"]))
+        bits.append(summary_note(msg.extra["summary_of"],
+                                 writing=live is not None and live.status == "streaming"))
+        if msg.status == "interrupted":          # the app stopped while it was written
+            bits.append(STATUS_NOTES["interrupted"])
+    if "copy_of" in msg.extra:
+        bits.append(COPY_NOTE)
     if msg.role == "assistant":
         status = live.status if live else msg.status
         stats = live.stats if live else msg.stats
@@ -105,11 +111,14 @@ def _note(msg: Message, live: LiveReply | None) -> str:
     return html.escape(" · ".join(bits), quote=False)   # errors may quote a server
 
 
-def summary_note(summary_of) -> str:
-    """`📝 Summary of 6 earlier messages (the original is the other branch here: ‹ ›)`."""
+def summary_note(summary_of, writing: bool = False) -> str:
+    """`📝 Summary of 6 earlier messages (the original is the other branch here: ‹ ›)`; while
+    the model writes it, `📝 Writing a summary of 6 earlier messages…`."""
     n = len(summary_of) if isinstance(summary_of, list) else 0
-    return (f"📝 Summary of {n} earlier message{'s' if n != 1 else ''} (compacted; the "
-            "original is the other branch here: ‹ ›)")
+    what = f"{n} earlier message{'s' if n != 1 else ''}"
+    if writing:
+        return (f"📝 Writing a summary of {what}… (Stop leaves the conversation as it was)")
+    return (f"📝 Summary of {what} (compacted; the original is the other branch here: ‹ ›)")
 
 
 def attachments_note(attachments: list) -> str:

@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 STORE_WRITE_INTERVAL_S = 1.0
 # How often a streaming reply wakes its follower: the selected tab's ten times a second (a
 # redraw each); a tab in the background once a second, and its follower then sends only the
-# tab's label (chat/events.py `_follow`: the ● mark, which, sent only at the start, can be lost
-# when two replies start at once) until it is shown or the reply ends. Every redraw costs the
-# page a Gradio update of the whole chat, so only the tab in view redraws often.
+# tab's label (chat/events.py `follow_turn`: the ● mark, which, sent only at the start, can be
+# lost when two replies start at once) until it is shown or the reply ends. Every redraw costs
+# the page a Gradio update of the whole chat, so only the tab in view redraws often.
 FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
 BUSY = "this conversation is still generating: stop it or wait"
 
@@ -95,6 +95,9 @@ class Turn:
         self.replies = replies
         self.error: str | None = None
         self.done = False
+        # The turn that carries this one's work on (a compaction's reply: context/compact.py),
+        # set before this one is done; `updates` and `wait` go on into it.
+        self.then: Turn | None = None
         self.version = 0
         self.started = time.monotonic()
         self._stream, self._abort, self._store = stream, abort, store
@@ -129,8 +132,22 @@ class Turn:
             log.exception("abort of %s failed", self.request_id)
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Wait until this turn and those it hands on to (`then`) are done."""
+        end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            return self._cond.wait_for(lambda: self.done, timeout)
+            if not self._cond.wait_for(lambda: self.done, timeout):
+                return False
+        if self.then is None:
+            return True
+        return self.then.wait(None if end is None else max(0.0, end - time.monotonic()))
+
+    @property
+    def final(self) -> "Turn":
+        """The last turn of the chain this one starts (itself when it hands on to none)."""
+        turn = self
+        while turn.then is not None:
+            turn = turn.then
+        return turn
 
     def updates(self, interval: float | Callable[[], float] = FOREGROUND_S) -> Iterator["Turn"]:
         """Yield self whenever it changed, at most every `interval` s (a callable is asked
@@ -138,7 +155,8 @@ class Turn:
         slows down and one brought to the front redraws at once), and a last time as soon as
         it is done. Nothing is yielded while nothing changed: an unchanged reply costs the page
         nothing. Until the first text arrives there is no throttle: the first token shows as
-        soon as the engine step that sampled it ends."""
+        soon as the engine step that sampled it ends. Then the updates of the turn it handed
+        on to (`then`), if any."""
         seen = -1
         while True:
             with self._cond:
@@ -146,9 +164,11 @@ class Turn:
                 seen, done = self.version, self.done
             yield self
             if done:
-                return
+                break
             if self._first_token:
                 self._pause(interval if callable(interval) else lambda: interval)
+        if self.then is not None:
+            yield from self.then.updates(interval)
 
     def _pause(self, interval: Callable[[], float]) -> None:
         """Sleep until `interval()` s have passed since the call (asked every FOREGROUND_S) or
@@ -248,6 +268,11 @@ class Turn:
             stats["accepted_draft_tokens"] = comp.accepted_draft_tokens
         if self.beam:
             stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
+        if getattr(comp, "pruned", None) is not None:     # parallel thinking stopped it
+            p = comp.pruned
+            stats["pruned"] = {"at": p.at, "score": p.score, "best": p.best}
+        if getattr(comp, "released_blocks", None) is not None:
+            stats["released_blocks"] = comp.released_blocks
         return stats
 
     def _write_partial(self) -> None:
@@ -268,11 +293,6 @@ class Turn:
         short), written until it lands; `extra` goes into each reply's row."""
         stopped = self._stop.is_set() or self.error is not None
         for i, reply in enumerate(replies):
-        if getattr(comp, "pruned", None) is not None:     # parallel thinking stopped it
-            p = comp.pruned
-            stats["pruned"] = {"at": p.at, "score": p.score, "best": p.best}
-        if getattr(comp, "released_blocks", None) is not None:
-            stats["released_blocks"] = comp.released_blocks
             reason = out.outputs[i].finish_reason if out and i < len(out.outputs) else None
             reply.status = "stopped" if stopped or reason in (None, "abort") else "complete"
             if self.error:

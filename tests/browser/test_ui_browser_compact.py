@@ -1,8 +1,11 @@
-"""Compact in a real browser: the app on the tiny model (`--max-model-len 600`), driven by
-Playwright through headless Chromium. A few turns, a short compaction prompt typed into the
-conversation settings, then 🗜 Compact: the tab shows the new branch (the summary, marked, with
-`‹ 2/2 ›`, then the recent turns); a click on the marker's left half shows the original path
-again, whole, and the store holds both. Screenshots artifacts/ui/compact-*.png.
+"""Compact in a real browser: the app on the long-context tiny model, driven by Playwright
+through headless Chromium. A few turns, a short compaction prompt typed into the conversation
+settings, then 🗜 Compact with room for a long summary: the summary streams into the chat (its
+text grows, at the top of the new branch, `‹ 2/2 ›`) and Stop leaves the conversation as it
+was (the original path shown whole, one root in the store). Then Compact with a short summary:
+the tab shows the new branch (the summary, marked, then the recent turns); a click on the
+marker's left half shows the original path again, whole, and the store holds both.
+Screenshots: artifacts/ui/compact.png (the summary streaming), artifacts/ui/compact-*.png.
 """
 
 from __future__ import annotations
@@ -11,8 +14,8 @@ import json
 
 import pytest
 
-from test_ui_browser import (ARTIFACTS, browser_page, open_app, running_app, saved, send,
-                             text, wait_idle, wait_text)
+from test_ui_browser import (ARTIFACTS, browser_page, configure, open_app, running_app, saved,
+                             send, text, wait_idle, wait_text)
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +25,7 @@ ASK = "ʃʄʅʆ"
 
 @pytest.fixture(scope="module")
 def app(tiny_root, tmp_path_factory):
-    yield from running_app(tiny_root, tmp_path_factory, "--max-model-len", "600")
+    yield from running_app(tiny_root, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +65,8 @@ def compact_and_go_back(page, app) -> None:
                                timeout=60_000)
         wait_idle(page, 0)
     shot(page, "01-before")
+    stop_the_summary(page, app)
+    configure(page, 0, app, max_tokens=6)
 
     page.click("#compact0")
     wait_text(page, "#chat0", "Summary of", timeout=60_000)
@@ -81,3 +86,22 @@ def compact_and_go_back(page, app) -> None:
     chat = text(page, "#chat0")
     assert all(w[:15] in chat for w in WORDS[:3]) and "Summary of" not in chat
     shot(page, "03-original")
+
+
+def stop_the_summary(page, app) -> None:
+    """Compact with room for a long summary: it streams (the chat's text grows), then Stop."""
+    configure(page, 0, app, max_tokens=30000)
+    page.click("#compact0")
+    wait_text(page, "#chat0", "Writing a summary", timeout=60_000)
+    chat = text(page, "#chat0")
+    assert "‹ 2/2 ›" in chat and WORDS[0][:15] not in chat     # the new branch, summary only
+    grown = "n => document.querySelector('#chat0').innerText.length > n + 20"
+    page.wait_for_function(grown, arg=len(chat), timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "compact.png"), timeout=60_000)
+    page.click("#stop0")
+    wait_text(page, "#chat0", "Writing a summary", present=False)
+    wait_idle(page, 0)
+    chat = text(page, "#chat0")
+    assert all(w[:15] in chat for w in WORDS[:3]) and "‹" not in chat
+    saved(app, "SELECT COUNT(*) FROM messages WHERE parent_id IS NULL",
+          lambda rows: rows[0][0] == 1)                           # nothing of it was kept

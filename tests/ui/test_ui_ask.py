@@ -46,6 +46,16 @@ def fill_until_it_asks(ctl, cid) -> tuple[str, ContextAsk]:
     raise AssertionError("the conversation never outgrew the context")
 
 
+def asking_tab(ctl) -> tuple[ChatEvents, int, list, list, str]:
+    """Tab 0's handlers on a conversation under "Stop and ask me" filled until a word no
+    longer fits: (events, its id, the slots, the greedy sampling fields, that word)."""
+    cid = ctl.new_conversation().id
+    ctl.set_context_policy(cid, "error")
+    word, _ = fill_until_it_asks(ctl, cid)
+    return (ChatEvents(ctl, TabSet(ctl)), cid, [cid, None, None, None],
+            [GREEDY[k] for k in SAMPLING_KEYS], word)
+
+
 def template_len(backend, messages) -> int:
     return len(backend.engine.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -81,12 +91,7 @@ def test_a_message_too_long_even_alone_is_refused_not_asked(ctl):
 
 
 def test_the_dialog_and_each_choice(ctl, backend):
-    ev = ChatEvents(ctl, TabSet(ctl))
-    cid = ctl.new_conversation().id
-    ctl.set_context_policy(cid, "error")
-    slots = [cid, None, None, None]
-    fields = [GREEDY[k] for k in SAMPLING_KEYS]
-    word, _ = fill_until_it_asks(ctl, cid)
+    ev, cid, slots, fields, word = asking_tab(ctl)
     rows, sent = ctl.store.messages(cid), len(backend.sent)
     (asked,) = list(ev.send(slots, 0, word, "", *fields))
     assert asked.ask.visible is True and "no longer fits" in asked.ask_md
@@ -120,3 +125,39 @@ def test_a_message_sent_while_a_reply_streams_waits_for_it(ctl, backend):
     assert [m.content for m in path[::2]] == [WORDS[0], WORDS[1]]
     assert path[1].status == "complete" and path[1].stats["generated_tokens"] == 8
     assert path[3].status == "complete"
+
+
+def test_regenerate_and_edit_ask_too(ctl, backend):
+    """Regenerate and edit of a message whose prompt no longer fits open the same dialog (what
+    it does in its words; no "edit my message" for a regenerate), store and send nothing, and
+    its "drop the oldest" does that regenerate or edit with the oldest messages left out."""
+    ev, cid, slots, fields, word = asking_tab(ctl)
+    run(ctl.send(cid, word, policy="drop_oldest"))
+    user, reply = ctl.store.active_path(cid)[-2:]
+    with pytest.raises(ContextAsk):
+        ctl.regenerate(reply.id)
+    rows, sent = ctl.store.messages(cid), len(backend.sent)
+    (asked,) = list(ev.regenerate(slots, 0, None, "", *fields))
+    assert asked.ask.visible is True and "Regenerate with the" in asked.ask_md
+    assert asked.ask_for == {"action": "regenerate", "message_id": reply.id, "text": ""}
+    assert asked.ask_edit.visible is False and asked.ask_drop.value.endswith("regenerate")
+    assert ctl.store.messages(cid) == rows and len(backend.sent) == sent and not ctl.busy(cid)
+    steps = list(ev.ask_drop(slots, 0, asked.ask_for, "", "", "", *fields))
+    assert steps[0].ask.visible is False
+    new = ctl.store.active_path(cid)[-1]
+    assert new.parent_id == user.id and new.id != reply.id and new.status == "complete"
+    assert new.stats["context_dropped"] > 0 and ctl.conversation(cid).context_policy == "error"
+    # Edit: the text goes back into the edit box; the dialog sends what that box then holds.
+    edited = word[::-1]
+    rows, sent = ctl.store.messages(cid), len(backend.sent)
+    (asked,) = list(ev.edit(slots, 0, len(ctl.store.active_path(cid)) - 2, edited, "", *fields))
+    assert asked.ask_for == {"action": "edit", "message_id": user.id, "text": edited}
+    assert asked.edit_row.visible is True and asked.edit_box == edited
+    assert "edited message was not sent" in asked.ask_md and asked.ask_edit.visible is False
+    assert ctl.store.messages(cid) == rows and len(backend.sent) == sent
+    changed = edited[:-1]
+    list(ev.ask_drop(slots, 0, asked.ask_for, "", changed, "", *fields))
+    path = ctl.store.active_path(cid)
+    assert path[-2].content == changed and path[-2].parent_id == user.parent_id
+    assert path[-1].status == "complete" and path[-1].stats["context_dropped"] > 0
+    assert backend.sent[-1][0][-1] == {"role": "user", "content": changed}

@@ -1,8 +1,11 @@
-"""Compaction that keeps the original: under the context policy "compact", a send that no
-longer fits makes a new branch (the system prompt, the model's summary of the oldest turns,
-copies of the recent turns) and is answered there; the original path's rows stay byte for byte
-in SQLite, one sibling step away. Oracle: the requests the backend was sent (RecordingBackend),
-the stored rows read through a connection of its own, and the tokenizer's chat template."""
+"""Compaction that keeps the original: under the context policy "compact", a send, regenerate
+or edit that no longer fits makes a new branch (the system prompt, the model's summary of the
+oldest turns, copies of the recent turns) and is answered there; the original path's rows stay
+byte for byte in SQLite, one sibling step away. The summary is a turn: it streams into the
+chat, the conversation is busy meanwhile, and Stop leaves every row as it was. Copies keep
+their originals' text, tokens and token alternatives, and no generation stats. Oracle: the
+requests the backend was sent (RecordingBackend), the stored rows read through a connection of
+its own, and the tokenizer's chat template; StepGate holds the engine inside the summary."""
 
 from __future__ import annotations
 
@@ -11,11 +14,12 @@ import sqlite3
 import pytest
 
 from localpaged.ui import render
-from localpaged.ui.context.compact import COMPACT_PROMPT
+from localpaged.ui.context.compact import COMPACT_PROMPT, COPIED_STATS
 from localpaged.ui.context.logic import SUMMARY_INTRO
 from localpaged.ui.context.view import gauge_html
 from localpaged.ui.turns import ChatError
 
+from helpers.step_gate import StepGate, poll
 from helpers.tiny_models import build
 from helpers.ui_helpers import controller, recording_backend, run
 
@@ -51,6 +55,19 @@ def rows(db_path, ids: list[int]) -> list[tuple]:
         con.close()
 
 
+def tables(db_path) -> dict[str, list[tuple]]:
+    """SELECT * of every message and token alternative, and each conversation's active root."""
+    con = sqlite3.connect(db_path)
+    try:
+        return {"messages": con.execute("SELECT * FROM messages ORDER BY id").fetchall(),
+                "alternatives": con.execute(
+                    "SELECT * FROM token_alternatives ORDER BY message_id").fetchall(),
+                "roots": con.execute(
+                    "SELECT id, active_root_id FROM conversations ORDER BY id").fetchall()}
+    finally:
+        con.close()
+
+
 def template_len(backend, messages) -> int:
     return len(backend.engine.tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -60,10 +77,17 @@ def chat(ms) -> list[dict]:
     return [{"role": m.role, "content": m.content} for m in ms]
 
 
+def overflows(ctl, cid, word: str) -> bool:
+    """Whether sending `word` on the shown path would not fit (and compaction could help)."""
+    path = ctl.store.active_path(cid)
+    return ctl.compaction.needed(cid, path[-1].id if path else None,
+                                 {"role": "user", "content": word})
+
+
 def grow(ctl, cid) -> int:
     """Send words until the next one would not fit; the index of that next word."""
     i = 0
-    while not ctl.compaction.needed(cid, WORDS[i]):
+    while not overflows(ctl, cid, WORDS[i]):
         run(ctl.send(cid, WORDS[i]))
         i += 1
     assert i >= 3
@@ -83,6 +107,7 @@ def test_a_send_under_compact_branches_and_keeps_the_original(ctl, backend, tmp_
     n = len(backend.sent)
 
     turn = run(ctl.send(cid, WORDS[i]))
+    assert turn.final is turn.then and turn.final.error is None
 
     assert rows(tmp_path / "conversations.db", ids) == before      # the original, byte for byte
     summary_req, reply_req = backend.sent[n:]
@@ -111,7 +136,7 @@ def test_a_send_under_compact_branches_and_keeps_the_original(ctl, backend, tmp_
              if template_len(backend, head + chat(copies[d:]) + new) + RESERVE <= LIMIT)
     assert d < k and reply.stats.get("context_dropped", 0) == d
     assert reply_req[0] == head + chat(copies[d:]) + new
-    assert user.content == WORDS[i] and reply.id == turn.replies[0].message_id
+    assert user.content == WORDS[i] and reply.id == turn.final.replies[0].message_id
     assert reply.status == "complete" and reply.stats["generated_tokens"] >= 1
     assert reply.stats["prompt_tokens"] == template_len(backend, reply_req[0])
     # One click away: ‹ 2/2 › at the summary, and the switch back shows the original whole.
@@ -123,7 +148,7 @@ def test_a_send_under_compact_branches_and_keeps_the_original(ctl, backend, tmp_
     assert [m.id for m in ctl.switch(ids[0], 1)] == [m.id for m in path]
     # The chat goes on past the context: the next send is answered on the new branch.
     # (full again, it compacts the new branch in turn: the earlier summary is summarised too)
-    last = run(ctl.send(cid, WORDS[i + 1])).replies[0].message_id
+    last = run(ctl.send(cid, WORDS[i + 1])).final.replies[0].message_id
     now = ctl.store.active_path(cid)
     assert now[-1].id == last and now[-1].status == "complete"
     assert now[0].id == summary.id or now[0].extra["summary_of"][0] == summary.id
@@ -138,7 +163,9 @@ def test_compact_button_makes_the_branch_without_a_message(ctl, backend, tmp_pat
         run(ctl.send(cid, w))
     original = ctl.store.active_path(cid)
     before = rows(tmp_path / "conversations.db", [m.id for m in original])
-    path = ctl.compact(cid)
+    turn = run(ctl.compact(cid))
+    path = ctl.store.active_path(cid)
+    assert turn.then is None and turn.branched == path[-1].id
     assert rows(tmp_path / "conversations.db", [m.id for m in original]) == before
     assert path[0].extra["summary_of"] and path[-1].role == "assistant"
     assert chat(path[1:]) == chat(original[len(original) - len(path) + 1:])
@@ -160,3 +187,134 @@ def test_compact_needs_two_turns_and_the_policy_is_checked(ctl):
     assert ctl.compact_prompt(cid) == COMPACT_PROMPT
     assert ctl.set_compact_prompt(cid, "  ") == COMPACT_PROMPT
     assert "compact_prompt" not in ctl.conversation(cid).options
+
+
+def compacting_conversation(ctl) -> tuple[int, int]:
+    """A conversation under policy "compact" grown to the limit; (its id, the next word)."""
+    cid = ctl.new_conversation().id
+    ctl.update_settings(cid, SYSTEM, GREEDY)
+    ctl.set_context_policy(cid, "compact")
+    ctl.set_compact_prompt(cid, ASK)
+    return cid, grow(ctl, cid)
+
+
+def live_tokens(ctl, cid, message_id: int) -> int:
+    live = ctl.view(cid).live.get(message_id)
+    return len(live.token_ids or []) if live is not None else 0
+
+
+def test_the_summary_streams_and_stop_keeps_every_row(ctl, backend, tmp_path):
+    cid, i = compacting_conversation(ctl)
+    ids = [m.id for m in ctl.store.active_path(cid)]
+    before = tables(tmp_path / "conversations.db")
+    gate = StepGate(backend.llm_engine, step=2)
+    try:
+        turn = ctl.send(cid, WORDS[i])
+        gate.wait_held()
+        # The tab shows the new branch's summary as it is written: a root, streaming.
+        view = ctl.view(cid)
+        (summary,) = view.path
+        assert summary.role == "system" and summary.parent_id is None
+        assert summary.status == "streaming" and view.siblings == [(2, 2)] and view.busy
+        assert summary.extra["summary_of"] and summary.extra["summary_of"][0] == ids[0]
+        first = poll(lambda: live_tokens(ctl, cid, summary.id), "the summary's first token")
+        shown = render.chat_messages(view)[0]["content"]
+        assert "Writing a summary" in shown and render.CURSOR.strip() in shown
+        # Meanwhile the conversation starts nothing else.
+        with pytest.raises(ChatError):
+            ctl.send(cid, WORDS[i + 1])
+        with pytest.raises(ChatError):
+            ctl.compact(cid)
+        # It grows: two engine steps later it holds more tokens.
+        later = StepGate(backend.llm_engine, step=2)
+        gate.close()
+        gate = later
+        gate.wait_held()
+        poll(lambda: live_tokens(ctl, cid, summary.id) > first, "the summary to grow")
+        assert ctl.stop(cid)
+    finally:
+        gate.close()
+    assert turn.wait(30) and turn.error is None
+    assert turn.branched is None and turn.then is None                 # nothing was sent
+    assert tables(tmp_path / "conversations.db") == before             # every row as it was
+    assert [m.id for m in ctl.store.active_path(cid)] == ids and not ctl.busy(cid)
+    # and the conversation goes on: the same send now compacts to the end
+    assert run(ctl.send(cid, WORDS[i])).final.replies[0].status == "complete"
+
+
+def check_branch(ctl, backend, original: list, path: list, copied_user: bool) -> None:
+    """The new branch `path` of a regenerate or edit of original[-2]: the summary of the
+    oldest messages, copies of the ones after (with their tokens and token alternatives and no
+    generation stats of their own), the user message, its reply."""
+    summary, copies, (user, reply) = path[0], path[1:-2], path[-2:]
+    ids = [m.id for m in original[:-2]]
+    k = len(copies)
+    assert summary.role == "system" and summary.extra["summary_of"] == ids[:len(ids) - k]
+    assert [m.extra["copy_of"] for m in copies] == ids[len(ids) - k:]
+    assert k >= 2 and chat(copies) == chat(original[len(ids) - k:-2])
+    assert (user.extra.get("copy_of") == original[-2].id) is copied_user
+    assert reply.role == "assistant" and reply.status == "complete"
+    assert reply.stats["generated_tokens"] >= 1 and reply.stats["tokens_per_s"] is not None
+    for copy, orig in zip(copies, original[len(ids) - k:]):
+        assert copy.token_ids == orig.token_ids
+        assert ctl.store.alternatives(copy.id) == ctl.store.alternatives(orig.id)
+        assert set(copy.stats) <= set(COPIED_STATS)
+        if copy.role == "assistant":
+            alts = ctl.store.alternatives(copy.id)
+            assert alts and len(alts) == len(copy.token_ids)
+            assert orig.stats["tokens_per_s"] is not None and "ttft_s" in orig.stats
+            assert ctl.reply_tokens(copy.id) == ctl.reply_tokens(orig.id)
+    view = ctl.view(summary.conversation_id)
+    shown = render.chat_messages(view)
+    for n, m in enumerate(path):
+        if "copy_of" in m.extra and m.role == "assistant":
+            assert render.COPY_NOTE in shown[n]["content"]
+            assert "tok/s" not in shown[n]["content"] and "TTFT" not in shown[n]["content"]
+    assert "tok/s" in shown[-1]["content"]
+
+
+def test_regenerate_and_edit_under_compact_branch_first(ctl, backend, tmp_path):
+    cid, i = compacting_conversation(ctl)
+    ctl.set_context_policy(cid, "drop_oldest")
+    run(ctl.send(cid, WORDS[i]))                     # sent with the oldest turns left out
+    ctl.set_context_policy(cid, "compact")
+    original = ctl.store.active_path(cid)
+    ids = [m.id for m in original]
+    before = rows(tmp_path / "conversations.db", ids)
+    user, reply = original[-2:]
+    # Regenerate the last reply: its prompt no longer fits, so it is asked on a summary branch
+    # holding a copy of its message.
+    n = len(backend.sent)
+    turn = run(ctl.regenerate(reply.id))
+    assert turn.final.error is None and turn.branched is not None
+    summary_req, reply_req = backend.sent[n:]
+    assert summary_req[0][-1] == {"role": "user", "content": ASK}
+    path = ctl.store.active_path(cid)
+    check_branch(ctl, backend, original, path, copied_user=True)
+    assert path[-2].content == user.content and path[-1].id == turn.final.replies[0].message_id
+    assert reply_req[0][-1] == {"role": "user", "content": user.content}
+    assert reply_req[0][0]["content"].startswith(f"{SYSTEM}\n\n{SUMMARY_INTRO}")
+    assert rows(tmp_path / "conversations.db", ids) == before
+    # Edit the last message: the new text goes on a summary branch of its own.
+    n = len(backend.sent)
+    turn = run(ctl.edit(user.id, WORDS[i + 1]))
+    assert turn.final.error is None and len(backend.sent) == n + 2
+    path = ctl.store.active_path(cid)
+    check_branch(ctl, backend, original, path, copied_user=False)
+    assert path[-2].content == WORDS[i + 1]
+    assert backend.sent[-1][0][-1] == {"role": "user", "content": WORDS[i + 1]}
+    assert rows(tmp_path / "conversations.db", ids) == before
+    roots = ctl.store.children(None, cid)
+    assert len(roots) == 3 and roots[0].id == ids[0]           # the original and two branches
+
+
+def test_a_summary_cut_by_a_crash_says_so(ctl):
+    """A summary the app stopped writing (a crash: mark_interrupted at the next start) stays
+    as a branch of its own, its footer marked interrupted."""
+    cid = ctl.new_conversation().id
+    ctl.store.add_message(cid, None, "system", WORDS[0], status="streaming",
+                          extra={"summary_of": [1, 2]})
+    assert ctl.store.mark_interrupted() == 1
+    (shown,) = render.chat_messages(ctl.view(cid))
+    assert "Summary of 2 earlier messages" in shown["content"]
+    assert render.STATUS_NOTES["interrupted"] in shown["content"]

@@ -194,7 +194,7 @@ def test_a_reply_in_a_tab_not_shown_sends_its_label_only(ctl, monkeypatch):
     turn = SimpleNamespace(updates=updates)
 
     def follow():
-        return list(ChatEvents(ctl, TabSet(ctl))._follow(hidden, turn))
+        return list(ChatEvents(ctl, TabSet(ctl)).follow_turn(hidden, turn))
     steps = follow()
     assert steps[0].chatbot is not KEEP                        # the first update: all of it
     for step in steps[1:3]:

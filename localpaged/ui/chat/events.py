@@ -7,8 +7,10 @@ changes the tab set), rendering is `render.py`'s job.
 A turn starts from the tab's settings fields: they are saved first, and the send uses the
 sampling settings that save checked (`_settings`), so one send checks them once. A message sent
 while the conversation's reply streams waits for it and is sent then (queued, see keyboard.py).
-Under "Stop and ask me" a send that no longer fits opens the tab's dialog (drop the oldest and
-send, edit, cancel). A click on ‹ or › inside a message switches that message's siblings
+Under "Stop and ask me" a send, regenerate or edit that no longer fits opens the tab's dialog
+(drop the oldest and go on, edit, cancel; `ask_drop` does what it asked about). Under
+"compact" such a request's turn streams the summary first (context/compact.py); stopped there,
+a send's text goes back into the message box. A click on ‹ or › inside a message switches that message's siblings
 (SIBLING_JS, wired by `wire_sibling_clicks`). A streaming handler starts a Turn and then
 follows it; `follow` re-attaches a tab to a turn that is already running (after a reload,
 say). The turn outlives the event (see turns.py).
@@ -25,6 +27,7 @@ from pathlib import Path
 import gradio as gr
 
 from ..click_relay import inputs_js, relay_js
+from ..context.compact import CompactTurn
 from ..controller import ChatController, ContextAsk
 from ..edit_preview.events import wire_edit_cost
 from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
@@ -40,7 +43,7 @@ from ..tools.messages import read_attachment
 from ..toasts import USER_ERRORS, info, warn, why
 from ..turns import RedrawInterval
 from ..values import KEEP, changes
-from .view import ChatTabUI, TabValues, ask_text, tab_update, tab_values
+from .view import ChatTabUI, TabValues, ask_values, asked_for, tab_update, tab_values
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +103,7 @@ class ChatEvents:
             turn = self.ctl.send(cid, text or "", self._settings(cid, system, sampling), policy,
                                  attachments=attachments)
         except ContextAsk as exc:
-            asked = self.chat(cid)
-            asked.ask, asked.ask_md = gr.Column(visible=True), ask_text(exc.dropped)
-            yield asked
+            yield self._asking(cid, exc.dropped)
             return
         except (*USER_ERRORS, OSError) as exc:       # OSError: an attached file went missing
             warn(why(exc))
@@ -113,17 +114,46 @@ class ChatEvents:
         if files:
             first.attach = gr.File(value=None, visible=False)
         yield first
-        yield from self._follow(cid, turn)
+        yield from self.follow_turn(cid, turn)
         # the whole tab again with the dialog closed: a page that fell behind the stream
         # may have been handed only the latest of the updates above
         last = self.chat(cid)
         last.ask = gr.Column(visible=False)
+        if isinstance(turn, CompactTurn) and turn.then is None:   # stopped before it was sent
+            last.msg = text
+            if files:
+                last.attach = gr.File(value=list(files), visible=True)
         yield last
 
     def send_dropping(self, slots: list, i: int, text: str, system: str, *sampling,
                       files: list | None = None) -> Iterator[TabValues]:
-        """The dialog's "drop the oldest": this send leaves out the oldest messages."""
+        """The dialog's "drop the oldest" for a send: it leaves out the oldest messages."""
         return self.send(slots, i, text, system, *sampling, policy="drop_oldest", files=files)
+
+    def _asking(self, cid: int, dropped: int, asked: dict | None = None,
+                sel: int | None = None) -> TabValues:
+        """The tab with the "Stop and ask me" dialog open (see ask_values)."""
+        values = self.chat(cid, sel)
+        for name, value in ask_values(dropped, asked).items():
+            setattr(values, name, value)
+        return values
+
+    def ask_drop(self, slots: list, i: int, asked: dict | None, text: str, edited: str,
+                 system: str, *sampling, files: list | None = None) -> Iterator[TabValues]:
+        """The dialog's "drop the oldest": what it asked about (a send of the message box, a
+        regenerate, an edit with the edit box's text) once with the oldest messages left out."""
+        if not asked:
+            yield from self.send_dropping(slots, i, text, system, *sampling, files=files)
+            return
+        if asked.get("action") == "edit":
+            def start(m, s):
+                return self.ctl.edit(m, edited, s, "drop_oldest")
+        else:
+            def start(m, s):
+                return self.ctl.regenerate(m, s, "drop_oldest")
+        closed = TabValues(ask=gr.Column(visible=False), edit_row=gr.Group(visible=False))
+        yield closed
+        yield from self._turn_on(slots[i], int(asked["message_id"]), start, system, sampling)
 
     def regenerate(self, slots: list, i: int, sel: int | None, system: str,
                    *sampling) -> Iterator[TabValues]:
@@ -134,25 +164,48 @@ class ChatEvents:
             self._settings(cid, system, sampling)
             warn(NOTHING_TO_REGENERATE)
             return iter([self.chat(cid)])
-        return self.start_turn(cid, self.ctl.regenerate, sel, system, sampling)
+        return self.start_turn(cid, self.ctl.regenerate, sel, system, sampling,
+                               asks="regenerate")
 
     def edit(self, slots: list, i: int, sel: int | None, text: str, system: str,
              *sampling) -> Iterator[TabValues]:
         return self.start_turn(slots[i], lambda m, s: self.ctl.edit(m, text, s), sel, system,
-                               sampling)
+                               sampling, asks="edit", text=text)
 
-    def start_turn(self, cid: int, start, sel: int | None, system: str,
-                   sampling) -> Iterator[TabValues]:
+    def start_turn(self, cid: int, start, sel: int | None, system: str, sampling,
+                   asks: str | None = None, text: str = "") -> Iterator[TabValues]:
         """`start(message_id, sampling)` on the selected message, after saving the settings
-        fields (their check's result is `sampling`), then follow the turn it returns."""
+        fields (their check's result is `sampling`), then follow the turn it returns. `asks`:
+        what a request that no longer fits under "Stop and ask me" opens the dialog for
+        ("regenerate", "edit" with its `text`); without it, a toast says why."""
         try:
-            checked = self._settings(cid, system, sampling)
-            turn = start(self.ctl.message_at(cid, sel).id, checked)
+            message_id = self.ctl.message_at(cid, sel).id
         except USER_ERRORS as exc:
             warn(why(exc))
             yield self.chat(cid, sel)
             return
-        yield from self._follow(cid, turn)
+        yield from self._turn_on(cid, message_id, start, system, sampling, asks, text, sel)
+
+    def _turn_on(self, cid: int, message_id: int, start, system: str, sampling,
+                 asks: str | None = None, text: str = "",
+                 sel: int | None = None) -> Iterator[TabValues]:
+        try:
+            turn = start(message_id, self._settings(cid, system, sampling))
+        except ContextAsk as exc:
+            if asks is None:
+                warn(why(exc))
+                yield self.chat(cid, sel)
+                return
+            asked = self._asking(cid, exc.dropped, asked_for(asks, message_id, text), sel)
+            if asks == "edit":                       # the edited text stays in its box
+                asked.edit_row, asked.edit_box = gr.Group(visible=True), text
+            yield asked
+            return
+        except USER_ERRORS as exc:
+            warn(why(exc))
+            yield self.chat(cid, sel)
+            return
+        yield from self.follow_turn(cid, turn)
 
     def follow(self, slots: list, i: int) -> Iterator[TabValues]:
         """Re-attach tab i to its conversation's running turn, if any."""
@@ -161,9 +214,9 @@ class ChatEvents:
         if turn is None or turn.done:
             yield TabValues()
             return
-        yield from self._follow(cid, turn)
+        yield from self.follow_turn(cid, turn)
 
-    def _follow(self, cid: int, turn) -> Iterator[TabValues]:
+    def follow_turn(self, cid: int, turn) -> Iterator[TabValues]:
         """The tab's values as the turn streams: each update only what changed since the
         last (the label when it changes, and again now and then: LABEL_AGAIN_S); while the tab
         is not shown, its label only (the chat is redrawn once shown, or at the end)."""
@@ -299,8 +352,9 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     def select(slot_cids, evt: gr.SelectData) -> list:
         return ui.flatten(events.select(slot_cids, i, evt.index))
 
-    def send_dropping(slot_cids, text, files, system, *sampling) -> Iterator[list]:
-        for v in events.send_dropping(slot_cids, i, text, system, *sampling, files=files):
+    def ask_drop(slot_cids, asked, text, edited, files, system, *sampling) -> Iterator[list]:
+        for v in events.ask_drop(slot_cids, i, asked, text, edited, system, *sampling,
+                                 files=files):
             yield ui.flatten(v)
 
     def attach(new: list | None, attached: list | None):
@@ -318,8 +372,8 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
                                    trigger_mode="always_last", **GEN))
     closed = TabValues(ask=gr.Column(visible=False))
     ask = ui.ask_ui
-    page.refresh_after(ask.drop.click(send_dropping, [slots, ui.msg, ui.attach, *settings], out,
-                                      **GEN))
+    page.refresh_after(ask.drop.click(ask_drop, [slots, ui.ask_for, ui.msg, ui.edit_box,
+                                                 ui.attach, *settings], out, **GEN))
     ui.attach_button.upload(attach, [ui.attach_button, ui.attach], ui.attach, **QUICK)
     # the last file's × empties the list: it hides again
     ui.attach.clear(lambda: gr.File(visible=False), None, ui.attach, **QUICK)

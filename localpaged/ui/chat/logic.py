@@ -2,7 +2,10 @@
 (at most one per conversation), and `generate`, the one way a reply is asked for (compare uses
 it too). Every request is fitted to the model's context first (the conversation's policy, see
 `context/logic.py`): a message that cannot be sent is not stored, and a reply records how many
-older messages it left out. The sampling params come ready-made: a tab's send passes those its
+older messages it left out. Under policy "compact", a send, regenerate or edit whose request
+would not fit compacts first (`context/compact.py`): one turn streams the summary, makes the
+new branch and hands on to the reply there (the regenerated message copied onto it, the edited
+one new). The sampling params come ready-made: a tab's send passes those its
 fields were checked into; without them, the conversation's stored settings make them.
 """
 
@@ -16,6 +19,7 @@ from localpaged.chat.backend import ChatBackend, reasoning_of
 from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_SOURCES,
                                              SamplingParams)
 
+from ..context.compact import Compaction
 from ..context.logic import fit_prompt, prompt_messages
 from ..tools.messages import message_dict
 from ..prepared.logic import PreparedReplies
@@ -31,9 +35,10 @@ NEW_TITLE = "New chat"
 class ChatTurns:
     def __init__(self, turns: TurnRegistry, store: Store,
                  backend: Callable[[], ChatBackend | None], settings: ConversationSettings,
-                 prepared: PreparedReplies, tools: ToolFeatures | None = None) -> None:
+                 prepared: PreparedReplies, tools: ToolFeatures | None = None,
+                 compaction: Compaction | None = None) -> None:
         self.turns, self.store, self.backend, self.settings = turns, store, backend, settings
-        self.prepared, self.tools = prepared, tools
+        self.prepared, self.tools, self.compaction = prepared, tools, compaction
 
     def params(self, cid: int, sampling: Sampling | None, k: int = 1) -> list[SamplingParams]:
         """The params of k replies: from `sampling` (checked already) or the stored settings."""
@@ -57,35 +62,64 @@ class ChatTurns:
         params = self.params(cid, sampling)                   # bad settings: nothing written
         self.turns.check_idle(cid)
         extra = {"attachments": list(attachments)} if attachments else None
-        return self.generate(cid, path[-1].id if path else None, params, user_text=text,
-                             policy=policy, user_extra=extra)
+        parent = path[-1].id if path else None
+        return (self._compacting(cid, parent, sampling, params, policy, text, extra)
+                or self.generate(cid, parent, params, user_text=text, policy=policy,
+                                 user_extra=extra))
 
-    def regenerate(self, message_id: int, sampling: Sampling | None = None) -> Turn:
+    def regenerate(self, message_id: int, sampling: Sampling | None = None,
+                   policy: str | None = None) -> Turn:
         """A new reply beside this one (the old one stays as a sibling); for a user message,
         a new reply to it. A reply prepared in the background is shown instead, at once, when
-        there is one (no new request)."""
+        there is one (no new request). `policy`: as send's. Under "compact", a user message
+        whose prompt no longer fits is copied onto a compacted branch and answered there."""
         m = self.store.get_message(message_id)
         parent = m.id if m.role == "user" else m.parent_id
         if parent is None:
             raise ChatError("this reply has no user message to answer")
-        self.turns.check_idle(m.conversation_id)
+        cid = m.conversation_id
+        self.turns.check_idle(cid)
+        params = with_draft_sources(self.params(cid, sampling), self._replies_to(parent))
+        user = m if m.id == parent else self.store.get_message(parent)
+        if user.role == "user":
+            compacting = self._compacting(cid, user.parent_id, sampling, params, policy,
+                                          user.content, {**user.extra, "copy_of": user.id})
+            if compacting is not None:
+                return compacting
         ready = self.prepared.reveal(parent)
-        if ready is None:
-            cid = m.conversation_id
-            params = with_draft_sources(self.params(cid, sampling), self._replies_to(parent))
-            return self.generate(cid, parent, params)
-        return ready
+        return ready if ready is not None else self.generate(cid, parent, params, policy=policy)
 
-    def edit(self, message_id: int, text: str, sampling: Sampling | None = None) -> Turn:
-        """A new version of an earlier user message, answered: a new branch beside the old."""
+    def edit(self, message_id: int, text: str, sampling: Sampling | None = None,
+             policy: str | None = None) -> Turn:
+        """A new version of an earlier user message, answered: a new branch beside the old
+        (under "compact", on a compacted branch when it no longer fits). `policy`: as send's."""
         m = self.store.get_message(message_id)
         if m.role != "user":
             raise ChatError("only your own messages can be edited")
         if not text.strip():
             raise ChatError("the edited message is empty")
-        params = with_draft_sources(self.params(m.conversation_id, sampling), self._replies_to(m.id))
-        self.turns.check_idle(m.conversation_id)
-        return self.generate(m.conversation_id, m.parent_id, params, user_text=text)
+        cid = m.conversation_id
+        params = with_draft_sources(self.params(cid, sampling), self._replies_to(m.id))
+        self.turns.check_idle(cid)
+        return (self._compacting(cid, m.parent_id, sampling, params, policy, text)
+                or self.generate(cid, m.parent_id, params, user_text=text, policy=policy))
+
+    def _compacting(self, cid: int, parent_id: int | None, sampling: Sampling | None,
+                    params: list[SamplingParams], policy: str | None, user_text: str,
+                    user_extra: dict | None = None) -> Turn | None:
+        """Under policy "compact", when a new user message `user_text` under parent_id would
+        not fit the context: the turn that compacts the path down to parent_id, then stores
+        the message on the new branch and answers it (`then`). None otherwise."""
+        if self.compaction is None or \
+                (policy or self.store.get_conversation(cid).context_policy) != "compact":
+            return None
+        draft = _user_message(cid, parent_id, user_text, user_extra)
+        if not self.compaction.needed(cid, parent_id, draft, sampling):
+            return None
+        return self.compaction.start(
+            cid, parent_id, draft, sampling,
+            then=lambda backend, leaf: self._start(backend, cid, leaf, params, user_text,
+                                                   user_extra=user_extra))
 
     def _replies_to(self, message_id: int) -> list[list[int]]:
         """Token ids of the stored replies to a message, newest first: what a new reply to the
@@ -124,8 +158,7 @@ class ChatTurns:
         tooled = plan is not None and bool(plan.specs) and len(params) == 1
         prompt = prompt_messages(self.store, cid, parent_id)
         if user_text is not None:
-            prompt.append(message_dict(Message(0, cid, parent_id, "user", user_text, 0.0, None,
-                                               None, "complete", {}, extra=user_extra or {})))
+            prompt.append(_user_message(cid, parent_id, user_text, user_extra))
         sent = fit_prompt(backend, prompt, params[0].max_tokens, policy)
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
         if beam:                                        # ValueError: bad input
@@ -165,6 +198,12 @@ def with_draft_sources(params: list[SamplingParams], sources: list[list[int]]) -
         return params
     kept = tuple(tuple(src) for src in sources[:MAX_DRAFT_SOURCES])
     return [dataclasses.replace(p, draft_sources=kept) for p in params]
+
+
+def _user_message(cid: int, parent_id: int | None, text: str, extra: dict | None) -> dict:
+    """The chat message a new user message will be, before it is stored."""
+    return message_dict(Message(0, cid, parent_id, "user", text, 0.0, None, None, "complete",
+                                {}, extra=extra or {}))
 
 
 def _title_from(text: str) -> str:

@@ -64,6 +64,9 @@ class TabValues:
     preset_name: Any = KEEP           # the name a preset is saved under
     ask: Any = KEEP                   # the "Stop and ask me" dialog (visibility)
     ask_md: Any = KEEP                # what the dialog says
+    ask_for: Any = KEEP               # what it asks about: None (a send) or ASKED_FOR's dict
+    ask_drop: Any = KEEP              # its "drop the oldest" button (label)
+    ask_edit: Any = KEEP              # its "edit my message" button (visibility)
     approval: Any = KEEP              # a tool call waiting for approval (tools/view.py)
     approval_md: Any = KEEP
     tool_settings: Any = KEEP         # servers, steps, first step, JSON schema
@@ -120,6 +123,9 @@ class ChatTabUI:
     tokens: Any = None                # tokens.view.TokensUI: the selected reply token by token
     compact: Any = None               # context/view.py: Compact, and its prompt in the settings
     compact_prompt: Any = None
+    ask_for: Any = None               # AskUI's state and buttons, as TabValues sets them
+    ask_drop: Any = None
+    ask_edit: Any = None
 
     def outputs(self) -> list:
         return outputs(self, TabValues)
@@ -239,18 +245,21 @@ def build_chat_tab(i: int, sel: gr.State) -> ChatTabUI:
                      sibnav, sibgo, delete_branch, approval.row, approval.text, approval,
                      [tool_ui.servers, tool_ui.steps, tool_ui.first, tool_ui.schema], tool_ui,
                      attach, attach_button, tokens, compact=compact,
-                     compact_prompt=compact_prompt)
+                     compact_prompt=compact_prompt, ask_for=ask.asked_for, ask_drop=ask.drop,
+                     ask_edit=ask.edit)
 
 
 @dataclass
 class AskUI:
     """The "Stop and ask me" dialog of tab i (elem_ids `ask{i}`, `askdrop{i}`, `askedit{i}`,
-    `askcancel{i}`): shown when a send under that policy no longer fits the context."""
+    `askcancel{i}`): shown when a send, regenerate or edit under that policy no longer fits the
+    context; `asked_for` says which (None: the message box's send; else `asked_for`'s dict)."""
     column: gr.Column
     text: gr.Markdown
     drop: gr.Button
     edit: gr.Button
     cancel: gr.Button
+    asked_for: gr.State
 
 
 def build_ask(i: int) -> AskUI:
@@ -261,13 +270,31 @@ def build_ask(i: int) -> AskUI:
                              elem_id=f"askdrop{i}")
             edit = gr.Button("Edit my message", size="sm", elem_id=f"askedit{i}")
             cancel = gr.Button("Cancel", size="sm", elem_id=f"askcancel{i}")
-    return AskUI(column, text, drop, edit, cancel)
+        asked_for = gr.State(None)
+    return AskUI(column, text, drop, edit, cancel, asked_for)
 
 
-def ask_text(dropped: int) -> str:
-    """What the dialog says (Markdown from numbers and fixed text)."""
+def asked_for(action: str, message_id: int, text: str = "") -> dict:
+    """What the dialog asks about besides a send: {"action": "regenerate" | "edit",
+    "message_id", "text" (an edit's)}."""
+    return {"action": action, "message_id": message_id, "text": text}
+
+
+def ask_values(dropped: int, asked: dict | None = None) -> dict[str, Any]:
+    """The dialog's TabValues fields for a request that no longer fits: a send (`asked` None),
+    a regenerate or an edit (`asked_for`): its text (Markdown from numbers and fixed text),
+    buttons and what its "drop the oldest" button does."""
     n = f"{dropped} oldest message{'s' if dropped != 1 else ''}"
-    return (f"**This conversation no longer fits the model's context.** Your message was not "
-            f"sent and is still in the box. Send it with the {n} left out of the model's "
-            "context (they stay saved here; this conversation keeps “Stop and ask me”), edit "
-            "your message, or cancel.")
+    left_out = (f"with the {n} left out of the model's context (they stay saved here; this "
+                "conversation keeps “Stop and ask me”)")
+    action = asked["action"] if asked else "send"
+    head = "**This conversation no longer fits the model's context.** "
+    text = {"send": f"{head}Your message was not sent and is still in the box. Send it "
+                    f"{left_out}, edit your message, or cancel.",
+            "regenerate": f"{head}Nothing was generated. Regenerate {left_out}, or cancel.",
+            "edit": f"{head}Your edited message was not sent and is still in the edit box. "
+                    f"Send it {left_out}, change it there, or cancel."}[action]
+    label = "Drop the oldest messages and regenerate" if action == "regenerate" else \
+        "Drop the oldest messages and send"
+    return {"ask": gr.Column(visible=True), "ask_md": text, "ask_for": asked,
+            "ask_drop": gr.Button(label), "ask_edit": gr.Button(visible=action == "send")}

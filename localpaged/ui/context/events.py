@@ -1,5 +1,6 @@
 """The context features' handlers and wiring on a chat tab: the gauge, the policy setting,
-Continue, Compact and its prompt (saved on blur, as the system prompt is), and the first screen
+Continue, Compact (a streaming turn, followed as a reply is) and its prompt (saved on blur, as
+the system prompt is), and the first screen
 (the cursor starts in the message box, which is first in the tab order). The gauge follows the
 draft as the user types (the message box's `.change`, with the trigger_mode "always_last" of
 every quick event: keystrokes that arrive while a count runs collapse into one, a debounce that
@@ -75,20 +76,25 @@ class ContextEvents:
         return self.chat_events.start_turn(cid, self.ctl.continue_reply, sel, system, sampling)
 
     def compact(self, slots: list, i: int, system: str, *sampling) -> Iterator:
-        """Save the settings fields, then compact the conversation into a new branch (the
-        summary is written before the tab updates); the tab then shows that branch."""
+        """Save the settings fields, then compact the conversation into a new branch: the tab
+        shows the summary as the model writes it (Stop cancels it, and the tab shows the
+        conversation as it was), then the branch."""
         cid = slots[i]
         if cid is None:
             return
         try:
             checked = self.ctl.update_settings(cid, system or "", from_fields(sampling))
-            self.ctl.compact(cid, checked)
+            turn = self.ctl.compact(cid, checked)
         except USER_ERRORS as exc:
             warn(why(exc))
-        else:
+            yield self.chat_events.chat(cid)
+            return
+        yield from self.chat_events.follow_turn(cid, turn)
+        if turn.branched is not None:
             info("Compacted into a new branch: a summary and the recent turns. The original "
                  "is the other branch at the first message (‹).")
-        yield self.chat_events.chat(cid)
+        elif turn.error is None:
+            info("Compaction stopped: nothing was kept, the conversation is as it was.")
 
 
 def wire_context(ui, page, events: ContextEvents) -> None:
