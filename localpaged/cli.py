@@ -105,6 +105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve a non-loopback address WITHOUT a login: anyone who can reach it "
                         "reads and writes your conversations")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    from localpaged.api.images import add_image_options
+    add_image_options(p)
     args = p.parse_args(argv)
     if args.speculation == "draft" and not args.draft_model:
         p.error("--speculation draft needs --draft-model (a small model with the same tokenizer)")
@@ -219,11 +221,13 @@ def _api_app(args: argparse.Namespace, backend):
         return FastAPI(title="localpaged")
     try:
         from localpaged.api import resolve_api_key
+        from localpaged.api.images import policy_from_args
         from localpaged.api.server import build_app
     except ImportError:                    # the API is optional for the chat UI
         log.warning("localpaged.api.server is unavailable: serving the chat UI without /v1")
         return FastAPI(title="localpaged")
-    return build_app(engine, backend.model_name, resolve_api_key(args.api_key))
+    return build_app(engine, backend.model_name, resolve_api_key(args.api_key),
+                     policy_from_args(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -168,8 +168,21 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageURL(BaseModel):
+    model_config = _CONFIG
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    """An image (api/images.py reads it under the server's ImagePolicy)."""
+    model_config = _CONFIG
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class OtherPart(BaseModel):
-    """A non-text content part (image, audio, file): recognised, then refused."""
+    """Another content part (audio, file): recognised, then refused."""
     model_config = ConfigDict(strict=True, extra="allow")
     type: str
 
@@ -191,7 +204,7 @@ class ToolCallParam(BaseModel):
 class ChatMessage(BaseModel):
     model_config = _CONFIG
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | Annotated[list[TextPart | OtherPart],
+    content: str | Annotated[list[TextPart | ImagePart | OtherPart],
                              Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: Name | None = None
     tool_calls: Annotated[list[ToolCallParam], Field(max_length=MAX_TOOL_CALLS)] | None = None
@@ -207,6 +220,9 @@ class ChatMessage(BaseModel):
     def has_non_text(self) -> bool:
         return isinstance(self.content, list) and any(
             not isinstance(p, TextPart) for p in self.content)
+
+    def has_images(self) -> bool:
+        return isinstance(self.content, list) and any(isinstance(p, ImagePart) for p in self.content)
 
 
 class ChatCompletionRequest(_Common):
@@ -229,6 +245,9 @@ class ChatCompletionRequest(_Common):
     enable_thinking: bool | None = None
     chat_template_kwargs: Annotated[dict[str, Any],
                                     Field(max_length=MAX_TEMPLATE_KWARGS)] | None = None
+
+    def has_images(self) -> bool:
+        return any(m.has_images() for m in self.messages)
 
     def check_template_flags(self) -> None:
         """continue_final_message continues the last assistant message: no generation prompt."""

@@ -25,6 +25,7 @@ from localpaged.api.errors import (
     model_not_found,
     route_class,
 )
+from localpaged.api.images import ImagePolicy, chat_images
 from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -35,18 +36,21 @@ from localpaged.api.structured import constrain, tool_request
 from localpaged.api.tool_output import ToolReplies
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
+from localpaged.engine.multimodal import ImagePrompt
 
 
 def create_api(engine: AsyncEngine | ServedModel, model_name: str | None = None,
-               api_key: str | None = None, recorder: MetricsRecorder | None = None) -> APIRouter:
+               api_key: str | None = None, recorder: MetricsRecorder | None = None,
+               images: ImagePolicy | None = None) -> APIRouter:
     """Routes of the OpenAI-compatible API over `engine`, serving it as `model_name`; or over
     whatever a ServedModel holds at each request (then `model_name` is not given).
 
     With `api_key`, every /v1 route requires `Authorization: Bearer <api_key>` (/metrics and
     /health stay open). Errors are OpenAI error objects with a 4xx status. /metrics serves
-    `recorder` (a new one, this router's own, when not given).
+    `recorder` (a new one, this router's own, when not given). `images`: where image_url
+    parts may come from (api/images.py; default: data: URLs only).
     """
-    api = _API(as_served(engine, model_name), recorder or MetricsRecorder())
+    api = _API(as_served(engine, model_name), recorder or MetricsRecorder(), images or ImagePolicy())
     v1 = APIRouter(prefix="/v1", route_class=route_class(api_key), tags=["openai"])
     v1.add_api_route("/models", api.list_models, methods=["GET"])
     v1.add_api_route("/models/{model_id:path}", api.get_model, methods=["GET"])
@@ -63,9 +67,10 @@ def create_api(engine: AsyncEngine | ServedModel, model_name: str | None = None,
 
 
 class _API:
-    def __init__(self, served: ServedModel, recorder: MetricsRecorder) -> None:
+    def __init__(self, served: ServedModel, recorder: MetricsRecorder, images: ImagePolicy) -> None:
         self.served = served
         self.recorder = recorder
+        self.images = images
         # No lock around the tokenizer: HF fast tokenizers encode and decode from several threads
         # at once (the engine's detokenizer and the UI use the same one); only changing their
         # truncation or padding is unsafe beside a call, and nothing here asks for either.
@@ -103,6 +108,14 @@ class _API:
         tools = tool_request(body, model.engine.tokenizer.chat_template)
         params, guided_param = constrain(params, body, tools)
         params, thinking_kwargs = reasoning_request(body, params, model.reasoning)
+        if body.has_images():
+            prompt = await run_in_threadpool(self._image_prompt, model, body, tools.active,
+                                             thinking_kwargs)
+            thoughts = ReasoningReplies(model.reasoning, params.n, prompt.token_ids) \
+                if model.reasoning is not None else None
+            return await self._generate(model, "chat", body, prompt.token_ids, params, request,
+                                        "messages", None, guided_param, None, thoughts,
+                                        prompt=prompt)
         messages, template_kwargs = tools.prompt(body.template_messages())
         body.check_template_flags()
         ids, extensions = await run_in_threadpool(self._chat_ids, model, messages, body,
@@ -137,6 +150,30 @@ class _API:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
 
+    def _image_prompt(self, model: Model, body: ChatCompletionRequest, with_tools: bool,
+                      template_kwargs: dict) -> ImagePrompt:
+        """The chat's prompt with its images (api/images.py reads them): refused, naming the
+        first image part, where the model takes no images; tools and context_overflow are not
+        combined with images."""
+        first = next((f"messages[{i}].content[{j}]" for i, m in enumerate(body.messages)
+                      if isinstance(m.content, list) for j, p in enumerate(m.content)
+                      if p.type == "image_url"), "messages")
+        if not model.engine.takes_images:
+            raise APIError("This model takes no images (it is text-only, or its image "
+                           "processor could not be loaded).", param=first,
+                           code="unsupported_content")
+        for flag, name in ((with_tools, "tools"), (body.context_overflow, "context_overflow"),
+                           (body.continue_final_message, "continue_final_message")):
+            if flag:
+                raise APIError(f"'{name}' is not supported in a request with images.",
+                               param=name, code="unsupported_parameter")
+        messages, images = chat_images(body.messages, self.images)
+        try:
+            return model.engine.image_prompt(messages, images, **template_kwargs)
+        except (jinja2.TemplateError, ValueError, TypeError) as exc:
+            raise APIError(f"Could not prepare the images for the model: {exc}",
+                           param=first, code="invalid_image") from exc
+
     def _encode(self, model: Model, text: str) -> list[int]:
         try:
             return list(model.engine.tokenizer.encode(text, add_special_tokens=True))
@@ -149,12 +186,15 @@ class _API:
                         params: SamplingParams, request: Request, prompt_param: str,
                         extensions: dict | None = None, guided_param: str | None = None,
                         tools: ToolReplies | None = None,
-                        reasoning: ReasoningReplies | None = None):
+                        reasoning: ReasoningReplies | None = None,
+                        prompt: ImagePrompt | None = None):
+        """`prompt`: a prompt with images whose token ids are `ids` (submitted instead)."""
         _check_limits(model, ids, params, body.max_tokens_param, prompt_param)
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         try:
             stream = self.served.submit(
-                model, lambda: model.engine.submit(ids, params, request_id=rid))
+                model, lambda: model.engine.submit(ids if prompt is None else prompt, params,
+                                                   request_id=rid))
         except ValueError as exc:
             if params.guided is not None and params.guided.label in str(exc):
                 raise APIError(f"Invalid '{guided_param}': {exc}", param=guided_param,

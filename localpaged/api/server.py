@@ -34,6 +34,7 @@ from localpaged.api import (
 from localpaged.api.anthropic import create_messages_api
 from localpaged.api.body_limit import limit_bodies
 from localpaged.api.guard import GuardPolicy, guard_app
+from localpaged.api.images import ImagePolicy, add_image_options, policy_from_args
 from localpaged.api.security import (
     OPEN_FLAG,
     login_secrets,
@@ -47,13 +48,14 @@ logger = logging.getLogger(__name__)
 
 
 def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
-              api_key: str | None = None) -> FastAPI:
+              api_key: str | None = None, images: ImagePolicy | None = None) -> FastAPI:
     """A FastAPI app with the API routes and OpenAI-shaped error handlers (mount Gradio after);
-    `engine` served as `model_name`, or a ServedModel (no name then)."""
+    `engine` served as `model_name`, or a ServedModel (no name then); `images`: where chat
+    requests' images may come from (api/images.py)."""
     app = FastAPI(title="localpaged", summary="OpenAI-compatible API over a PagedAttention engine")
     served = as_served(engine, model_name)
     metrics = MetricsRecorder()                 # this app's own registry behind /metrics
-    app.include_router(create_api(served, api_key=api_key, recorder=metrics))
+    app.include_router(create_api(served, api_key=api_key, recorder=metrics, images=images))
     app.include_router(create_messages_api(served, api_key, metrics))     # /v1/messages
     install_error_handlers(app)
     limit_bodies(app)                           # counts the bytes read, chunked or not
@@ -105,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="serve a non-loopback address WITHOUT a login")
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    add_image_options(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     api_key = resolve_api_key(args.api_key)
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(exc))
     llm = LLM(args.model, num_kv_blocks=args.num_kv_blocks, max_num_seqs=args.max_num_seqs)
     engine = AsyncEngine(llm.engine)
-    app = guard_app(build_app(engine, args.served_model_name or args.model, api_key), policy)
+    app = guard_app(build_app(engine, args.served_model_name or args.model, api_key,
+                              policy_from_args(args)), policy)
     try:
         serve(app, args.host, args.port)
     finally:

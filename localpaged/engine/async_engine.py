@@ -21,6 +21,7 @@ from contextlib import aclosing, closing
 from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
+from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import (
     DeltaCursor,
     EngineInfo,
@@ -162,7 +163,7 @@ class AsyncEngine:
         return self.info.context_limit
 
     # ---- callers ------------------------------------------------------------------------------
-    def submit(self, prompt: str | list[int], params: SamplingParams | None = None,
+    def submit(self, prompt: str | list[int] | ImagePrompt, params: SamplingParams | None = None,
                request_id: str | None = None,
                column_params: list[SamplingParams] | None = None,
                priority: str | None = None, beam: BeamParams | None = None) -> RequestStream:
@@ -192,6 +193,19 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
+
+    @property
+    def takes_images(self) -> bool:
+        """Whether prompts with images are served (a vision tower and its processor)."""
+        return self._engine.images is not None
+
+    def image_prompt(self, messages: list[dict], images: list, **template_kwargs) -> ImagePrompt:
+        """Chat messages with {"type": "image"} parts and their images (PIL, in order) as a
+        prompt for submit (engine/multimodal.py; reads no engine state: any thread). A
+        ValueError for a model that takes no images or markers unlike the images."""
+        if self._engine.images is None:
+            raise ValueError("this model takes no images")
+        return self._engine.images.chat(messages, images, **template_kwargs)
 
     def cached_prefix_tokens(self, token_ids: list[int]) -> int:
         """Tokens of this prompt in the prefix cache now (a preview: the engine thread may evict

@@ -397,7 +397,10 @@ BAD_REQUESTS = [
     ("chat/completions", _with(OK_CHAT, tools=[{"type": "function"}]), 400, "tools[0]",
      "invalid_value"),
     ("chat/completions", _with(OK_CHAT, messages=[{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages[0].content",
+        {"type": "image_url", "image_url": {"url": "x"}}]}]), 400, "messages[0].content[0]",
+     "unsupported_content"),             # a text-only model (tests/api/test_images_api.py)
+    ("chat/completions", _with(OK_CHAT, messages=[{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": "x"}}]}]), 400, "messages[0].content",
      "unsupported_content"),
     ("completions", _with(OK_COMPLETION, prompt={"a": 1}), 400, "prompt", "invalid_value"),
     ("completions", _with(OK_COMPLETION, prompt=""), 400, "prompt", "invalid_value"),
