@@ -15,10 +15,15 @@ Reasoning: a local backend gives every request its model's reasoning markers, so
 (chat/reasoning.py); `reasoning_of(backend)` is None for a backend without one (remote).
 A local backend renders the tools through the model's template family and holds the calls to
 their schemas with a grammar; a remote one lets the server do both (remote.py).
+Template switches: `with_thinking(backend, enabled)` is the backend whose every prompt (the
+request's, the context window's counts, the prefix-cache previews) passes `enable_thinking` to
+the chat template, where the model's template reads it (ReasoningFormat.has_switch); any other
+backend is returned as it is.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Protocol
@@ -37,7 +42,6 @@ from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
 from localpaged.engine.detokenizer import decode
-from localpaged.engine.llm import apply_chat_template
 from localpaged.engine.outputs import EngineStats, RequestOutput
 
 
@@ -80,6 +84,17 @@ class LocalChatBackend:
         # One window for the backend's life: its piece-count cache makes the gauge cheap.
         self._window = ContextWindow(engine.tokenizer, engine.context_limit())
 
+    @property
+    def template_kwargs(self) -> dict:
+        """What this backend passes to the chat template besides the messages."""
+        return self._window.template_kwargs
+
+    def with_template_kwargs(self, **kwargs) -> "LocalChatBackend":
+        """This backend (the same engine and piece counts) with these template arguments."""
+        view = copy.copy(self)
+        view._window = self._window.with_template_kwargs({**self.template_kwargs, **kwargs})
+        return view
+
     def context_window(self) -> ContextWindow:
         """The context limit (prompt + reply, LLMEngine.context_limit) with exact counts."""
         return self._window
@@ -101,11 +116,12 @@ class LocalChatBackend:
         template family (tool_calls.prompt_messages)."""
         if not tools and not any(m.get("tool_calls") or m.get("role") == "tool"
                                  for m in messages):
-            return apply_chat_template(self.engine.tokenizer, messages)
+            return self._window.token_ids(messages)
         offered = tools if normalize_choice(tool_choice, tools).mode != "none" else None
         msgs, kwargs = prompt_messages(messages, offered, self.tool_format())
         return list(self.engine.tokenizer.apply_chat_template(
-            msgs, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs))
+            msgs, add_generation_prompt=True, tokenize=True, return_dict=False,
+            **{**self.template_kwargs, **kwargs}))
 
     def tool_format(self) -> ToolFormat:
         """How this model writes tool calls (read from its chat template at each call: the UI
@@ -193,6 +209,15 @@ def reasoning_of(backend: ChatBackend | None) -> ReasoningFormat | None:
     """The backend's model's reasoning format; None where it has none or cannot say."""
     get = getattr(backend, "reasoning_format", None)
     return get() if get is not None else None
+
+
+def with_thinking(backend: ChatBackend | None, enabled: bool) -> ChatBackend | None:
+    """The backend whose prompts ask the template for reasoning or not, where the model's
+    template can switch it (else the backend as it is)."""
+    fmt = reasoning_of(backend)
+    if fmt is None or not fmt.has_switch or not isinstance(backend, LocalChatBackend):
+        return backend
+    return backend.with_template_kwargs(enable_thinking=enabled)
 
 
 def is_local(backend: ChatBackend | None) -> bool:

@@ -19,6 +19,7 @@ cache); the UI never needs to know about blocks.
 
 from __future__ import annotations
 
+import copy
 import re
 import threading
 from collections import OrderedDict
@@ -90,6 +91,13 @@ class ContextWindow:
         # One caller at a time: the LRU is not thread-safe, nor are HF fast tokenizers.
         self._lock = threading.RLock()
         self._splitter: re.Pattern | None | bool = False      # False: not decided yet
+
+    def with_template_kwargs(self, template_kwargs: dict) -> "ContextWindow":
+        """This window with other keyword arguments for the chat template (a conversation's
+        enable_thinking), sharing its piece counts (a piece's count does not depend on them)."""
+        view = copy.copy(self)
+        view.template_kwargs = dict(template_kwargs)
+        return view
 
     @property
     def piecewise(self) -> bool:

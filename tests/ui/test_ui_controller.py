@@ -164,7 +164,7 @@ def test_fields_edited_at_once_are_all_kept(ctl):
         t.join()
     system_prompt, sampling = ctl.settings(cid)
     untouched = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                 "reasoning_budget": None}
+                 "reasoning_budget": None, "enable_thinking": True}
     assert {**sampling, "system_prompt": system_prompt} == {**edits, **untouched}
     with pytest.raises(ValueError, match="top_p"):
         ctl.update_setting(cid, "top_p", 0)

@@ -5,20 +5,25 @@ Oracle: transformers' greedy tokens under the budget (hf_budgeted), decoded by t
 conversation's thinking budget (a setting) reaches the engine; the stored reply's text is the
 answer without markers, its reasoning is kept apart (`extra.reasoning`, the token count in its
 stats), export and import keep it, and the chat shows it folded ("Thought for N tokens"), with
-the text escaped.
+the text escaped. The conversation's enable_thinking (a setting, shown only for a template that
+reads it) gives the template's no-thinking prompt to the request and the gauge alike.
 """
 
 from __future__ import annotations
 
 import html
 
+import gradio as gr
 import pytest
+from helpers.engine_helpers import hf_greedy
 from helpers.reasoning_models import (HARMONY_FORCED, QUESTION, build_harmony_thinker,
                                       build_thinker, hf_budgeted)
-from helpers.ui_helpers import TinyBackend, controller, run
+from helpers.ui_helpers import TinyBackend, controller, run, tiny_backend
 
 from localpaged import LLM
+from localpaged.chat.backend import with_thinking
 from localpaged.ui import render
+from localpaged.ui.chat.view import tab_values
 from localpaged.ui.turns import LiveReply
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
@@ -93,6 +98,52 @@ def test_a_harmony_reply_keeps_its_analysis_apart_and_continues(tiny_root, tmp_p
             assert "<|" not in done.content and "final" not in done.content
     finally:
         backend.engine.shutdown()
+
+
+def _prompt(tok, **template):
+    return list(tok.apply_chat_template([{"role": "user", "content": QUESTION}],
+                                        add_generation_prompt=True, tokenize=True,
+                                        return_dict=False, **template))
+
+
+def test_thinking_off_sends_the_templates_no_thinking_prompt(ctl, backend, thinker):
+    cid = ctl.new_conversation().id
+    assert ctl.settings(cid)[1]["enable_thinking"] is True
+    ctl.update_setting(cid, "enable_thinking", False)
+    assert ctl.settings(cid)[1]["enable_thinking"] is False          # stored
+    tok = backend.engine.tokenizer
+    off = _prompt(tok, enable_thinking=False)
+    assert off != _prompt(tok)                        # the switch changes the prompt
+    assert ctl.context_usage(cid, QUESTION).tokens == len(off)      # the gauge counts it
+    reply = ctl.store.get_message(run(ctl.send(cid, QUESTION)).replies[0].message_id)
+    assert reply.stats["prompt_tokens"] == len(off)
+    assert reply.token_ids == hf_greedy(thinker, off, 30)
+    assert reply.content == tok.decode(reply.token_ids, skip_special_tokens=True).lstrip()
+    assert not reply.extra.get("reasoning") and "reasoning_tokens" not in reply.stats
+    ctl.update_setting(cid, "enable_thinking", True)  # on again: the model reasons
+    turn = run(ctl.regenerate(reply.id))
+    again = ctl.store.get_message(turn.replies[0].message_id)
+    assert again.stats["prompt_tokens"] == len(_prompt(tok)) and again.extra["reasoning"]
+    with pytest.raises(ValueError, match="enable_thinking"):
+        ctl.update_setting(cid, "enable_thinking", "maybe")
+    assert ctl.settings(cid)[1]["enable_thinking"] is True           # nothing saved
+
+
+def test_the_switch_shows_only_for_a_template_that_reads_it(ctl, tiny_llama, tmp_path):
+    cid = ctl.new_conversation().id
+    ctl.update_setting(cid, "enable_thinking", False)
+    (switch,) = [v for v in tab_values(ctl, cid).extras if isinstance(v, gr.Checkbox)]
+    assert switch.visible is True and switch.value is False
+    for plain in tiny_backend(tiny_llama, num_kv_blocks=64):     # a template without it
+        for other in controller(plain, tmp_path / "plain", GREEDY):
+            cid = other.new_conversation().id
+            other.update_setting(cid, "enable_thinking", False)
+            (switch,) = [v for v in tab_values(other, cid).extras if isinstance(v, gr.Checkbox)]
+            assert switch.visible is False
+            assert with_thinking(plain, False) is plain                 # and no effect
+            reply = run(other.send(cid, QUESTION)).replies[0]
+            msgs = [{"role": "user", "content": QUESTION}]
+            assert reply.stats["prompt_tokens"] == len(plain.prompt_ids(msgs))
 
 
 def test_export_and_import_keep_the_reasoning(ctl):

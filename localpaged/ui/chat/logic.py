@@ -15,7 +15,7 @@ import dataclasses
 import uuid
 from collections.abc import Callable
 
-from localpaged.chat.backend import ChatBackend, reasoning_of
+from localpaged.chat.backend import ChatBackend, reasoning_of, with_thinking
 from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_SOURCES,
                                              SamplingParams)
 
@@ -137,7 +137,8 @@ class ChatTurns:
         conversation's background alternatives first (see prepared/logic.py)."""
         if user_text is not None and self.backend() is None:
             self._add_user(cid, parent_id, user_text, user_extra)  # kept: a later send answers it
-        return self.turns.launch(cid, self.backend(),
+        backend = with_thinking(self.backend(), self.settings.thinking(cid))
+        return self.turns.launch(cid, backend,
                                  lambda b: self._start(b, cid, parent_id, params, user_text, beam,
                                                        policy, user_extra))
 

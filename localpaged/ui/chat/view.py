@@ -26,6 +26,8 @@ from typing import Any
 
 import gradio as gr
 
+from localpaged.chat.backend import reasoning_of
+
 from .. import markdown, render
 from ..context.view import (GAUGE_EMPTY, build_compact, build_compact_prompt, build_continue,
                             build_gauge, build_policy, gauge_value)
@@ -34,8 +36,8 @@ from ..edit_preview.view import build_edit_cost
 from ..delete_branch.view import build_delete_button, build_delete_confirm
 from ..export.view import ExportUI, build_export
 from ..prepared.view import build_prepare_fields, prepare_values
-from ..settings.logic import EXTRA_KEYS, SAMPLING_KEYS
-from ..settings.view import build_presets, extra_fields, sampling_fields
+from ..settings.logic import SAMPLING_KEYS
+from ..settings.view import build_presets, extra_fields, extra_values, sampling_fields
 from ..tokens.view import build_tokens_button, build_tokens_panel
 from ..tools.view import (approval_values, build_approval, build_tool_settings,
                           tool_settings_values)
@@ -59,7 +61,7 @@ class TabValues:
     gauge: Any = KEEP                 # the context gauge (HTML)
     policy: Any = KEEP                # the conversation's context policy
     compact_prompt: Any = KEEP        # its compaction prompt (context/compact.py)
-    extras: Any = KEEP                # its penalties and thinking budget, in EXTRA_KEYS order
+    extras: Any = KEEP                # its penalties and thinking settings, in EXTRA_KEYS order
     preset: Any = KEEP                # the presets dropdown (choices; no value: a chooser)
     preset_name: Any = KEEP           # the name a preset is saved under
     ask: Any = KEEP                   # the "Stop and ask me" dialog (visibility)
@@ -159,7 +161,8 @@ def tab_values(ctl: ChatController, cid: int | None, sel: int | None = None,
     if settings:
         values.system, sampling = ctl.settings(cid)
         values.sampling = [sampling[k] for k in SAMPLING_KEYS]
-        values.extras = [sampling[k] for k in EXTRA_KEYS]
+        fmt = reasoning_of(ctl.backend())
+        values.extras = extra_values(sampling, bool(fmt and fmt.has_switch))
         values.preset = gr.Dropdown(choices=ctl.preset_names(), value=None)
         values.prepare = prepare_values(ctl, cid)
         values.policy = view.conversation.context_policy

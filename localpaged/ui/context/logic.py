@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from localpaged.chat.backend import ChatBackend, reasoning_of
+from localpaged.chat.backend import ChatBackend, reasoning_of, with_thinking
 from localpaged.chat.context_window import (
     DEFAULT_REPLY_RESERVE,
     ContextOverflowError,
@@ -247,7 +247,7 @@ class ContextFeatures:
         """The gauge: tokens the next request will use (the system prompt, the shown path and
         the draft) against the context limit; None when the backend cannot count (remote,
         no model yet). `system_prompt`, `max_tokens`: the fields as shown (default: saved)."""
-        backend = self.backend()
+        backend = with_thinking(self.backend(), self.settings.thinking(cid))
         if backend is None:
             return None
         conv = self.store.get_conversation(cid)
@@ -293,4 +293,5 @@ class ContextFeatures:
                               prefix_choices=self.store.alternatives(m.id))
             return Turn(cid, request_id, [reply], stream, backend.abort, self.store,
                         decode=backend.decode, reasoning=reasoning_of(backend))
-        return self.turns.launch(cid, self.backend(), start)
+        return self.turns.launch(cid, with_thinking(self.backend(), self.settings.thinking(cid)),
+                                 start)

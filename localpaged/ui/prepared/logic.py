@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localpaged.chat.backend import ChatBackend, is_local, reasoning_of
+from localpaged.chat.backend import ChatBackend, is_local, reasoning_of, with_thinking
 
 from ..context.logic import ContextError, fit_prompt, prompt_messages
 from ..settings.logic import ConversationSettings, sampling_record
@@ -125,7 +125,7 @@ class PreparedReplies:
     def start(self, cid: int, parent_id: int, k: int) -> Turn | None:
         """k replies to `parent_id` at background priority, stored inactive and unseen. Seeds
         (when the conversation sets one) are seed+1..seed+k: not the reply's own seed."""
-        backend = self.backend()
+        backend = with_thinking(self.backend(), self.settings.thinking(cid))
         if not is_local(backend) or not 1 <= k <= MAX_ALTERNATIVES:
             return None
         self.cancel(cid, moving_on=False)

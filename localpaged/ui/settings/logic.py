@@ -29,14 +29,20 @@ PENALTY_KEYS = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 # engine closes the reasoning once it is spent (core/reasoning_budget.py); a model that marks
 # no reasoning ignores it.
 REASONING_KEYS = ("reasoning_budget",)
-EXTRA_KEYS = PENALTY_KEYS + REASONING_KEYS      # a chat tab's third row of fields
+# Switches for the chat template, not the sampler: enable_thinking (False: the template's
+# no-thinking prompt, as Qwen3's writes an empty <think></think>), passed only where the model's
+# template reads it (chat/backend.py with_thinking); stored with the other settings.
+TEMPLATE_KEYS = ("enable_thinking",)
+EXTRA_KEYS = PENALTY_KEYS + REASONING_KEYS + TEMPLATE_KEYS    # a chat tab's third row of fields
 ALL_KEYS = SAMPLING_KEYS + EXTRA_KEYS
+PARAM_KEYS = tuple(k for k in ALL_KEYS if k not in TEMPLATE_KEYS)   # SamplingParams fields
 DEFAULT_SAMPLING: dict[str, Any] = {"temperature": 0.7, "top_p": 0.95, "top_k": 0, "min_p": 0.0,
                                     "seed": None, "max_tokens": 512, "repetition_penalty": 1.0,
                                     "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                                    "reasoning_budget": None}
+                                    "reasoning_budget": None, "enable_thinking": True}
 _OPTIONAL = ("seed", "max_tokens", "reasoning_budget")       # blank: None
 _INTEGERS = ("top_k",) + _OPTIONAL
+_BOOLEANS = {True: True, False: False, "true": True, "false": False}
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ def check_sampling(settings: dict[str, Any] | None, base: dict[str, Any] | None 
         value = (settings or {}).get(key, out[key])
         if value in ("", None):
             value = None if key in _OPTIONAL else DEFAULT_SAMPLING[key]
+        elif key in TEMPLATE_KEYS:
+            if not isinstance(value, (bool, str)) or _BOOLEANS.get(value) is None:
+                raise ValueError(f"{key} must be true or false, got {value!r}")
+            value = _BOOLEANS[value]
         elif key in _INTEGERS:
             value = int(float(value))
         else:
@@ -80,13 +90,14 @@ def to_params(settings: dict[str, Any], seed_offset: int = 0) -> SamplingParams:
                           top_k=settings["top_k"], min_p=settings["min_p"],
                           seed=None if seed is None else seed + seed_offset,
                           max_tokens=settings["max_tokens"],
-                          **{k: settings.get(k, DEFAULT_SAMPLING[k]) for k in EXTRA_KEYS})
+                          **{k: settings.get(k, DEFAULT_SAMPLING[k]) for k in EXTRA_KEYS
+                             if k in PARAM_KEYS})
 
 
 def sampling_record(params: SamplingParams) -> dict[str, Any]:
     """What a reply's row keeps of the params that produced it."""
     p = vars(params)
-    return {k: p[k] for k in ALL_KEYS}
+    return {k: p[k] for k in PARAM_KEYS}
 
 
 def from_fields(values: tuple | list) -> dict[str, Any]:
@@ -114,6 +125,10 @@ class ConversationSettings:
         conv = self.store.get_conversation(cid)
         stored = {k: conv.sampling[k] for k in ALL_KEYS if k in conv.sampling}
         return conv.system_prompt, {**self.default, **stored}
+
+    def thinking(self, cid: int) -> bool:
+        """The conversation's enable_thinking (a template whose reasoning can be switched off)."""
+        return bool(self.read(cid)[1]["enable_thinking"])
 
     def sampling(self, cid: int) -> Sampling:
         """The stored sampling settings with their params (for a request made without a tab's

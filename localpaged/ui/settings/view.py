@@ -1,7 +1,8 @@
 """The settings as Gradio fields: the sampling fields (a chat tab's settings, a compare column's):
 one component per key of `logic.SAMPLING_KEYS`, returned in that order; a chat tab's penalty
-fields and thinking budget (`logic.EXTRA_KEYS`); its presets row (`PresetsUI`: choose a preset, save the system
-prompt as one, make the conversation's settings the defaults of new chats)."""
+fields, thinking budget and thinking switch (`logic.EXTRA_KEYS`; the switch shown only for a
+model whose template reads it: `extra_values`); its presets row (`PresetsUI`: choose a preset,
+save the system prompt as one, make the conversation's settings the defaults of new chats)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from .logic import DEFAULT_SAMPLING, EXTRA_KEYS, SAMPLING_KEYS
+from .logic import DEFAULT_SAMPLING, EXTRA_KEYS, SAMPLING_KEYS, TEMPLATE_KEYS
 
 
 def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
@@ -43,8 +44,9 @@ def sampling_fields(prefix: str, values: dict[str, Any] | None = None,
 
 
 def extra_fields(prefix: str) -> list:
-    """The penalties against repetition and the thinking budget, one row, in EXTRA_KEYS order
-    (elem_ids `{prefix}{key}`); their ranges are the engine's (core/sampling_params.py)."""
+    """The penalties against repetition, the thinking budget and the thinking switch, one row,
+    in EXTRA_KEYS order (elem_ids `{prefix}{key}`); their ranges are the engine's
+    (core/sampling_params.py)."""
     d = DEFAULT_SAMPLING
     with gr.Row():
         fields = [
@@ -57,9 +59,19 @@ def extra_fields(prefix: str) -> list:
             gr.Number(value=d["reasoning_budget"], precision=0, minimum=0,
                       label="Thinking budget (tokens; blank: no limit, 0: answer at once)",
                       elem_id=f"{prefix}reasoning_budget"),
+            gr.Checkbox(value=d["enable_thinking"], visible=False,
+                        label="Thinking (off: this model's template asks it to answer at once)",
+                        elem_id=f"{prefix}enable_thinking"),
         ]
     assert len(fields) == len(EXTRA_KEYS)
     return fields
+
+
+def extra_values(sampling: dict[str, Any], thinking_switch: bool) -> list:
+    """The third row's values for a conversation's settings, in EXTRA_KEYS order; the thinking
+    switch is shown only where the model's template reads it (`thinking_switch`)."""
+    return [gr.Checkbox(value=sampling[k], visible=thinking_switch) if k in TEMPLATE_KEYS
+            else sampling[k] for k in EXTRA_KEYS]
 
 
 @dataclass
