@@ -118,8 +118,9 @@ class ChatTurns:
             return None
         return self.compaction.start(
             cid, parent_id, draft, sampling,
-            then=lambda backend, leaf: self._start(backend, cid, leaf, params, user_text,
-                                                   user_extra=user_extra))
+            then=lambda backend, leaf: self._start(
+                with_thinking(backend, self.settings.thinking(cid)), cid, leaf, params,
+                user_text, user_extra=user_extra))
 
     def _replies_to(self, message_id: int) -> list[list[int]]:
         """Token ids of the stored replies to a message, newest first: what a new reply to the
