@@ -95,15 +95,16 @@ def long_context_model(root: str) -> str:
     return tiny_models.build("llama-long", root)
 
 
-def running_app(tiny_root, tmp_path_factory, *args: str):
-    """Yields the app on the long-context tiny model, with extra CLI `args` (a fixture's body).
-    A missing Chromium or playwright skips, or fails under LOCALPAGED_REQUIRE_ALL (conftest)."""
+def running_app(tiny_root, tmp_path_factory, *args: str, model: str | None = None):
+    """Yields the app on the long-context tiny model (or the model at `model`), with extra CLI
+    `args` (a fixture's body). A missing Chromium or playwright skips, or fails under
+    LOCALPAGED_REQUIRE_ALL (conftest)."""
     require_part(f"Chromium ({CHROMIUM})", os.path.exists(CHROMIUM),
                  "`apt-get install -y chromium`, done by scripts/setup.sh")
     require_part("the Python package playwright",
                  importlib.util.find_spec("playwright") is not None, "`pip install -e .[test]`")
     tmp = tmp_path_factory.mktemp("ui-app")
-    a = App(long_context_model(tiny_root), tmp / "data", tmp / "app.log")
+    a = App(model or long_context_model(tiny_root), tmp / "data", tmp / "app.log")
     a.cmd += list(args)
     a.start()
     yield a
