@@ -36,7 +36,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from localpaged.api.errors import APIError
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 from localpaged.core.sampling_params import (
     MAX_STOP_CHARS,
     MAX_STOP_STRINGS,

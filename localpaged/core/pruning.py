@@ -3,9 +3,9 @@ stop early because they fall behind the others, so that their blocks go back to 
 
     params = SamplingParams(n=4, temperature=0.8, seed=1, prune=PruneRule(margin=0.5))
 
-The rule (`PruneRule`, one per request, read from its first output's params) is checked at
-checkpoints of output length: `after`, `after + every`, `after + 2 * every`, ... A checkpoint c is
-taken once every unfinished branch has written at least c tokens. There each branch's score is
+The rule (`PruneRule`, core/sampling_params.py: one per request, read from its first output's
+params) is checked at checkpoints of output length: `after`, `after + every`, ... A checkpoint c
+is taken once every unfinished branch has written at least c tokens. There each branch's score is
 the mean log-probability (the model's raw distribution, as `logprobs` reports it) of its first c
 tokens, or of all its tokens for a branch that finished shorter. An unfinished branch whose
 score lies more than `margin` below the best score is pruned, the lowest first, while more than
@@ -17,50 +17,14 @@ Invariants:
   preemption do not change which branches are pruned, and a surviving branch's tokens equal
   those it writes in the same request without pruning (each branch samples from its own seeded
   stream: core/request.py make_generator).
-- A pruned sequence is finished ("abort", detail "pruned") in the step its checkpoint is taken,
-  and goes to the step's frees: its blocks return in that step (blocks it shares stay with
-  their other holders).
+- A pruned sequence is finished ("abort", detail "pruned", why in its `PruneNote`: request.py)
+  in the step its checkpoint is taken, and goes to the step's frees: its blocks return in that
+  step (blocks it shares stay with their other holders).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from localpaged.core.request import Sequence, SequenceGroup
-
-
-@dataclass(frozen=True)
-class PruneRule:
-    margin: float = 0.5        # nats of mean log-probability behind the best branch
-    after: int = 32            # the first checkpoint, in output tokens
-    every: int = 16            # tokens between checkpoints
-    keep: int = 1              # branches never pruned below this many
-
-    def __post_init__(self) -> None:
-        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) \
-                or not math.isfinite(self.margin) or self.margin < 0:
-            raise ValueError(f"PruneRule.margin must be a number >= 0, got {self.margin!r}")
-        for name in ("after", "every", "keep"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PruneRule.{name} must be an integer >= 1, got {value!r}")
-
-    def describe(self) -> str:
-        """The rule in words, as the chat shows it."""
-        return (f"every {self.every} tokens from token {self.after}, a branch whose mean "
-                f"log-probability falls more than {self.margin:g} below the best is pruned "
-                f"(at least {self.keep} kept)")
-
-
-@dataclass(frozen=True)
-class PruneNote:
-    """Why a branch was pruned: at which checkpoint, its score and the best one there."""
-    at: int                    # the checkpoint (output tokens)
-    score: float               # this branch's mean log-probability over its first `at` tokens
-    best: float                # the best branch's, at the same checkpoint
+from localpaged.core.request import PruneNote, Sequence, SequenceGroup
 
 
 def score(seq: Sequence, checkpoint: int) -> float:

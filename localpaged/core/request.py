@@ -16,7 +16,6 @@ from typing import Protocol
 
 import torch
 
-from localpaged.core.pruning import PruneNote
 from localpaged.core.multimodal import ImageSpan
 from localpaged.core.reasoning_budget import ReasoningState
 from localpaged.core.sampling_params import INTERACTIVE, SamplingParams
@@ -61,6 +60,14 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: dict[int, float]     # the most likely tokens (id -> logprob), chosen token aside
+
+
+@dataclass(frozen=True)
+class PruneNote:
+    """Why core/pruning.py stopped a branch: at which checkpoint, its score and the best one there."""
+    at: int                    # the checkpoint (output tokens)
+    score: float               # this branch's mean log-probability over its first `at` tokens
+    best: float                # the best branch's, at the same checkpoint
 
 
 class Sequence:

@@ -6,11 +6,11 @@ exactly what to fix.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from localpaged.core.config import check_choice
 from localpaged.core.guided import GuidedDecoding
-from localpaged.core.pruning import PruneRule
 from localpaged.core.reasoning_budget import ReasoningMarkers
 
 GREEDY_EPSILON = 1e-5
@@ -30,6 +30,31 @@ MAX_DRAFT_SOURCE_TOKENS = 16_384
 def check_priority(priority: object) -> str:
     """Return priority if it is a supported scheduling class, else raise a ValueError naming them."""
     return check_choice("priority", priority, PRIORITIES)
+
+
+@dataclass(frozen=True)
+class PruneRule:
+    """Parallel thinking's rule for stopping the branches that fall behind (core/pruning.py)."""
+    margin: float = 0.5        # nats of mean log-probability behind the best branch
+    after: int = 32            # the first checkpoint, in output tokens
+    every: int = 16            # tokens between checkpoints
+    keep: int = 1              # branches never pruned below this many
+
+    def __post_init__(self) -> None:
+        if isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) \
+                or not math.isfinite(self.margin) or self.margin < 0:
+            raise ValueError(f"PruneRule.margin must be a number >= 0, got {self.margin!r}")
+        for name in ("after", "every", "keep"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PruneRule.{name} must be an integer >= 1, got {value!r}")
+
+    def describe(self) -> str:
+        """The rule in words, as the chat shows it."""
+        return (f"every {self.every} tokens from token {self.after}, a branch whose mean "
+                f"log-probability falls more than {self.margin:g} below the best is pruned "
+                f"(at least {self.keep} kept)")
+
 
 
 @dataclass

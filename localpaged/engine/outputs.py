@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from localpaged.core.pruning import PruneNote
-from localpaged.core.request import TokenLogprob
+from localpaged.core.request import PruneNote, TokenLogprob
 
 # Why an output finished, finer than OpenAI's finish_reason (which stays "stop" / "length" /
 # "abort"): the UI shows it, and offers Continue for every detail but the natural ends.

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from localpaged.chat.backend import ChatBackend
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 
 from .chat.logic import NEW_TITLE, ChatTurns
 from .compare.logic import CompareTurns

@@ -209,7 +209,7 @@ def test_prune_extension(served):
     as the engine's own request with the same rule; streamed, each pruned choice's last chunk
     says so; n = 1 with prune is a 400 naming it; a bad rule is a 400 naming the field."""
     from localpaged import SamplingParams
-    from localpaged.core.pruning import PruneRule
+    from localpaged.core.sampling_params import PruneRule
 
     engine, client = served
     prompt = words(5, 20)

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 
 from test_ui_browser import app, configure, open_app, page, saved, shot  # noqa: F401 (fixtures)
 

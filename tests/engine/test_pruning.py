@@ -10,7 +10,8 @@ import pytest
 from helpers.engine_helpers import prompts
 
 from localpaged import LLM, SamplingParams
-from localpaged.core.pruning import PruneRule, score
+from localpaged.core.pruning import score
+from localpaged.core.sampling_params import PruneRule
 
 N, MAX_TOKENS = 4, 40
 RULE = PruneRule(margin=0.0, after=8, every=4, keep=2)

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from localpaged import SamplingParams
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 from localpaged.ui import engine_panel as kvmap
 from localpaged.ui.compare.events import CompareEvents, think_summary
 from localpaged.ui.compare.view import NEW_CONVERSATION

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import gradio as gr
 
 from .. import markdown, render
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 
 from ..controller import ChatController
 from ..event_settings import GEN, QUICK

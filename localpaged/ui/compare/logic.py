@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from localpaged.chat.backend import ChatBackend, is_local
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 from localpaged.core.sampling_params import SamplingParams
 
 from ..chat.logic import ChatTurns

@@ -11,7 +11,7 @@ from typing import Any
 
 import gradio as gr
 
-from localpaged.core.pruning import PruneRule
+from localpaged.core.sampling_params import PruneRule
 
 from ..settings.view import sampling_fields
 from ..values import KEEP
