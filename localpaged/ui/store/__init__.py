@@ -6,6 +6,8 @@
   app_settings.py   AppSettings: app-wide settings (defaults for new chats), saved presets
   tool_servers.py   ToolServerRows: the MCP servers the user added
   alternatives.py   TokenAlternatives: each reply token's logprob and top alternatives
+  images.py         StoredImages: images attached to user messages, content-addressed;
+                    read_image: an image file read and checked (Pillow, caps)
   db.py             StoreBase: the connection, the lock, transactions
   errors.py         StoreError and its causes (disk full, read-only, locked, damaged, ...)
   private.py        owner-only modes for the data dir, the database, exports

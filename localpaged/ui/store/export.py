@@ -4,10 +4,12 @@ export to JSON (the whole tree) and Markdown (the active path), and import from 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from typing import Any
 
+from .images import image_refs
 from .rows import Conversation, message_from_row
 from .schema import SCHEMA_VERSION
 from .tree import MessageTree, guarded
@@ -41,13 +43,19 @@ class ExportImport(MessageTree):
     @guarded
     def export_json(self, conversation_id: int) -> dict[str, Any]:
         """The whole tree: {"format", "schema_version", "conversation": {...}, "messages":
-        [{...}, ...]} with messages in creation order (parents before children); ids are this
-        store's, used only to link messages inside the export."""
+        [{...}, ...], "images": {sha256: {"mime", "width", "height", "data"}}} with messages in
+        creation order (parents before children) and each image their `extra.images` name
+        once, its bytes base64; ids are this store's, used only to link messages inside the
+        export."""
         conv = dataclasses.asdict(self.get_conversation(conversation_id))
-        msgs = self._rows("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
-                          [conversation_id])
+        msgs = [message_from_row(r) for r in self._rows(
+            "SELECT * FROM messages WHERE conversation_id = ? ORDER BY id", [conversation_id])]
+        shas = [ref["sha256"] for m in msgs for ref in image_refs(m.extra)]
+        images = {sha: {"mime": im.mime, "width": im.width, "height": im.height,
+                        "data": base64.b64encode(im.data).decode("ascii")}
+                  for sha, im in self._images_of(shas).items()}
         return {"format": EXPORT_FORMAT, "schema_version": SCHEMA_VERSION, "conversation": conv,
-                "messages": [dataclasses.asdict(message_from_row(r)) for r in msgs]}
+                "messages": [dataclasses.asdict(m) for m in msgs], "images": images}
 
     @guarded
     def import_json(self, data: dict[str, Any]) -> Conversation:
@@ -57,6 +65,7 @@ class ExportImport(MessageTree):
         plan = check_export(data)
         c = plan.conversation
         with self._write():
+            self._put_images(plan.images)
             cid = self._insert_conversation(c["title"], c["system_prompt"], c["model"],
                                             c["sampling"], c["created"], c["updated"])
             ids: dict[Any, int] = {}
@@ -111,7 +120,7 @@ def _reasoning_markdown(extra: dict[str, Any]) -> str:
 
 def _extra_markdown(extra: dict[str, Any]) -> str:
     """What a message's `extra` adds to its Markdown export: the calls of a reply, the names
-    of a message's attachments (their text is in the JSON export)."""
+    of a message's attachments and images (their text and bytes are in the JSON export)."""
     out = ""
     for call in extra.get("tool_calls") or []:
         if isinstance(call, dict):
@@ -120,4 +129,6 @@ def _extra_markdown(extra: dict[str, Any]) -> str:
     for att in extra.get("attachments") or []:
         if isinstance(att, dict):
             out += f"\n\n*Attached:* {str(att.get('name', 'file'))[:200]}"
+    for ref in image_refs(extra):
+        out += f"\n\n*Image:* {str(ref.get('name', 'image'))[:200]}"
     return out

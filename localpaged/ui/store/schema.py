@@ -29,8 +29,11 @@ The version lives in `PRAGMA user_version`:
      `tool_servers` (the MCP servers the user added: name, kind 'stdio' | 'http', target: an
      argv list or a URL, as JSON). The role's CHECK changes, so `messages` is rebuilt
      (`rebuild_messages`: copied row for row, ids kept, foreign keys off while it runs).
-  7  current: `token_alternatives` (message id -> a reply's tokens with their logprobs and top
+  7  `token_alternatives` (message id -> a reply's tokens with their logprobs and top
      alternatives, packed: `alternatives.py`). An added table only.
+  8  current: `images` (sha256 of an attached image file's bytes -> its mime type, width,
+     height and bytes: `images.py`), which a user message names in `extra["images"]`. An
+     added table only.
 
 Branch points: `messages.active_child_id` names the child shown on the active path and
 `conversations.active_root_id` names the shown root (a conversation may hold several roots when
@@ -50,7 +53,7 @@ from .errors import StoreError
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 ROLES = ("system", "user", "assistant", "tool")
 STATUSES = ("complete", "streaming", "stopped", "interrupted")
 PREPARED = (None, "unseen", "seen")     # messages.prepared
@@ -146,6 +149,17 @@ _ALTERNATIVES = [
     )""",
 ]
 CREATE_CURRENT += _ALTERNATIVES
+# Version 8's table.
+_IMAGES = [
+    """CREATE TABLE images (
+        sha256 TEXT PRIMARY KEY,
+        mime TEXT NOT NULL,
+        width INTEGER NOT NULL,
+        height INTEGER NOT NULL,
+        data BLOB NOT NULL
+    )""",
+]
+CREATE_CURRENT += _IMAGES
 _MESSAGE_COLUMNS = ("id, conversation_id, parent_id, role, content, created, sampling,"
                     " active_child_id, status, stats, prepared, token_ids")
 # Version 5 -> 6: messages copied into the new table, which then takes the old one's place
@@ -204,6 +218,7 @@ MIGRATIONS: dict[int, list[str]] = {
     ],   # and the full-text index: fts.ensure_index, run after every migration
     5: _REBUILD_MESSAGES,
     6: _ALTERNATIVES,
+    7: _IMAGES,
 }
 # Migrations that rebuild a table another one references: run with foreign keys off (a DROP
 # TABLE would otherwise run the references' ON DELETE actions), checked before commit.

@@ -132,5 +132,7 @@ class Store(AppSettings, ExportImport, Organise, ToolServerRows, TokenAlternativ
             # trigger depth limit (1000).
             self.db.execute("UPDATE messages SET parent_id = NULL, active_child_id = NULL"
                             " WHERE conversation_id = ?", [conversation_id])
-            return self.db.execute("DELETE FROM conversations WHERE id = ?",
-                                   [conversation_id]).rowcount > 0
+            deleted = self.db.execute("DELETE FROM conversations WHERE id = ?",
+                                      [conversation_id]).rowcount > 0
+            self._drop_unreferenced()        # its images, unless another message names them
+            return deleted

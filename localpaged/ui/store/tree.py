@@ -16,14 +16,15 @@ import logging
 import time
 from typing import Any
 
-from .db import StoreBase, guarded
+from .db import guarded
+from .images import MAX_IMAGES, ImageFile, StoredImages
 from .rows import Message, message_from_row
 from .schema import ACTIVE_PATH_SQL, PATH_TO_SQL, SUBTREE_SQL
 
 log = logging.getLogger(__name__)
 
 
-class MessageTree(StoreBase):
+class MessageTree(StoredImages):
     """Needs `get_conversation` (in `Store`)."""
 
     @guarded
@@ -34,16 +35,24 @@ class MessageTree(StoreBase):
     def add_message(self, conversation_id: int, parent_id: int | None, role: str, content: str,
                     sampling: dict[str, Any] | None = None, status: str = "complete",
                     stats: dict[str, Any] | None = None, prepared: str | None = None,
-                    activate: bool = True, extra: dict[str, Any] | None = None) -> Message:
+                    activate: bool = True, extra: dict[str, Any] | None = None,
+                    images: list[ImageFile] | tuple = ()) -> Message:
         """Add a child of `parent_id` (None: a new root) and make it the active child (unless
         `activate` is off: a reply prepared in the background stays off the shown path).
-        `extra`: tool calls, a tool card or attachments (schema.py, version 6)."""
+        `extra`: tool calls, a tool card or attachments (schema.py, version 6); `images` (a
+        user message's, images.py) are kept with it, in the same transaction, and named in
+        its `extra["images"]`."""
         self._check(role=role, status=status, prepared=prepared)
+        if images:
+            if role != "user" or len(images) > MAX_IMAGES:
+                raise ValueError(f"only a user message carries images, at most {MAX_IMAGES}")
+            extra = {**(extra or {}), "images": [im.ref() for im in images]}
         self.get_conversation(conversation_id)
         # Invariant: a message's parent is in the same conversation.
         if parent_id is not None and self.get_message(parent_id).conversation_id != conversation_id:
             raise ValueError(f"message {parent_id} is not in conversation {conversation_id}")
         with self._write():
+            self._put_images(list(images))
             mid = self._insert(conversation_id, parent_id, role, content, sampling, status,
                                stats or {}, time.time(), prepared, activate, extra=extra)
             self._touch(conversation_id)
@@ -106,6 +115,7 @@ class MessageTree(StoreBase):
                             " WHERE id IN (SELECT value FROM json_each(?))", [ids])
             self.db.execute("DELETE FROM messages WHERE id IN (SELECT value FROM json_each(?))",
                             [ids])
+            self._drop_unreferenced()
             rest = self._children(m.conversation_id, m.parent_id)
             if rest and self._active_of(m.conversation_id, m.parent_id) is None:
                 self._activate(m.conversation_id, m.parent_id, rest[-1].id)

@@ -5,7 +5,10 @@ What is checked: the format marker; every field's type and size (caps below); id
 strings, unique; every parent id names a message of the export; the messages form a forest (no
 cycles); roles and statuses are the store's; an active child is one of its parent's children and
 the active root one of the roots; sampling and stats are JSON objects of bounded depth and size.
-Unknown keys are ignored (a newer export may carry more); `token_ids` and `prepared` are not
+Images (`images`: sha256 -> {mime, width, height, data: base64}): each one's bytes must hash
+to its key and read as an image (`images.read_image`: kind, size and pixel caps); every image a
+user message names (`extra.images`) must be among them, and the names take the mime type and
+size the bytes give. Unknown keys are ignored (a newer export may carry more); `token_ids` and `prepared` are not
 imported (token ids are only valid for the model that made them), nor are `pinned` and
 `archived` (an import arrives as a new conversation in the list); `tags` are (`clean_tags`).
 
@@ -16,12 +19,15 @@ index and a list of children waiting for their parent.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .images import MAX_IMAGES, SHA256, ImageFile, image_refs, read_image
 from .organise import clean_tags
 from .schema import ROLES, STATUSES
 
@@ -36,15 +42,17 @@ MAX_JSON_DEPTH = 8                  # sampling / stats: {"a": {"b": ...}} is dep
 MAX_JSON_CHARS = 64_000             # sampling / stats, as JSON text
 MAX_ID_CHARS = 200                  # a string id
 MAX_EXTRA_CHARS = 4_000_000         # a message's extra: tool calls, a tool card, attachments
+MAX_EXPORT_IMAGE_BYTES = 400_000_000    # all images of an export together (decoded)
 
 
 @dataclass
 class ImportPlan:
-    """A checked export: the conversation's fields and its messages, parents first. Message
-    records hold exactly: id, parent_id, role, content, sampling, status, stats, created,
-    active_child_id, extra."""
+    """A checked export: the conversation's fields and its messages, parents first, and the
+    images they name. Message records hold exactly: id, parent_id, role, content, sampling,
+    status, stats, created, active_child_id, extra."""
     conversation: dict[str, Any]
     messages: list[dict[str, Any]]
+    images: list[ImageFile]
 
 
 def check_export(data: Any, now: float | None = None) -> ImportPlan:
@@ -60,7 +68,60 @@ def check_export(data: Any, now: float | None = None) -> ImportPlan:
     total = sum(len(m["content"]) for m in msgs)
     if total > MAX_TOTAL_CHARS:
         raise _error("messages", f"{total} characters in all, more than {MAX_TOTAL_CHARS}")
-    return ImportPlan(conv, parents_first(msgs, conv["active_root_id"]))
+    images = _images(_get(data, "images", dict, "") or {})
+    named = {ref["sha256"] for m in msgs for ref in _name_images(m, images)}
+    return ImportPlan(conv, parents_first(msgs, conv["active_root_id"]),
+                      [im for sha, im in images.items() if sha in named])
+
+
+def _images(raw: dict) -> dict[str, ImageFile]:
+    """The export's images, each read from its bytes and checked against its key."""
+    out: dict[str, ImageFile] = {}
+    total = 0
+    for sha, entry in raw.items():
+        w = f"images[{str(sha)[:80]!r}]"
+        if not SHA256.match(sha):
+            raise _error(w, "an image's key must be the sha256 of its bytes (64 hex digits)")
+        if not isinstance(entry, dict):
+            raise _error(w, f"expected an object, got {_kind(entry)}")
+        encoded = _get(entry, "data", str, w, required=True)
+        try:
+            data = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise _error(f"{w}.data", "not base64") from None
+        total += len(data)
+        if total > MAX_EXPORT_IMAGE_BYTES:
+            raise _error("images", f"more than {MAX_EXPORT_IMAGE_BYTES} bytes of images")
+        try:
+            image = read_image(data, sha)
+        except ValueError as exc:
+            raise _error(f"{w}.data", str(exc)) from None
+        if image.sha256 != sha:
+            raise _error(f"{w}.data", "its bytes' sha256 is not its key")
+        out[sha] = image
+    return out
+
+
+def _name_images(m: dict, images: dict[str, ImageFile]) -> list[dict]:
+    """A message's image names checked against the export's images and rewritten from them
+    (each name kept, at most 200 characters); returns them."""
+    raw = m["extra"].get("images")
+    if raw is None:
+        return []
+    w = f"{m['_where']}.extra.images"
+    refs = image_refs(m["extra"])
+    if m["role"] != "user" or not isinstance(raw, list) or len(refs) != len(raw) \
+            or len(refs) > MAX_IMAGES:
+        raise _error(w, f"a user message's list of at most {MAX_IMAGES} images, each with "
+                        "its sha256")
+    named = []
+    for j, ref in enumerate(refs):
+        image = images.get(ref["sha256"])
+        if image is None:
+            raise _error(f"{w}[{j}].sha256", "no image of the export has this sha256")
+        named.append({**image.ref(), "name": str(ref.get("name") or "image")[:200]})
+    m["extra"] = {**m["extra"], "images": named}
+    return named
 
 
 def parents_first(msgs: list[dict], active_root_id: Any = None) -> list[dict]:
