@@ -15,6 +15,10 @@ Reasoning: a local backend gives every request its model's reasoning markers, so
 (chat/reasoning.py); `reasoning_of(backend)` is None for a backend without one (remote).
 A local backend renders the tools through the model's template family and holds the calls to
 their schemas with a grammar; a remote one lets the server do both (remote.py).
+Images: a chat whose messages carry image parts (chat/images.py) is sent by a local backend as
+the model's processor makes its prompt (an engine ImagePrompt; `image_prompt(messages)`), and
+counted so by its context window; a model that takes no images refuses it (ValueError), and so
+does a remote backend: images the user attaches are never sent anywhere.
 Template switches: `with_thinking(backend, enabled)` is the backend whose every prompt (the
 request's, the context window's counts, the prefix-cache previews) passes `enable_thinking` to
 the chat template, where the model's template reads it (ReasoningFormat.has_switch); any other
@@ -29,6 +33,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from localpaged.chat.context_window import ContextWindow
+from localpaged.chat.images import ImageWindow, has_images
 from localpaged.chat.reasoning import ReasoningFormat, reasoning_format
 from localpaged.chat.tool_calls import (
     ParsedReply,
@@ -42,6 +47,7 @@ from localpaged.core.request import BeamParams
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.async_engine import AsyncEngine
 from localpaged.engine.detokenizer import decode
+from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import EngineStats, RequestOutput
 
 
@@ -82,7 +88,9 @@ class LocalChatBackend:
         # the offline fallback to the bundled GGUF is still "HuggingFaceTB/SmolLM2-135M-Instruct".
         self.model_name = engine.info.model
         # One window for the backend's life: its piece-count cache makes the gauge cheap.
-        self._window = ContextWindow(engine.tokenizer, engine.context_limit())
+        self._window = ImageWindow(engine.tokenizer, engine.context_limit(),
+                                   engine.image_prompt if engine.takes_images else None,
+                                   self.model_name)
 
     @property
     def template_kwargs(self) -> dict:
@@ -113,7 +121,12 @@ class LocalChatBackend:
     def prompt_ids(self, messages: list[dict], tools: list[ToolSpec] | None = None,
                    tool_choice="auto") -> list[int]:
         """The prompt of a chat; tool calls, results and offered tools go through the model's
-        template family (tool_calls.prompt_messages)."""
+        template family (tool_calls.prompt_messages); a chat with images, its ImagePrompt's ids
+        (a request sends the ImagePrompt: `image_prompt`)."""
+        if has_images(messages):
+            if tools:
+                raise ValueError("tools cannot be offered in a conversation with images")
+            return self._window.token_ids(messages)
         if not tools and not any(m.get("tool_calls") or m.get("role") == "tool"
                                  for m in messages):
             return self._window.token_ids(messages)
@@ -122,6 +135,14 @@ class LocalChatBackend:
         return list(self.engine.tokenizer.apply_chat_template(
             msgs, add_generation_prompt=True, tokenize=True, return_dict=False,
             **{**self.template_kwargs, **kwargs}))
+
+    def image_prompt(self, messages: list[dict]) -> ImagePrompt | None:
+        """The engine prompt of a chat with images (None without images); ValueError for a
+        model that takes no images."""
+        return self._window.image_prompt(messages) if has_images(messages) else None
+
+    def _prompt(self, messages: list[dict]) -> list[int] | ImagePrompt:
+        return self.image_prompt(messages) or self.prompt_ids(messages)
 
     def tool_format(self) -> ToolFormat:
         """How this model writes tool calls (read from its chat template at each call: the UI
@@ -151,7 +172,7 @@ class LocalChatBackend:
         With tools, every column's reply is held to the calls' grammar (ToolFormat.guided), so a
         column may not carry a guided constraint of its own."""
         ids = self.prompt_ids(messages, tools, tool_choice) if tools else \
-            self.prompt_ids(messages)
+            self._prompt(messages)
         guided = self.tool_format().guided(tools, tool_choice)
         if guided is not None:
             if any(p.guided is not None for p in params):
@@ -172,7 +193,7 @@ class LocalChatBackend:
         fmt = self.reasoning_format()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                 reasoning_markers=fmt.markers if fmt else None)
-        return iter(self.engine.submit(self.prompt_ids(messages), params, request_id,
+        return iter(self.engine.submit(self._prompt(messages), params, request_id,
                                        beam=BeamParams(beam_width, 1.0, False)))
 
     def cached_prefix_tokens(self, messages: list[dict]) -> tuple[int, int]:

@@ -12,6 +12,8 @@ Tools go to the server as `tools` / `tool_choice`; the calls it streams back are
 the reply's text in the hermes syntax (`<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`,
 the arguments as the server sent them), so the UI stores one text per reply and `parse_reply`
 gives the calls back (tool_calls.py), with the server's own call ids replaced by new ones.
+Images the user attached are never sent: a chat with image parts is refused (ValueError,
+chat/images.py REMOTE_REFUSAL).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import replace
 
 import openai
 
+from localpaged.chat.images import REMOTE_REFUSAL, has_images
 from localpaged.chat.tool_calls import ParsedReply, ToolFormat, ToolSpec
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.outputs import (
@@ -195,6 +198,8 @@ class RemoteChatBackend:
         """Open the streams now (a bad request raises ValueError here), then stream replies."""
         if not params:
             raise ValueError("params must not be empty")
+        if has_images(messages):
+            raise ValueError(REMOTE_REFUSAL)
         request_id = request_id or f"remote-{next(_ids)}"
         # One request with n samples, or one request per column.
         plan = [(params[0], 0)] if len(params) == 1 else \

@@ -25,6 +25,8 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   kv_disk/       the KV disk tier: the shown conversation read back ahead of a send, Clear
   tools/         MCP servers, a conversation's tools and JSON schema, tool calls in a turn
                  (approval, cards), attachments
+  images/        a user message's images: their chat message parts, thumbnails, the route
+                 serving them; "image from cache" in a reply's footer
   models/        the header's model badge, the model panel, loading and swapping the model
   store/         the conversation store (SQLite) and the one-app-per-data-directory lock
 
@@ -60,6 +62,7 @@ from .kv_disk.events import wire_kv_disk
 from .kv_disk.logic import KVDiskActions
 from .kv_disk.view import build_kv_disk
 from .engine_panel.view import build_engine_panel
+from .images.events import image_router
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
 from .models.view import build_header, build_model_panel
@@ -77,9 +80,11 @@ __all__ = ["build_demo", "ui_routes", "CSS", "THEME"]
 
 
 def ui_routes(ctl: ChatController):
-    """The page's own HTTP routes beside Gradio's (the engine panel's push); the app includes
-    them before mounting Gradio at "/"."""
-    return panel_router(ctl)
+    """The page's own HTTP routes beside Gradio's (the engine panel's push, the stored images);
+    the app includes them before mounting Gradio at "/"."""
+    router = panel_router(ctl)
+    router.include_router(image_router(ctl))
+    return router
 
 
 def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:

@@ -238,8 +238,9 @@ class ChatController:
         return self.chat.regenerate(message_id, sampling, policy)
 
     def edit(self, message_id: int, text: str, sampling: Sampling | None = None,
-             policy: str | None = None) -> Turn:
-        return self.chat.edit(message_id, text, sampling, policy)
+             policy: str | None = None, images: list[str] | None = None) -> Turn:
+        """`images`: the sha256 of the original's images the new version keeps (None: all)."""
+        return self.chat.edit(message_id, text, sampling, policy, images)
 
     def continue_reply(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         return self.context.continue_reply(message_id, sampling)

@@ -12,7 +12,8 @@ never inside its code), and the context marker's `<sub>`. The branch marker `‹
 `<span class="lp-sib lp-at-{index}">`: a click on its ‹ or › switches siblings (SIBLING_JS in
 chat/events.py reads the index from the class). A reply's reasoning (kept apart from its text:
 turns.py) comes first, folded (`markdown.think_block`: "Thought for N tokens"), open while it
-streams.
+streams. A user message's images come before its text as the app's own thumbnails
+(`images/view.py`: links to the app's image route, never from the message's text).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from localpaged.engine.outputs import FINISH_DETAILS, NATURAL_ENDS
 
 from . import markdown
 from .controller import View
+from .images.logic import footer_note as image_note
+from .images.view import thumbnails
 from .tools.cards import calls_note, tool_card
 from .store import Conversation, Message
 from .turns import LiveReply
@@ -105,6 +108,8 @@ def _note(msg: Message, live: LiveReply | None) -> str:
             bits.append("error: " + str(stats["error"])[:200])
         if fmt_stats(stats):
             bits.append(fmt_stats(stats))
+        if image_note(stats):
+            bits.append(image_note(stats))
         model = stats.get("model") or msg.stats.get("model")   # live stats: the engine's only
         if model:
             bits.append(model_label(str(model)))
@@ -151,6 +156,8 @@ def chat_messages(view: View) -> list[dict[str, str]]:
         else:
             inner = reasoning_html(msg, live) + markdown.render(_source(msg, live)) \
                 + calls_note(msg)
+            if msg.role == "user":
+                inner = thumbnails(msg.extra) + inner
         body = f'<div class="lp-body">{inner}</div>'
         note = footer(msg, pos, live, index=i)
         if note:

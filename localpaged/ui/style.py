@@ -51,6 +51,9 @@ footer { display: none !important; }
 .lp-confirm { border: 1px solid var(--error-border-color, #fca5a5) !important; }
 
 .lp-chat .message { font-size: .95rem; }
+.lp-images { display: flex; flex-wrap: wrap; gap: 6px; margin-bottom: 6px; }
+.lp-thumb img { max-width: 160px; max-height: 160px; border-radius: 6px; display: block;
+  border: 1px solid var(--border-color-primary); }
 .lp-chat button[aria-label="Clear"] { display: none !important; }
 .lp-chat sub { display: block; margin-top: 4px; color: var(--body-text-color-subdued);
   font-size: .75rem; vertical-align: baseline; line-height: 1.35; }

@@ -16,6 +16,9 @@ While a long prompt is prefilled in chunks, `LiveReply.progress` is (computed, t
 A reasoning model's reply (a turn given its `reasoning` format) is split as it streams: the
 answer is the reply's text (`content` in the store), the reasoning `LiveReply.reasoning` (the
 row's `extra.reasoning`), its token count `stats.reasoning_tokens`.
+A turn whose prompt has images (its engine ImagePrompt, `images`) marks each reply's stats
+`images_from_cache` when the prefix cache served every image (chat/images.py): neither the
+vision encoder nor the images' prefill ran for it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localpaged.chat.backend import ChatBackend
+from localpaged.chat.images import images_from_cache
 from localpaged.chat.reasoning import ReasoningFormat
+from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import RequestOutput
 
 from .store import Store, TokenChoice
@@ -88,8 +93,10 @@ class Turn:
     def __init__(self, conversation_id: int, request_id: str, replies: list[LiveReply],
                  stream: Iterator[RequestOutput], abort, store: Store,
                  on_done: Callable[["Turn"], None] | None = None, beam: bool = False,
-                 decode=None, reasoning: ReasoningFormat | None = None) -> None:
+                 decode=None, reasoning: ReasoningFormat | None = None,
+                 images: ImagePrompt | None = None) -> None:
         self.on_done, self.beam = on_done, beam
+        self._images = images               # the prompt's images, to say if they were cached
         self.conversation_id = conversation_id
         self.request_id = request_id
         self.replies = replies
@@ -261,6 +268,9 @@ class Turn:
                  "prefix_tokens_from_disk": m.num_disk_tokens if m else None,
                  "finish_reason": comp.finish_reason,
                  "finish_detail": getattr(comp, "finish_detail", None)}
+        cached = images_from_cache(self._images, m.num_cached_tokens if m else None)
+        if cached is not None:
+            stats["images_from_cache"] = cached
         if getattr(comp, "reasoning_tokens", 0):
             stats["reasoning_tokens"] = comp.reasoning_tokens
         if getattr(comp, "draft_tokens", 0):

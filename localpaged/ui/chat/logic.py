@@ -5,7 +5,10 @@ it too). Every request is fitted to the model's context first (the conversation'
 older messages it left out. Under policy "compact", a send, regenerate or edit whose request
 would not fit compacts first (`context/compact.py`): one turn streams the summary, makes the
 new branch and hands on to the reply there (the regenerated message copied onto it, the edited
-one new). The sampling params come ready-made: a tab's send passes those its
+one new). A user message's images (ui/images/logic.py) go with it: stored with it once the
+request is known to fit, kept by a regenerate (they are on the message) and by an edit (the
+original's, unless the edit names others); a reply whose images the prefix cache served says
+so (`images_from_cache` in its stats). The sampling params come ready-made: a tab's send passes those its
 fields were checked into; without them, the conversation's stored settings make them.
 """
 
@@ -20,11 +23,13 @@ from localpaged.core.sampling_params import (MAX_DRAFT_SOURCE_TOKENS, MAX_DRAFT_
                                              SamplingParams)
 
 from ..context.compact import Compaction
+from ..images.logic import Pending, split_attachments
 from ..context.logic import fit_prompt, prompt_messages
 from ..tools.messages import message_dict
 from ..prepared.logic import PreparedReplies
 from ..settings.logic import ConversationSettings, Sampling, sampling_record
 from ..store import Message, Store
+from ..store.images import ImageFile, image_refs
 from ..tools.logic import ToolFeatures
 from ..tools.turn import ToolTurn, open_stream
 from ..turns import ChatError, LiveReply, Turn, TurnRegistry
@@ -51,9 +56,10 @@ class ChatTurns:
         overrides the conversation's context policy for this request only (the "Stop and ask
         me" dialog's "drop the oldest"). Under policy "error", a conversation that no longer
         fits raises ContextAsk (context/logic.py) when dropping would help. `attachments`
-        ({"name", "kind", "text"}: tools/messages.py) go with the new message."""
+        ({"name", "kind", "text"}, or an image: tools/messages.py) go with the new message."""
         path = self.store.active_path(cid)
-        if not text.strip() and attachments:
+        attachments, images = split_attachments(attachments)
+        if not text.strip() and (attachments or images):
             text = "(attached)"
         if not text.strip():
             if path and path[-1].role == "user":
@@ -63,9 +69,9 @@ class ChatTurns:
         self.turns.check_idle(cid)
         extra = {"attachments": list(attachments)} if attachments else None
         parent = path[-1].id if path else None
-        return (self._compacting(cid, parent, sampling, params, policy, text, extra)
+        return (self._compacting(cid, parent, sampling, params, policy, text, extra, images)
                 or self.generate(cid, parent, params, user_text=text, policy=policy,
-                                 user_extra=extra))
+                                 user_extra=extra, user_images=images))
 
     def regenerate(self, message_id: int, sampling: Sampling | None = None,
                    policy: str | None = None) -> Turn:
@@ -90,9 +96,11 @@ class ChatTurns:
         return ready if ready is not None else self.generate(cid, parent, params, policy=policy)
 
     def edit(self, message_id: int, text: str, sampling: Sampling | None = None,
-             policy: str | None = None) -> Turn:
+             policy: str | None = None, images: list[str] | None = None) -> Turn:
         """A new version of an earlier user message, answered: a new branch beside the old
-        (under "compact", on a compacted branch when it no longer fits). `policy`: as send's."""
+        (under "compact", on a compacted branch when it no longer fits). `policy`: as send's.
+        The new version keeps the original's images, or those of them whose sha256 `images`
+        lists (in that order; [] for none)."""
         m = self.store.get_message(message_id)
         if m.role != "user":
             raise ChatError("only your own messages can be edited")
@@ -101,26 +109,29 @@ class ChatTurns:
         cid = m.conversation_id
         params = with_draft_sources(self.params(cid, sampling), self._replies_to(m.id))
         self.turns.check_idle(cid)
-        return (self._compacting(cid, m.parent_id, sampling, params, policy, text)
-                or self.generate(cid, m.parent_id, params, user_text=text, policy=policy))
+        extra = _kept_images(m, images)
+        return (self._compacting(cid, m.parent_id, sampling, params, policy, text, extra)
+                or self.generate(cid, m.parent_id, params, user_text=text, policy=policy,
+                                 user_extra=extra))
 
     def _compacting(self, cid: int, parent_id: int | None, sampling: Sampling | None,
                     params: list[SamplingParams], policy: str | None, user_text: str,
-                    user_extra: dict | None = None) -> Turn | None:
+                    user_extra: dict | None = None,
+                    user_images: list[ImageFile] | None = None) -> Turn | None:
         """Under policy "compact", when a new user message `user_text` under parent_id would
         not fit the context: the turn that compacts the path down to parent_id, then stores
         the message on the new branch and answers it (`then`). None otherwise."""
         if self.compaction is None or \
                 (policy or self.store.get_conversation(cid).context_policy) != "compact":
             return None
-        draft = _user_message(cid, parent_id, user_text, user_extra)
+        draft = self._user_message(cid, parent_id, user_text, user_extra, user_images)
         if not self.compaction.needed(cid, parent_id, draft, sampling):
             return None
         return self.compaction.start(
             cid, parent_id, draft, sampling,
             then=lambda backend, leaf: self._start(
                 with_thinking(backend, self.settings.thinking(cid)), cid, leaf, params,
-                user_text, user_extra=user_extra))
+                user_text, user_extra=user_extra, user_images=user_images))
 
     def _replies_to(self, message_id: int) -> list[list[int]]:
         """Token ids of the stored replies to a message, newest first: what a new reply to the
@@ -131,27 +142,41 @@ class ChatTurns:
 
     def generate(self, cid: int, parent_id: int | None, params: list[SamplingParams],
                  user_text: str | None = None, beam: int = 0, policy: str | None = None,
-                 user_extra: dict | None = None) -> Turn:
+                 user_extra: dict | None = None,
+                 user_images: list[ImageFile] | None = None) -> Turn:
         """One reply per params to `parent_id` (a beam search of width `beam` if set); with
         `user_text`, to a new user message under it, stored only once the request is known to
         fit the context (else ContextError, nothing stored). The registry cancels the
         conversation's background alternatives first (see prepared/logic.py)."""
         if user_text is not None and self.backend() is None:
-            self._add_user(cid, parent_id, user_text, user_extra)  # kept: a later send answers it
+            self._add_user(cid, parent_id, user_text, user_extra,   # kept: a later send answers it
+                           user_images)
         backend = with_thinking(self.backend(), self.settings.thinking(cid))
         return self.turns.launch(cid, backend,
                                  lambda b: self._start(b, cid, parent_id, params, user_text, beam,
-                                                       policy, user_extra))
+                                                       policy, user_extra, user_images))
 
     def _add_user(self, cid: int, parent_id: int | None, text: str,
-                  extra: dict | None = None) -> Message:
+                  extra: dict | None = None, images: list[ImageFile] | None = None) -> Message:
         if self.store.get_conversation(cid).title == NEW_TITLE:
             self.store.rename_conversation(cid, _title_from(text))
-        return self.store.add_message(cid, parent_id, "user", text, extra=extra)
+        return self.store.add_message(cid, parent_id, "user", text, extra=extra,
+                                      images=images or ())
+
+    def _user_message(self, cid: int, parent_id: int | None, text: str, extra: dict | None,
+                      images: list[ImageFile] | None = None) -> dict:
+        """The chat message a new user message will be, before it is stored (its images'
+        pixels from `images`, else the store)."""
+        if images:
+            extra = {**(extra or {}), "images": [im.ref() for im in images]}
+        return message_dict(Message(0, cid, parent_id, "user", text, 0.0, None, None,
+                                    "complete", {}, extra=extra or {}),
+                            Pending(images or (), self.store))
 
     def _start(self, backend: ChatBackend, cid: int, parent_id: int | None,
                params: list[SamplingParams], user_text: str | None, beam: int = 0,
-               policy: str | None = None, user_extra: dict | None = None) -> Turn:
+               policy: str | None = None, user_extra: dict | None = None,
+               user_images: list[ImageFile] | None = None) -> Turn:
         conv = self.store.get_conversation(cid)
         policy = policy or conv.context_policy
         plan = self.tools.plan(cid) if self.tools is not None and not beam else None
@@ -160,8 +185,10 @@ class ChatTurns:
         tooled = plan is not None and bool(plan.specs) and len(params) == 1
         prompt = prompt_messages(self.store, cid, parent_id)
         if user_text is not None:
-            prompt.append(_user_message(cid, parent_id, user_text, user_extra))
+            prompt.append(self._user_message(cid, parent_id, user_text, user_extra, user_images))
         sent = fit_prompt(backend, prompt, params[0].max_tokens, policy)
+        image_prompt = getattr(backend, "image_prompt", None)
+        images = image_prompt(sent.messages) if image_prompt is not None else None
         request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
         if beam:                                        # ValueError: bad input
             stream = backend.beam_search(sent.messages, beam, params[0].max_tokens, request_id)
@@ -171,7 +198,7 @@ class ChatTurns:
         user = None
         try:
             if user_text is not None:
-                user = self._add_user(cid, parent_id, user_text, user_extra)
+                user = self._add_user(cid, parent_id, user_text, user_extra, user_images)
                 parent_id = user.id
             stats = {"context_dropped": sent.dropped} if sent.dropped else {}
             if getattr(backend, "model_name", None):          # the model that writes the reply
@@ -190,7 +217,7 @@ class ChatTurns:
                             params, policy)
         after = self.prepared.after if len(params) == 1 and not beam else None
         return Turn(cid, request_id, replies, stream, backend.abort, self.store, on_done=after,
-                    beam=bool(beam), reasoning=reasoning_of(backend))
+                    beam=bool(beam), reasoning=reasoning_of(backend), images=images)
 
 
 def with_draft_sources(params: list[SamplingParams], sources: list[list[int]]) -> list[SamplingParams]:
@@ -202,10 +229,15 @@ def with_draft_sources(params: list[SamplingParams], sources: list[list[int]]) -
     return [dataclasses.replace(p, draft_sources=kept) for p in params]
 
 
-def _user_message(cid: int, parent_id: int | None, text: str, extra: dict | None) -> dict:
-    """The chat message a new user message will be, before it is stored."""
-    return message_dict(Message(0, cid, parent_id, "user", text, 0.0, None, None, "complete",
-                                {}, extra=extra or {}))
+def _kept_images(m: Message, keep: list[str] | None) -> dict | None:
+    """The `extra` an edit of user message m starts from: its images, or those `keep` names."""
+    refs = {r["sha256"]: r for r in image_refs(m.extra)}
+    if keep is not None:
+        missing = [sha for sha in keep if sha not in refs]
+        if missing:
+            raise ChatError("an edit keeps only images the original message has")
+        return {"images": [refs[sha] for sha in keep]} if keep else None
+    return {"images": list(refs.values())} if refs else None
 
 
 def _title_from(text: str) -> str:

@@ -107,7 +107,8 @@ class Compaction:
         path = self.store.path_to(last_id)
         if not path_turns(path)[1]:
             return False
-        msgs = chat_prompt(self.store.get_conversation(cid).system_prompt, path) + [draft]
+        msgs = chat_prompt(self.store.get_conversation(cid).system_prompt, path,
+                           self.store) + [draft]
         reserve = reply_reserve(self._params(cid, sampling).max_tokens, window.limit)
         return window.count_tokens(msgs) + reserve > window.limit
 
@@ -165,13 +166,13 @@ class Compaction:
         kept = 0
         for k in range(len(turns) - 1, 0, -1):
             recent = [m for t in turns[-k:] for m in t]
-            msgs = chat_prompt(conv.system_prompt, [placeholder] + recent) + after
+            msgs = chat_prompt(conv.system_prompt, [placeholder] + recent, self.store) + after
             if window.count_tokens(msgs) + 2 * room <= window.limit:
                 kept = k
                 break
         old = head + [m for t in turns[:len(turns) - kept] for m in t]
-        request = chat_prompt(conv.system_prompt, old) + [{"role": "user",
-                                                          "content": self.prompt(cid)}]
+        request = chat_prompt(conv.system_prompt, old, self.store) + [
+            {"role": "user", "content": self.prompt(cid)}]
         params = dataclasses.replace(params, max_tokens=room)
         sent = fit_prompt(backend, request, room, "drop_oldest")
         return CompactPlan(sent.messages, params, [m.id for m in old],

@@ -29,6 +29,7 @@ from localpaged.chat.continuation import ContinueRequest, continue_request
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.outputs import NATURAL_ENDS
 
+from ..images.logic import ImageSource
 from ..settings.logic import ConversationSettings, Sampling
 from ..store import Conversation, Message, Store
 from ..tools.messages import message_dict
@@ -201,16 +202,18 @@ def continue_prompt(backend, messages: list[dict], dropped: int, reply_ids: list
         raise ContextError(f"This reply cannot be continued: {exc}.") from exc
 
 
-def chat_prompt(system_prompt: str, path: list[Message]) -> list[dict[str, str]]:
+def chat_prompt(system_prompt: str, path: list[Message],
+                images: ImageSource | None = None) -> list[dict]:
     """The engine's chat messages for a path: the system prompt (if any), then the path (with
-    attachments, tool calls and tool results: tools/messages.py). The system-role messages a
+    attachments, tool calls and tool results: tools/messages.py; images with their pixels from
+    `images`, the store, where a prompt is counted or sent). The system-role messages a
     path starts with (a compacted branch's summary) join the system prompt in one system
     message, which every chat template accepts."""
     lead = leading_system(path)
     parts = [system_prompt] if system_prompt else []
     parts += [(SUMMARY_INTRO if "summary_of" in m.extra else "") + m.content for m in path[:lead]]
     msgs = [{"role": "system", "content": "\n\n".join(parts)}] if parts else []
-    return msgs + [message_dict(m) for m in path[lead:]]
+    return msgs + [message_dict(m, images) for m in path[lead:]]
 
 
 def leading_system(path: list[Message]) -> int:
@@ -221,10 +224,10 @@ def leading_system(path: list[Message]) -> int:
     return n
 
 
-def prompt_messages(store: Store, cid: int, last_id: int | None) -> list[dict[str, str]]:
+def prompt_messages(store: Store, cid: int, last_id: int | None) -> list[dict]:
     """The engine's chat messages: the system prompt, then the path down to last_id."""
     path = store.path_to(last_id) if last_id is not None else []
-    return chat_prompt(store.get_conversation(cid).system_prompt, path)
+    return chat_prompt(store.get_conversation(cid).system_prompt, path, store)
 
 
 class ContextFeatures:
@@ -252,9 +255,12 @@ class ContextFeatures:
             return None
         conv = self.store.get_conversation(cid)
         system = conv.system_prompt if system_prompt is None else system_prompt
-        msgs = chat_prompt(system, self.store.active_path(cid))
+        msgs = chat_prompt(system, self.store.active_path(cid), self.store)
         max_tokens = max_tokens or self.settings.read(cid)[1]["max_tokens"]
-        return usage(backend, msgs, draft, max_tokens, conv.context_policy)
+        try:
+            return usage(backend, msgs, draft, max_tokens, conv.context_policy)
+        except ValueError:          # images a text-only model cannot count: a send says why
+            return None
 
     def continue_reply(self, message_id: int, sampling: Sampling | None = None) -> Turn:
         """Extend a reply that stopped before its natural end, in place: the engine resumes

@@ -20,6 +20,9 @@ def edit_cost(store: Store, backend: ChatBackend | None, message_id: int,
     if m.role != "user" or not is_local(backend):
         return None
     path = store.path_to(m.parent_id) if m.parent_id is not None else []
-    edited = chat_prompt(store.get_conversation(m.conversation_id).system_prompt, path)
-    reused, total = backend.cached_prefix_tokens(edited + [{"role": "user", "content": text}])
+    edited = chat_prompt(store.get_conversation(m.conversation_id).system_prompt, path, store)
+    try:
+        reused, total = backend.cached_prefix_tokens(edited + [{"role": "user", "content": text}])
+    except ValueError:          # images a text-only model cannot count: the edit says why
+        return None
     return reused, total - reused

@@ -118,7 +118,11 @@ class KvMap:
             hit = self._ids.get(branch.leaf_id)
         if hit is not None and hit[0] == signature:
             return hit[1]
-        ids = backend.prompt_ids(chat_prompt(conv.system_prompt, branch.path))
+        try:
+            ids = backend.prompt_ids(chat_prompt(conv.system_prompt, branch.path,
+                                                 self.controller.store))
+        except ValueError:          # images this model takes none of: no blocks to show
+            ids = []
         with self._lock:
             self._ids[branch.leaf_id] = (signature, ids)
         return ids

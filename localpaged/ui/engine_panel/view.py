@@ -53,6 +53,7 @@ def render_panel(snap: KvSnapshot) -> str:
     parts += _kernel_lines(s)
     parts += _sliding_lines(s)
     parts += _disk_lines(s)
+    parts += _image_lines(s)
     sharing = snap.sharing()
     live = {b for r in snap.rows if r.live for b in r.blocks}
     parts.append(_pool_svg(s.num_blocks, sharing, live))
@@ -93,6 +94,18 @@ def _disk_lines(s) -> list[str]:
     return [f'<p class="lp-muted lp-disk">Disk tier: {d.num_blocks} blocks, '
             f'{d.num_bytes / 2**20:.1f} MiB of {d.max_bytes / 2**30:.1f} GiB · {d.hits} read '
             f'back, {share:.0f}% of prompt tokens from disk{dropped}</p>']
+
+
+def _image_lines(s) -> list[str]:
+    """The vision encoder's line (a vision-language model that has seen an image): how often
+    it ran and how often an image's embeddings came from its cache instead."""
+    runs, hits = getattr(s, "encoder_runs", 0), getattr(s, "encoder_cache_hits", 0)
+    if not runs and not hits:
+        return []
+    return [f'<p class="lp-muted lp-images">Images: the vision encoder ran {runs} '
+            f'time{"s" if runs != 1 else ""} · {hits} image{"s" if hits != 1 else ""} from the '
+            'encoder cache; a regenerate whose images the prefix cache holds runs neither '
+            '(its reply says "image from cache")</p>']
 
 
 def _state(block: int, sharing: dict[int, int], live: set[int]) -> str:

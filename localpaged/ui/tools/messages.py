@@ -1,10 +1,11 @@
 """How a stored message becomes a chat message for the engine, with what `Message.extra` holds:
 a user message's attachments (their text after the message, each in a fenced block named by its
-file), an assistant message's `tool_calls` (OpenAI's shape, which chat templates take) and a
+file) and images (image parts before its text: ui/images/logic.py), an assistant message's `tool_calls` (OpenAI's shape, which chat templates take) and a
 tool message's `tool_call_id`. The rendered text is a pure function of the stored message, so a
 later turn's prompt repeats an earlier one token for token and the prefix cache serves it.
 
-Also: attachments read from files (text, code, PDF through pypdf), checked and capped.
+Also: attachments read from files (text, code, PDF through pypdf; images through Pillow:
+store/images.py), checked and capped.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..images.logic import ImageSource, image_parts
 from ..store import Message
+from ..store.images import looks_like_image, read_image
 
 MAX_ATTACHMENT_CHARS = 1_000_000      # one file's text
 MAX_ATTACHMENT_BYTES = 20_000_000     # one file on disk (a PDF's text is far smaller)
 MAX_ATTACHMENTS = 10
 
 
-def message_dict(m: Message) -> dict[str, Any]:
-    """The engine's chat message for a stored one."""
+def message_dict(m: Message, images: ImageSource | None = None) -> dict[str, Any]:
+    """The engine's chat message for a stored one; a user message's images take their
+    pixels from `images` (chat/images.py)."""
     if m.role == "tool":
         return {"role": "tool", "content": m.content,
                 "tool_call_id": str(m.extra.get("tool_call_id", "")),
@@ -32,9 +36,13 @@ def message_dict(m: Message) -> dict[str, Any]:
                                "arguments": str(c.get("arguments", "{}"))}}
                  for c in m.extra["tool_calls"] if isinstance(c, dict)]
         return {"role": "assistant", "content": m.content, "tool_calls": calls}
+    text = m.content
     if m.role == "user" and m.extra.get("attachments"):
-        return {"role": "user", "content": with_attachments(m.content, m.extra["attachments"])}
-    return {"role": m.role, "content": m.content}
+        text = with_attachments(m.content, m.extra["attachments"])
+    parts = image_parts(m.extra, images) if m.role == "user" else []
+    if parts:
+        return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+    return {"role": m.role, "content": text}
 
 
 def with_attachments(text: str, attachments: list) -> str:
@@ -53,11 +61,20 @@ def _longest_backtick_run(text: str) -> int:
 
 
 def read_attachment(path: str | Path, name: str | None = None) -> dict[str, Any]:
-    """{"name", "kind", "text"} of a text, code or PDF file; ValueError naming the file and
-    what is wrong (too large, not text, a PDF without text) so nothing is silently cut."""
+    """{"name", "kind", "text"} of a text, code or PDF file, {"name", "kind": "image",
+    "image": ImageFile} of an image (by its suffix or first bytes); ValueError naming the file
+    and what is wrong (too large, not text, a PDF without text, a bad image) so nothing is
+    silently cut."""
     path = Path(path)
     name = name or path.name
     size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(16)
+    if looks_like_image(name, head):
+        if size > MAX_ATTACHMENT_BYTES:
+            raise ValueError(f"{name} is {size:,} bytes; at most {MAX_ATTACHMENT_BYTES:,} can "
+                             "be attached")
+        return {"name": name[:200], "kind": "image", "image": read_image(path.read_bytes(), name)}
     if size > MAX_ATTACHMENT_BYTES:
         raise ValueError(f"{name} is {size:,} bytes; at most {MAX_ATTACHMENT_BYTES:,} can be "
                          "attached")

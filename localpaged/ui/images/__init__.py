@@ -1,0 +1,1 @@
+"""A user message's images: their chat message parts, thumbnails and the route serving them."""
