@@ -38,7 +38,7 @@ from localpaged.core.block_pool import (
     BlockOpKind,
     BlockPool,
 )
-from localpaged.core.multimodal import ImageSpan, block_extra_key, token_keys
+from localpaged.core.multimodal import ImageSpan, block_extra_key, chunk_tokens, token_keys
 from localpaged.core.partial_prefix import PrefixHit, TailIndex
 from localpaged.core.request import Sequence
 
@@ -530,7 +530,8 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
         hits = manager.find_cached_prefix(seq) if use_prefix_cache else manager.no_hits()
         num_cached = manager.hit_tokens(hits)
         disk_tokens.append(manager.last_disk_tokens)
-        n = min(seq.num_uncomputed_tokens - num_cached, budget)
+        n = chunk_tokens(seq.images, seq.num_computed_tokens + num_cached,
+                         min(seq.num_uncomputed_tokens - num_cached, budget))
         if not manager.fits_admission(seq, n, hits) or not manager.allocate_slots(seq, n, hits):
             for s in admitted:
                 manager.reset_computed(s)

@@ -14,7 +14,13 @@ Invariants:
 - spans of one sequence are sorted, disjoint, and lie inside its prompt;
 - a block's chain hash covers the content hash of every image whose span overlaps it, so a
   cached block is found again only by a prompt with the same tokens and the same images at
-  the same positions (the positions are fixed by the chain of token ids before them).
+  the same positions (the positions are fixed by the chain of token ids before them);
+- a `whole` span (an image whose tokens attend to each other both ways) is computed in one
+  step: no prefill chunk ends strictly inside it (`chunk_tokens`), so the K/V of every cached
+  block holding its tokens were computed with the whole image in view. A prefix hit may end
+  inside it: the rest of the span is then one chunk whose tokens attend both ways to the
+  cached ones and to each other (runner/image_batch.py: open_runs), which gives the K/V a
+  prefill in one piece gives.
 `pixels` is what the model's vision tower takes for the image: opaque here (the runner's).
 """
 
@@ -31,8 +37,8 @@ class ImageSpan:
     length: int
     content_hash: bytes
     num_embeddings: int              # placeholder tokens in the span: rows of the tower's output
-    # True where the model attends bidirectionally within the image (Gemma 3): its span is then
-    # computed in one step, never split by a prefill chunk or a prefix hit.
+    # True where the model attends bidirectionally within the image (Gemma 3): what is left of
+    # its span to compute is computed in one step, never split by a prefill chunk.
     whole: bool = False
     pixels: object = field(default=None, compare=False, repr=False)
 
@@ -76,3 +82,17 @@ def whole_span_end(spans: tuple[ImageSpan, ...], start: int, end: int) -> int:
         if s.whole and s.offset < end < s.end:
             return max(start, s.offset)
     return end
+
+
+def chunk_tokens(spans: tuple[ImageSpan, ...], start: int, num_tokens: int, grow: bool = True) -> int:
+    """How many of the next `num_tokens` positions from `start` a prefill chunk computes so that
+    it splits no `whole` span: all of them, or those before the span it would cut; where that
+    leaves none (the chunk starts at or, after a prefix hit, inside a span that does not fit
+    the budget) the chunk is the rest of that span when `grow` (a step then exceeds its token
+    budget by at most one span), else 0."""
+    if num_tokens <= 0 or not spans:
+        return num_tokens
+    end = whole_span_end(spans, start, start + num_tokens)
+    if end == start and grow:
+        end = next(s.end for s in spans if s.whole and s.offset <= start < s.end)
+    return end - start

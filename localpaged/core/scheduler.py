@@ -15,7 +15,8 @@ outputs (recompute or swap; each sequence keeps its own RNG).
 
 Every step (an iteration of the model):
 1. Running interactive groups, oldest first, get their next tokens: one per decoding sequence, or
-   the next chunk of a prompt (chunked prefill). When blocks run out a running group is
+   the next chunk of a prompt (chunked prefill; a chunk never ends inside an image whose
+   tokens attend both ways: core.multimodal.chunk_tokens). When blocks run out a running group is
    preempted whole: the most recently admitted background group, or, when none runs, the most
    recently admitted interactive group; by recompute (its blocks are freed, it goes back to the
    front of the waiting queue) or by swap (its blocks move to the CPU pool).
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from localpaged.core.block_pool import BlockOp
 from localpaged.core.config import PREEMPTION_MODES, check_choice
 from localpaged.core.block_manager import BlockManager
+from localpaged.core.multimodal import chunk_tokens
 from localpaged.core.request import GroupStatus, Sequence, SequenceGroup
 from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
 
@@ -186,8 +188,9 @@ class Scheduler:
         """
         items: list[ScheduledSeq] = []
         for seq in group.unfinished_seqs():
-            n = min(seq.num_uncomputed_tokens, budget - sum(it.num_tokens for it in items),
-                    max_per_seq or budget)
+            n = chunk_tokens(seq.images, seq.num_computed_tokens,
+                             min(seq.num_uncomputed_tokens, budget - sum(it.num_tokens for it in items),
+                                 max_per_seq or budget), grow=max_per_seq is None)
             if n <= 0:
                 continue
             seq.drop_drafts(keep=n - 1)        # a draft runs whole or in part, never past n
@@ -289,7 +292,7 @@ class Scheduler:
         group.status = GroupStatus.RUNNING
         self.running.append(group)
         for seq in group.unfinished_seqs():
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = chunk_tokens(seq.images, seq.num_computed_tokens, min(seq.num_uncomputed_tokens, budget))
             if n <= 0:
                 continue
             if not allocated and not self.block_manager.allocate_slots(seq, n):

@@ -59,17 +59,19 @@ class ImagePreprocessor:
         self.image_token_id = tower.image_token_id
         self.whole = bool(getattr(tower, "bidirectional", False))
 
-    def prompt(self, text: str, images: Sequence) -> ImagePrompt:
-        """`text` holds `image_token` once per image (in order); `images` are PIL images."""
+    def prompt(self, text: str, images: Sequence, add_special_tokens: bool = True) -> ImagePrompt:
+        """`text` holds `image_token` once per image (in order); `images` are PIL images;
+        `add_special_tokens`: the tokenizer's own (BOS) added, as the processor does by default."""
         try:
             out = self.processor(text=[text], images=[list(images)] if images else None,
-                                 return_tensors="pt", return_text_replacement_offsets=True)
+                                 return_tensors="pt", return_text_replacement_offsets=True,
+                                 add_special_tokens=add_special_tokens)
         except (ValueError, TypeError, OSError) as exc:
             raise ValueError(f"the images could not be prepared: {exc}") from exc
         ids = out["input_ids"][0].tolist()
         replaced = out.get("text_replacement_offsets", [[]])[0] if images else []
         expanded, spans = _expand(text, replaced)
-        offsets = self.processor.tokenizer(expanded, add_special_tokens=True,
+        offsets = self.processor.tokenizer(expanded, add_special_tokens=add_special_tokens,
                                            return_offsets_mapping=True)["offset_mapping"]
         if len(offsets) != len(ids):
             raise ValueError("the processor's tokens do not follow its text")   # not for this processor
@@ -91,10 +93,13 @@ class ImagePreprocessor:
 
     def chat(self, messages: list[dict], images: Sequence, **template_kwargs) -> ImagePrompt:
         """Messages whose content parts include {"type": "image"} (one per image, in order),
-        rendered by the processor's chat template with a generation prompt."""
+        rendered by the processor's chat template with a generation prompt. A template that
+        writes the BOS itself (Gemma 3's) gets no second one, as transformers' tokenized
+        apply_chat_template decides."""
         text = self.processor.apply_chat_template(messages, tokenize=False,
                                                   add_generation_prompt=True, **template_kwargs)
-        return self.prompt(text, images)
+        bos = self.processor.tokenizer.bos_token
+        return self.prompt(text, images, add_special_tokens=not (bos and text.startswith(bos)))
 
 
 def _expand(text: str, replaced: list[dict]) -> tuple[str, list[tuple[int, int]]]:

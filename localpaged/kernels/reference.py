@@ -201,12 +201,16 @@ def _window_columns(block_tables: torch.Tensor, seq_lens: torch.Tensor, block_si
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                            seq_lens: torch.Tensor, scale: float, window: int = 0) -> torch.Tensor:
+                            seq_lens: torch.Tensor, scale: float, window: int = 0,
+                            open_runs: list[list[tuple[int, int]]] | None = None) -> torch.Tensor:
     """New tokens attend causally to their sequence's cached prefix and to themselves (to the
     last `window` positions up to their own, with a window).
 
     Sequence i owns queries q[query_start_loc[i]:query_start_loc[i+1]] ([T, H, D] overall); they
     are its last tokens, so the cache already holds all seq_lens[i] tokens (written by write_kv).
+    `open_runs[i]`: runs of positions [lo, hi) inside sequence i's new tokens whose queries also
+    see the run's later keys (Gemma 3's image tokens: transformers' OR of causal and blockwise,
+    then AND with the window).
     """
     out = torch.empty_like(q)
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
@@ -222,7 +226,11 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         values = load(_gather(v_cache, block_tables[i], seq_len, start), q.dtype).repeat_interleave(group, 1)
         q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
         k_pos = torch.arange(start, seq_len, device=q.device)[None, :]
-        mask = (k_pos <= q_pos) & (k_pos > q_pos - window) if window else k_pos <= q_pos
+        mask = k_pos <= q_pos
+        for first, end in (open_runs[i] if open_runs else ()):
+            mask = mask | ((q_pos >= first) & (q_pos < end) & (k_pos >= first) & (k_pos < end))
+        if window:
+            mask = mask & (k_pos > q_pos - window)
         # [1, H, T, D]: with a batch dimension torch's CPU flash kernel serves (masks included);
         # without, its slower math path (docs/benchmarks.md, 'Real models', has the figures)
         attn = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], keys.transpose(0, 1)[None],

@@ -15,6 +15,7 @@ from transformers import PretrainedConfig
 
 from localpaged.models.gemma3 import Gemma3ForCausalLM
 from localpaged.models.llama import LlamaForCausalLM
+from localpaged.models.vision.gemma3 import Gemma3Vision
 from localpaged.models.vision.idefics3 import Idefics3Vision
 
 # model_type -> (transformers' class name, ours)
@@ -29,6 +30,7 @@ ARCHITECTURES = {
 VISION_LANGUAGE = {
     "idefics3": ("Idefics3ForConditionalGeneration", Idefics3Vision),
     "smolvlm": ("SmolVLMForConditionalGeneration", Idefics3Vision),
+    "gemma3": ("Gemma3ForConditionalGeneration", Gemma3Vision),
 }
 SUPPORTED_ARCHITECTURES = {kind: name for kind, (name, _) in (ARCHITECTURES | VISION_LANGUAGE).items()}
 

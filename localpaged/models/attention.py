@@ -8,7 +8,9 @@ references in `localpaged.kernels.reference`, "cpu" those with decode attention 
 (`localpaged.kernels.cpu_ops`, the default on CPU), "triton" the Triton kernels (GPU, or CPU
 under TRITON_INTERPRET=1, the default on CUDA); each module exports the four functions with the
 same signatures.
-`PagedAttention.forward` splits a flat batch between the decode and prefill kernels; a kernel
+`PagedAttention.forward` splits a flat batch between the decode and prefill kernels (a prefill
+with runs of two-way attention, `AttentionMetadata.open_runs`, goes to the reference's prefill
+on every backend: the Triton and C++ kernels are causal only); a kernel
 module may also export `decode_one` (write + attend for a batch of one decoding sequence,
 given AttentionMetadata.decode_runs), which forward then uses for that batch.
 See docs/architecture.md §5 step 4 (forward) and §8 (kernel tests).
@@ -23,6 +25,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from localpaged.core.config import ATTENTION_BACKENDS, check_choice
+from localpaged.kernels import reference
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +49,10 @@ class AttentionMetadata:
     # AttentionMetadata per KV-cache group (models.layer_types.KVGroups): a group's block tables
     # and slots index its own cache tensors.
     window: int = 0
+    # Per prefill sequence, the runs of positions [lo, hi) whose tokens attend to each other
+    # both ways (a Gemma 3 image's tokens, runner/image_batch.py: open_runs); every run lies in
+    # its sequence's chunk of this step. None: every prefill is causal.
+    open_runs: list[list[tuple[int, int]]] | None = None
 
 
 def layer_metadata(meta: AttentionMetadata | list[AttentionMetadata], windows: tuple[int, ...],
@@ -124,9 +131,15 @@ class PagedAttention:
             out[:d] = self.paged_decode_attention(q[:d], k_cache, v_cache,
                                                   meta.decode_block_tables,
                                                   meta.decode_seq_lens, scale, w)
-        out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
-                                               meta.prefill_query_start_loc,
-                                               meta.prefill_seq_lens, scale, w)
+        if meta.open_runs is None:
+            out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
+                                                   meta.prefill_query_start_loc,
+                                                   meta.prefill_seq_lens, scale, w)
+        else:       # the one place a step with two-way runs leaves the backend's prefill kernel:
+            # only the plain-torch reference takes a mask beyond causal and window
+            out[d:] = reference.paged_prefill_attention(
+                q[d:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
+                meta.prefill_seq_lens, scale, w, open_runs=meta.open_runs)
         return out
 
 

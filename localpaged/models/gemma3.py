@@ -172,9 +172,14 @@ class Gemma3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
                 meta: AttentionMetadata | list[AttentionMetadata],
-                backend: PagedAttention, max_position: int | None = None) -> torch.Tensor:
-        """`meta`: one AttentionMetadata per KV-cache group, or one for all (layer_metadata)."""
+                backend: PagedAttention, max_position: int | None = None,
+                images: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`meta`: one AttentionMetadata per KV-cache group, or one for all (layer_metadata).
+        `images`: (rows, embeddings) that replace those rows' scaled token embeddings (the
+        vision tower's output is not scaled, as in transformers' Gemma3Model)."""
         x = self.embed(input_ids)
+        if images is not None:
+            x = x.index_copy(0, images[0], images[1].to(x.dtype))
         ropes = self.rotary(positions, x.dtype, max_position)      # {layer type: (cos, sin)}
         metas = layer_metadata(meta, self.kv_groups.windows, self.kv_groups.layer_group)
         for layer, kind, kv_cache, layer_meta in zip(self.model.layers, self.layer_types,

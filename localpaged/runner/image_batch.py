@@ -42,3 +42,34 @@ def gather(items: list[ScheduledSeq], cache: EncoderCache, image_token_id: int,
         return None
     return (torch.tensor(rows, dtype=torch.long, device=device),
             torch.cat(parts).to(device))
+
+
+def open_runs(prefills: list[ScheduledSeq], image_token_id: int) -> list[list[tuple[int, int]]] | None:
+    """Per prefill chunk (in `prefills`' order), the runs [lo, hi) of consecutive image tokens of
+    its `whole` images (core.multimodal.ImageSpan): their tokens attend to each other both ways
+    (models/attention.py: AttentionMetadata.open_runs), as transformers' token_type_ids groups
+    them. None when no chunk holds one. The scheduler never ends a chunk inside a whole span
+    (core.multimodal.chunk_tokens): a run may begin before the chunk (a prefix hit ended inside
+    it; those keys are cached, computed with the whole image) and always ends in it; a span
+    the chunk ends inside is a RuntimeError, never a silently causal image."""
+    out: list[list[tuple[int, int]]] = []
+    for it in prefills:
+        start, end = it.seq.num_computed_tokens, it.seq.num_computed_tokens + it.num_tokens
+        runs: list[tuple[int, int]] = []
+        for span in it.seq.images:
+            if not span.whole or span.end <= start or span.offset >= end:
+                continue
+            if span.end > end:
+                raise RuntimeError(f"image at {span.offset}..{span.end - 1} is cut by the chunk "
+                                   f"{start}..{end - 1}: its two-way attention needs it whole")
+            tokens, p = it.seq.token_ids, span.offset
+            while p < span.end:
+                if tokens[p] != image_token_id:
+                    p += 1
+                    continue
+                lo = p
+                while p < span.end and tokens[p] == image_token_id:
+                    p += 1
+                runs.append((lo, p))
+        out.append(runs)
+    return out if any(out) else None

@@ -272,7 +272,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state = _safetensors_state_dict(source.path)
     tower = processor = None
     if whole is not None:
-        state, vision = vision_loader.split_weights(state)
+        state, vision = vision_loader.split_weights(whole, state)
         tower = vision_loader.build_tower(whole, vision, device, dtype)
         processor = vision_loader.load_processor(source.path)
     _report("install", "installing weights")

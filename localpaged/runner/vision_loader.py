@@ -1,12 +1,17 @@
 """Loading a vision-language model: its text model goes through the loader like any other
-(models/llama.py on its `text_config`), its vision tower (models/vision/) is built here from
+(models/llama.py or models/gemma3.py on its `text_config`), its vision tower (models/vision/) is built here from
 the same safetensors files, and its transformers processor (image preprocessing and the
 placeholder tokens) is loaded beside the tokenizer.
 
-transformers' checkpoint names: `model.text_model.*` and `lm_head.*` (the text model, whose
-names become `model.*` and `lm_head.*`), `model.vision_model.*` and `model.connector.*`
-(Idefics3 / SmolVLM: the tower's, without `model.`). Float safetensors only: a GGUF
-(llama.cpp's mmproj files) and int8/int4 quantization of the text model are refused by name.
+Checkpoint names differ by family and by who saved the file; each tower class lists its own
+(`TEXT_NAMES`, `CHECKPOINT_NAMES`: prefix -> ours, the first that matches wins):
+Idefics3 / SmolVLM: `model.text_model.*` (the text model, whose names become `model.*`),
+`model.vision_model.*` and `model.connector.*` (the tower's, without `model.`);
+Gemma 3: `language_model.model.*` (or `model.language_model.*`), `vision_tower.vision_model.*`
+(Google's files) or `vision_tower.*` (transformers 5), `multi_modal_projector.*`. Names under
+none of them (`lm_head.weight`) are the text model's as they are. Float safetensors only: a
+GGUF (llama.cpp's mmproj files) and int8/int4 quantization of the text model are refused by
+name.
 """
 
 from __future__ import annotations
@@ -21,9 +26,6 @@ from localpaged.models import VISION_LANGUAGE
 from localpaged.models.vision import VisionTower
 
 logger = logging.getLogger(__name__)
-
-TEXT_PREFIX = "model.text_model."
-VISION_PREFIXES = ("model.vision_model.", "model.connector.")
 
 
 def is_vision_language(config: PretrainedConfig) -> bool:
@@ -42,19 +44,27 @@ def text_config(config: PretrainedConfig, quantization: str, prequantized: bool)
     return text
 
 
-def split_weights(state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
-    """(the text model's weights under our names, the tower's under its module's names);
-    `state` is consumed."""
+def split_weights(config: PretrainedConfig, state: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """(the text model's weights under our names, the tower's under its module's names, the
+    tower's unused ones dropped); `state` is consumed."""
+    tower = VISION_LANGUAGE[config.model_type][1]
     text, vision = {}, {}
     for key in list(state):
         tensor = state.pop(key)
-        if key.startswith(TEXT_PREFIX):
-            text["model." + key[len(TEXT_PREFIX):]] = tensor
-        elif key.startswith(VISION_PREFIXES):
-            vision[key[len("model."):]] = tensor
-        else:
-            text[key] = tensor                          # lm_head.weight
+        name = _rename(key, tower.CHECKPOINT_NAMES)
+        if name is not None:
+            if not name.startswith(tower.UNUSED):
+                vision[name] = tensor
+            continue
+        text[_rename(key, tower.TEXT_NAMES) or key] = tensor      # else lm_head.weight as is
     return text, vision
+
+
+def _rename(key: str, names: tuple[tuple[str, str], ...]) -> str | None:
+    for prefix, ours in names:
+        if key.startswith(prefix):
+            return ours + key[len(prefix):]
+    return None
 
 
 def build_tower(config: PretrainedConfig, weights: dict[str, torch.Tensor],

@@ -5,8 +5,8 @@ Oracle: the hash chain and the common prefixes written out here from the definit
 import pytest
 
 from localpaged.core.kv_cache_manager import KVCacheManager, hash_block
-from localpaged.core.multimodal import (ImageSpan, block_extra_key, check_spans, token_keys,
-                                        whole_span_end)
+from localpaged.core.multimodal import (ImageSpan, block_extra_key, check_spans, chunk_tokens,
+                                        token_keys, whole_span_end)
 from localpaged.core.request import Sequence
 
 B = 4
@@ -77,3 +77,14 @@ def test_whole_span_end_never_cuts_a_bidirectional_image():
     assert whole_span_end(spans, 4, 7) == 4         # the image does not fit: nothing this chunk
     assert whole_span_end(spans, 4, 10) == 10       # the whole image
     assert whole_span_end(spans, 10, 13) == 13      # a causal image may be cut
+
+
+def test_chunk_tokens_keeps_a_bidirectional_image_whole():
+    spans = (ImageSpan(4, 6, b"X", 6, whole=True), ImageSpan(12, 3, b"Y", 3))
+    assert chunk_tokens(spans, 0, 7) == 4              # up to the image
+    assert chunk_tokens(spans, 4, 3) == 6              # the image alone, past a budget of 3
+    assert chunk_tokens(spans, 4, 3, grow=False) == 0  # or nothing where the budget is strict
+    assert chunk_tokens(spans, 7, 2) == 3              # after a hit inside it: the rest of it
+    assert chunk_tokens(spans, 4, 8) == 8              # the image and what follows
+    assert chunk_tokens(spans, 10, 3) == 3             # a causal image may be cut
+    assert chunk_tokens((), 0, 5) == 5 and chunk_tokens(spans, 0, 0) == 0

@@ -15,7 +15,8 @@ from helpers.engine_helpers import greedy
 from localpaged import LLM, SamplingParams
 from localpaged.engine.multimodal import ImagePreprocessor
 
-LOGPROB_TOL = 1e-4
+LOGPROB_TOL = tiny_vlm.LOGPROB_TOL
+chat, conversation = tiny_vlm.chat, tiny_vlm.conversation
 
 
 @pytest.fixture(scope="module")
@@ -23,29 +24,11 @@ def vlm(tiny_root):
     return tiny_vlm.build(tiny_root, "idefics3")
 
 
-def chat(*turns) -> list[dict]:
-    """(role, parts) turns; a part is text, or an int: an image marker."""
-    return [{"role": role, "content": [{"type": "image"} if isinstance(p, int) else
-                                       {"type": "text", "text": p} for p in parts]}
-            for role, parts in turns]
-
-
-def conversation(question: str) -> list[dict]:
-    """An image in the middle of a conversation: text turns before it and text after it."""
-    return chat(("user", ["Hello there."]), ("assistant", ["Hi! How can I help?"]),
-                ("user", ["Look at this: ", 0, f" {question}"]))
-
-
 def check_equal(path: str, llm: LLM, prompt, out, images, max_tokens: int) -> None:
     """out (the engine's) equals transformers' greedy tokens and logprobs on prompt.text."""
     inputs = tiny_vlm.hf_inputs(path, prompt.text, images)
     assert inputs["input_ids"][0].tolist() == prompt.token_ids
-    tokens, logprobs = tiny_vlm.hf_greedy(path, inputs, max_tokens)
-    comp = out.outputs[0]
-    assert comp.token_ids == tokens
-    engine_lps = [lp.logprob for lp in comp.logprobs]
-    assert len(engine_lps) == len(logprobs) == max_tokens
-    assert max(abs(a - b) for a, b in zip(engine_lps, logprobs)) < LOGPROB_TOL
+    tiny_vlm.check_greedy(path, inputs, out, max_tokens)
 
 
 def params(max_tokens: int = 10) -> SamplingParams:

@@ -1,5 +1,5 @@
-"""Tiny random vision-language models (Idefics3, SmolVLM) with their processor, saved in a temp
-dir, and seeded random images: for engine-vs-transformers tests of prompts with images.
+"""Tiny random vision-language models (Idefics3, SmolVLM, Gemma 3) with their processor, saved
+in a temp dir, and seeded random images: for engine-vs-transformers tests of prompts with images.
 
 The tokenizer has one token per printable ASCII character plus the processor's special tokens
 (<image>, <fake_token_around_image>, <global-img>, <row_i_col_j>, <end_of_utterance>); the
@@ -7,6 +7,13 @@ vision tower sees 32x32 crops in 8x8 patches (16 patches, 4 image tokens per cro
 pixel shuffle); images up to 64 pixels are split into a grid of up to 2x2 crops plus the
 global view. SmolVLM's processor needs torchvision (its video processor), so the SmolVLM model
 is saved with its weights and config only (its tower is compared on pixels directly).
+
+Gemma 3 (`build_gemma3`): its own character tokenizer (newline included, BOS added as Gemma's
+is, so a chat template that writes <bos> itself must not get a second one) with
+<start_of_image>, <end_of_image>, <image_soft_token> and the turn markers; images resized to
+32x32, 8x8 patches pooled to 16 image tokens (a span of 20 tokens with the markers); a text
+model of 4 layers, three of them sliding over 8 tokens, so that an image's span is longer than
+the window (transformers limits its two-way attention to the window there too).
 """
 
 from __future__ import annotations
@@ -17,10 +24,11 @@ import os
 import numpy as np
 import torch
 from PIL import Image
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (AutoModelForImageTextToText, AutoProcessor, Idefics3Config, Idefics3ForConditionalGeneration,
-                          Idefics3ImageProcessorPil, Idefics3Processor, PreTrainedTokenizerFast,
-                          SmolVLMConfig, SmolVLMForConditionalGeneration)
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (AutoModelForImageTextToText, AutoProcessor, Gemma3Config, Gemma3ForConditionalGeneration,
+                          Gemma3ImageProcessorPil, Gemma3Processor, Idefics3Config,
+                          Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor,
+                          PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration)
 
 SPECIAL = (["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
            + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)])
@@ -53,6 +61,17 @@ def tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def _random_model(model_class, config, seed: int):
+    """model_class(config) with weights drawn N(0, 0.08) from `seed`: sharper than the default
+    init, so that images matter."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_class(config)
+        for p in model.parameters():
+            p.data.normal_(0, 0.08)
+    return model
+
+
 def build(root: str, family: str = "idefics3", seed: int = 0) -> str:
     """A random model of `family` saved to root/tiny-<family> (once); returns the path."""
     path = os.path.join(root, f"tiny-{family}")
@@ -62,12 +81,7 @@ def build(root: str, family: str = "idefics3", seed: int = 0) -> str:
     config_class, model_class = FAMILIES[family]
     config = config_class(vision_config=VISION, text_config=TEXT, scale_factor=2,
                           image_token_id=tok.convert_tokens_to_ids("<image>"))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = model_class(config)
-        for p in model.parameters():          # sharper than the default init: images matter
-            p.data.normal_(0, 0.08)
-    model.save_pretrained(path)
+    _random_model(model_class, config, seed).save_pretrained(path)
     if family == "idefics3":
         image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64},
                                                     max_image_size={"longest_edge": 32})
@@ -75,6 +89,54 @@ def build(root: str, family: str = "idefics3", seed: int = 0) -> str:
                           chat_template=CHAT_TEMPLATE).save_pretrained(path)
     else:
         tok.save_pretrained(path)
+    return path
+
+
+GEMMA_SPECIAL = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+                 "image_token": "<image_soft_token>"}
+GEMMA_VOCAB = 128          # 3 control ids, newline, 95 printable characters, 5 specials, room
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
+    "{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% else %}"
+    "<start_of_image>{% endif %}{% endfor %}{% endif %}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+GEMMA_TEXT = dict(vocab_size=GEMMA_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24,
+                  sliding_window=8, max_position_embeddings=1024, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0, layer_types=["sliding_attention", "sliding_attention",
+                                               "full_attention", "sliding_attention"])
+GEMMA_VISION = dict(VISION, vision_use_head=False)
+
+
+def gemma3_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {f"<{i}>": i for i in range(3)}
+    vocab["\n"] = 3
+    vocab.update({chr(c): c - 28 for c in range(32, 127)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<1> $A", special_tokens=[("<1>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<1>", eos_token="<2>",
+                                   pad_token="<0>", unk_token="<0>", extra_special_tokens=GEMMA_SPECIAL)
+    fast.add_special_tokens({"additional_special_tokens": list(GEMMA_SPECIAL.values())
+                             + ["<start_of_turn>", "<end_of_turn>"]})
+    return fast
+
+
+def build_gemma3(root: str, seed: int = 0) -> str:
+    """A random Gemma3ForConditionalGeneration with its processor, saved to root/tiny-gemma3."""
+    path = os.path.join(root, "tiny-gemma3")
+    if os.path.isdir(path):
+        return path
+    tok = gemma3_tokenizer()
+    ids = {name: tok.convert_tokens_to_ids(t) for name, t in GEMMA_SPECIAL.items()}
+    config = Gemma3Config(text_config=GEMMA_TEXT, vision_config=GEMMA_VISION, mm_tokens_per_image=16,
+                          image_token_index=ids["image_token"], boi_token_index=ids["boi_token"],
+                          eoi_token_index=ids["eoi_token"])
+    _random_model(Gemma3ForConditionalGeneration, config, seed).save_pretrained(path)
+    Gemma3Processor(Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tok,
+                    image_seq_length=16, chat_template=GEMMA_TEMPLATE).save_pretrained(path)
     return path
 
 
@@ -111,3 +173,30 @@ def hf_greedy(path: str, inputs: dict, max_new_tokens: int) -> tuple[list[int], 
     tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
     logprobs = [float(torch.log_softmax(s[0].float(), -1)[t]) for s, t in zip(out.scores, tokens)]
     return tokens, logprobs
+
+
+LOGPROB_TOL = 1e-4
+
+
+def check_greedy(path: str, inputs: dict, out, max_tokens: int) -> None:
+    """The engine's output `out` equals transformers' greedy tokens on `inputs`, and its chosen
+    tokens' logprobs are within LOGPROB_TOL of transformers'."""
+    tokens, logprobs = hf_greedy(path, inputs, max_tokens)
+    comp = out.outputs[0]
+    assert comp.token_ids == tokens
+    engine_lps = [lp.logprob for lp in comp.logprobs]
+    assert len(engine_lps) == len(logprobs) == max_tokens
+    assert max(abs(a - b) for a, b in zip(engine_lps, logprobs)) < LOGPROB_TOL
+
+
+def chat(*turns) -> list[dict]:
+    """(role, parts) turns; a part is text, or an int: an image marker."""
+    return [{"role": role, "content": [{"type": "image"} if isinstance(p, int) else
+                                       {"type": "text", "text": p} for p in parts]}
+            for role, parts in turns]
+
+
+def conversation(question: str, reply_role: str = "assistant") -> list[dict]:
+    """An image in the middle of a conversation: text turns before it and text after it."""
+    return chat(("user", ["Hello there."]), (reply_role, ["Hi! How can I help?"]),
+                ("user", ["Look at this: ", 0, f" {question}"]))

@@ -65,3 +65,61 @@ def test_quantized_vision_language_model_is_refused(tiny_root):
     with pytest.raises(ValueError, match="Idefics3ForConditionalGeneration: vision-language "
                                          "models load from float safetensors only"):
         loader.load(path, torch.device("cpu"), torch.float32, quantization="int8")
+
+
+def test_gemma3_tower_equals_transformers_image_features(tiny_root):
+    path = tiny_vlm.build_gemma3(tiny_root)
+    loaded = loader.load(path, torch.device("cpu"), torch.float32)
+    assert type(loaded.model).__name__ == "Gemma3ForCausalLM" and loaded.vision.bidirectional
+    values = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        ref = tiny_vlm.hf_model(path).model.get_image_features(values).pooler_output
+        ours = loaded.vision.encode(ImagePixels(values))
+    assert ref.shape == (3, 16, 64) and ref.abs().max() > 0.1
+    torch.testing.assert_close(ours, ref.reshape(48, 64), rtol=0, atol=1e-6)
+
+
+def test_gemma3_loads_from_googles_checkpoint_names(tiny_root, tmp_path):
+    """Google's files nest the tower as vision_tower.vision_model.* and the text model under
+    language_model.model.*; transformers 5 saves vision_tower.* (the tiny model's)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    path = tiny_vlm.build_gemma3(tiny_root)
+    google = tmp_path / "google-names"
+    shutil.copytree(path, google)
+    state = load_file(str(google / "model.safetensors"))
+    assert any(k.startswith("vision_tower.embeddings.") for k in state)
+    renamed = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v for k, v in state.items()}
+    save_file(renamed, str(google / "model.safetensors"), metadata={"format": "pt"})
+    values = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    towers = [loader.load(p, torch.device("cpu"), torch.float32).vision for p in (path, str(google))]
+    with torch.inference_mode():
+        a, b = (t.encode(ImagePixels(values)) for t in towers)
+    assert torch.equal(a, b)
+
+
+def test_gemma3_preprocessing_equals_the_processor(tiny_root):
+    """Token ids (one BOS though the template writes it), pixels, and each image's span: its
+    markers around the 16 soft tokens, which are the processor's token_type_ids == 1."""
+    path = tiny_vlm.build_gemma3(tiny_root)
+    loaded = loader.load(path, torch.device("cpu"), torch.float32)
+    pre = ImagePreprocessor(loaded.processor, loaded.vision)
+    images = [tiny_vlm.image(1), tiny_vlm.image(2, 20, 20)]
+    messages = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image"},
+                                             {"type": "text", "text": "b"}, {"type": "image"}]}]
+    prompt = pre.chat(messages, images)
+    ref = dict(loaded.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                                    return_dict=True, return_tensors="pt", images=images))
+    ids = ref["input_ids"][0].tolist()
+    assert prompt.token_ids == ids and ids.count(loaded.tokenizer.bos_token_id) == 1
+    assert torch.equal(torch.cat([s.pixels.values for s in prompt.images]), ref["pixel_values"])
+    boi, eoi = loaded.processor.tokenizer.boi_token_id, loaded.processor.tokenizer.eoi_token_id
+    soft = [i for i, t in enumerate(ref["token_type_ids"][0].tolist()) if t == 1]
+    inside = []
+    for span in prompt.images:
+        assert span.whole and span.num_embeddings == 16
+        body = ids[span.offset:span.end]
+        assert body.count(boi) == body.count(eoi) == 1
+        inside += [p for p in range(span.offset, span.end) if ids[p] == loaded.vision.image_token_id]
+    assert inside == soft and len(soft) == 32

@@ -39,3 +39,20 @@ class VisionTower(Protocol):
         """The model's processor output for one prompt, cut into its images (`counts`: each
         image's placeholder tokens, in order)."""
         ...
+
+
+def split_crops(values: torch.Tensor, mask: torch.Tensor | None, counts: list[int],
+                tokens_per_crop: int) -> list[ImagePixels]:
+    """A prompt's crops ([crops of all images, C, H, W], in image order; `mask` alike or None)
+    cut into its images, image k taking counts[k] / tokens_per_crop of them; a ValueError where
+    a count is not a whole number of crops or the crops run out."""
+    out, start = [], 0
+    for n in counts:
+        crops = n // tokens_per_crop
+        if crops * tokens_per_crop != n or start + crops > values.shape[0]:
+            raise ValueError(f"an image with {n} placeholder tokens does not match the pixels "
+                             f"({tokens_per_crop} tokens per crop)")
+        out.append(ImagePixels(values[start:start + crops],
+                               mask[start:start + crops] if mask is not None else None))
+        start += crops
+    return out

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from localpaged.models.vision import ImagePixels
+from localpaged.models.vision import ImagePixels, split_crops
 from localpaged.models.vision.siglip import SiglipVisionTransformer
 
 
@@ -51,6 +51,11 @@ def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
 class Idefics3Vision(nn.Module):
     """vision_model and connector, as transformers names them under `model.`."""
 
+    # checkpoint name prefixes -> ours, for the tower and for the text model (runner/vision_loader.py)
+    CHECKPOINT_NAMES = (("model.vision_model.", "vision_model."), ("model.connector.", "connector."))
+    TEXT_NAMES = (("model.text_model.", "model."),)
+    UNUSED: tuple[str, ...] = ()
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.vision_model = SiglipVisionTransformer(config.vision_config)
@@ -66,24 +71,17 @@ class Idefics3Vision(nn.Module):
         """The processor's output for one prompt (pixel_values [1, crops of all images, C, H,
         W], padded with empty crops; pixel_attention_mask alike) cut into its images, whose
         placeholder counts are `counts`: image k has counts[k] / tokens_per_crop crops."""
-        values, mask = batch["pixel_values"][0], batch.get("pixel_attention_mask")
+        mask = batch.get("pixel_attention_mask")
         mask = mask[0].bool() if mask is not None else None
-        out, start = [], 0
-        for n in counts:
-            crops = n // self.tokens_per_crop
-            if crops * self.tokens_per_crop != n or start + crops > values.shape[0]:
-                raise ValueError(f"an image with {n} placeholder tokens does not match the "
-                                 f"pixels ({self.tokens_per_crop} tokens per crop)")
-            out.append(ImagePixels(values[start:start + crops],
-                                   mask[start:start + crops] if mask is not None else None))
-            start += crops
-        return out
+        return split_crops(batch["pixel_values"][0], mask, counts, self.tokens_per_crop)
 
     def encode(self, pixels: ImagePixels) -> torch.Tensor:
         values = pixels.values.to(self.connector.modality_projection.proj.weight.device)
-        patch_mask = None
-        if pixels.mask is not None:
-            p = self.vision_model.config.patch_size
+        p = self.vision_model.config.patch_size
+        if pixels.mask is None:           # every patch real, positioned as transformers' NaViT
+            n, _, h, w = values.shape
+            patch_mask = torch.ones(n, h // p, w // p, dtype=torch.bool, device=values.device)
+        else:
             mask = pixels.mask.to(values.device)
             grid = mask.unfold(1, p, p).unfold(2, p, p)       # [N, H/p, W/p, p, p]
             patch_mask = grid.sum(dim=(-1, -2)) > 0

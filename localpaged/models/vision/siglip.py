@@ -3,9 +3,9 @@
 A batch of crops [N, C, H, W] becomes patch states [N, patches, hidden]: a strided convolution
 per patch, a learned position embedding, pre-norm encoder layers with bidirectional attention
 over all patches of a crop, a final LayerNorm. Position ids follow Idefics3's NaViT variant
-(`patch_positions`): a crop with padding (a patch mask with false patches) takes positions
-spread over the grid of a full crop, as transformers computes them; a full crop takes
-0 .. patches-1, which is plain SigLIP's (Gemma 3), so one class serves both.
+(`patch_positions`) where a patch mask is given (Idefics3 always gives one): a crop with padding
+takes positions spread over the grid of a full crop, as transformers computes them. Without a
+mask (Gemma 3) every patch is real and takes positions 0 .. patches-1, plain SigLIP's.
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ class SiglipEmbeddings(nn.Module):
         self.num_patches_per_side = config.image_size // config.patch_size
         self.position_embedding = nn.Embedding(self.num_patches_per_side ** 2, config.hidden_size)
 
-    def forward(self, pixel_values: torch.Tensor, patch_mask: torch.Tensor) -> torch.Tensor:
-        """pixel_values [N, C, H, W], patch_mask [N, H/p, W/p] (bool) -> [N, patches, hidden]."""
+    def forward(self, pixel_values: torch.Tensor, patch_mask: torch.Tensor | None) -> torch.Tensor:
+        """pixel_values [N, C, H, W], patch_mask [N, H/p, W/p] (bool; None: plain SigLIP, every
+        patch real, positions 0 .. patches-1) -> [N, patches, hidden]."""
         x = self.patch_embedding(pixel_values.to(self.patch_embedding.weight.dtype))
         x = x.flatten(2).transpose(1, 2)
+        if patch_mask is None:
+            return x + self.position_embedding.weight[:x.shape[1]]
         return x + self.position_embedding(patch_positions(patch_mask, self.num_patches_per_side))
 
 
@@ -111,14 +114,12 @@ class SiglipVisionTransformer(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor, patch_mask: torch.Tensor | None = None) -> torch.Tensor:
         """[N, C, H, W] crops -> [N, patches, hidden]; `patch_mask` [N, H/p, W/p] marks real
-        patches (None: all are)."""
-        n, _, h, w = pixel_values.shape
-        p = self.config.patch_size
-        if patch_mask is None:
-            patch_mask = torch.ones(n, h // p, w // p, dtype=torch.bool, device=pixel_values.device)
+        patches, positioned as Idefics3 does (None: plain SigLIP, all are real)."""
         x = self.embeddings(pixel_values, patch_mask)
-        flat = patch_mask.view(n, -1)
-        mask = None if bool(flat.all()) else flat[:, None, None, :]
+        mask = None
+        if patch_mask is not None:
+            flat = patch_mask.view(patch_mask.shape[0], -1)
+            mask = None if bool(flat.all()) else flat[:, None, None, :]
         for layer in self.encoder.layers:
             x = layer(x, mask)
         return self.post_layernorm(x)
