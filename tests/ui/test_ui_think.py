@@ -78,6 +78,7 @@ def test_compare_tab_think_mode_shows_the_rule_the_pruned_and_the_vote(backend, 
         steps = list(CompareEvents(ctl).run(NEW_CONVERSATION, P1, 3, False, [()] * 4,
                                             think=True, margin=0.0))
         replies = [ctl.store.get_message(m) for m in steps[-1].state["messages"]]
+        ctl_active_leaf = ctl.store.active_path(steps[-1].state["cid"])[-1].id
     first, last = steps[0].summary, steps[-1].summary
     assert "Think 3 ways" in first and "more than 0 below the best" in first
     assert "Majority vote" not in first                  # only once the turn is done
@@ -87,6 +88,8 @@ def test_compare_tab_think_mode_shows_the_rule_the_pruned_and_the_vote(backend, 
         assert f"Branch {j + 1} pruned at token {PruneRule().after}" in last
         assert "pruned at token" in steps[-1].stats[j] and "gave back" in steps[-1].stats[j]
     assert ("Majority vote: <b>" in last) or ("No short final answers" in last)
+    survivor = next(m for m in replies if "pruned" not in m.stats)
+    assert ctl_active_leaf == survivor.id          # the conversation goes on with it
 
 
 def test_think_needs_sampling_and_the_local_engine_and_a_good_margin(backend, tmp_path):
@@ -112,6 +115,9 @@ def test_think_needs_sampling_and_the_local_engine_and_a_good_margin(backend, tm
     ("Let me think.\n\nSo the answer is **42**.", "42"),
     ("We get $\\boxed{7}$ in the end, not \\boxed{8}... wait: \\boxed{9}", "9"),
     ("Final answer: Paris", "Paris"),
+    ("1. Tom had 17.\n2. The answer is 3.", "3"),
+    ("Answer: 42\n\nI hope this helps", "42"),
+    ("Steps:\n- add them\n- 42", "42"),
     ("x" * 200, None),
     ("", None),
     ("   \n  ", None),

@@ -72,7 +72,22 @@ class CompareEvents:
             values = self._columns(t, k)
             values.state, values.prompt = state, "" if t.done else KEEP
             values.summary = think_summary(t, rule) if rule is not None else ""
+            if rule is not None and t.done:
+                self._continue_with_winner(t)
             yield values
+
+    def _continue_with_winner(self, turn) -> None:
+        """Think N ways' active branch once done: the first branch that gave the majority's
+        answer, else the first that was not pruned (a pruned one stays a sibling)."""
+        survivors = [r for r in turn.replies if "pruned" not in r.stats and r.status != "deleted"]
+        if not survivors:
+            return
+        v = vote([r.text for r in survivors])
+        chosen = survivors[v.columns[0]] if v is not None else survivors[0]
+        try:
+            self.ctl.pick(chosen.message_id)
+        except USER_ERRORS as exc:
+            warn(why(exc))
 
     def _columns(self, turn, k: int) -> CompareValues:
         texts, stats, picks = [], [], []

@@ -3,10 +3,11 @@ is short (a number, a word, a choice), normalised; the answer most branches reac
 
     vote(["... so the answer is **42**.", "42", "I think 41"]) -> Vote("42", count=2, ...)
 
-A final answer is the content of the last `\\boxed{...}`, else the reply's last non-empty line
-with an "answer:" / "the answer is" lead-in, markdown emphasis and closing punctuation taken
-off. Longer than MAX_ANSWER_CHARS: not a short answer, no vote. Two answers are the same when
-their normal forms are (case, spaces, thousands separators, a trailing ".0").
+A final answer is the content of the last `\\boxed{...}`, else what follows the last
+"answer:" / "answer is", else the reply's last non-empty line without a list marker or an
+"therefore" lead-in; markdown emphasis and closing punctuation taken off. Longer than
+MAX_ANSWER_CHARS: not a short answer, no vote. Two answers are the same when their normal forms
+are (case, spaces, thousands separators, a trailing ".0").
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 MAX_ANSWER_CHARS = 60
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_ANSWER = re.compile(r"answer(?:\s+is|\s*:)\s*(.+)", re.IGNORECASE)
+_LIST_MARK = re.compile(r"^(?:\d+[.)]|[-*+])\s+")
 _LEAD = re.compile(r"^(?:final answer|answer|the answer is|so the answer is|therefore)\s*[:,]?\s*",
                    re.IGNORECASE)
 
@@ -32,13 +35,16 @@ class Vote:
 def final_answer(text: str) -> str | None:
     """The reply's short final answer, or None when it has none."""
     boxed = _BOXED.findall(text or "")
+    said = _ANSWER.findall(text or "")
     if boxed:
         answer = boxed[-1]
+    elif said:
+        answer = said[-1]
     else:
         lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
         if not lines:
             return None
-        answer = _LEAD.sub("", lines[-1].strip("*_`# >-"))
+        answer = _LEAD.sub("", _LIST_MARK.sub("", lines[-1].strip("*_`# >")))
     while (trimmed := answer.strip().strip("*_`$ ").rstrip(".!;:")) != answer:
         answer = trimmed
     return answer if 0 < len(answer) <= MAX_ANSWER_CHARS else None
