@@ -131,24 +131,29 @@ def test_chunks_smaller_than_an_image_keep_it_whole(gemma):
     assert llm.stats().encoder_runs == 2
 
 
-def test_recompute_preemption_keeps_outputs(gemma):
-    llm = LLM(gemma, num_kv_blocks=14, block_size=8, preemption_mode="recompute", debug_checks=True)
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preemption_keeps_outputs(gemma, mode):
+    llm = LLM(gemma, num_kv_blocks=14, block_size=8, preemption_mode=mode, swap_space_gb=0.01,
+              debug_checks=True)
     images = [[tiny_vlm.image(20 + i)] for i in range(3)]
     messages = [chat(("user", [0, f"Q{i}?"])) for i in range(3)]
     prompts = [llm.image_prompt(m, im) for m, im in zip(messages, images)]
     outs = llm.generate(prompts, greedy(24, logprobs=1))
     stats = llm.stats()
     assert stats.num_preemptions > 0
+    if mode == "swap":
+        assert stats.num_swapped_out > 0
     for m, prompt, out, im in zip(messages, prompts, outs, images):
         check_equal(gemma, m, prompt, out, im, 24)
     assert stats.encoder_runs == 3          # a recomputed prefill takes the cached embeddings
 
 
-@pytest.mark.parametrize("backend", ["cpu", "torch"])
+@pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
 def test_attention_backends_give_the_same_tokens(gemma, backend):
     """The step holding an image runs the reference prefill on every backend; decode stays on
-    the backend's own kernel."""
-    llm = LLM(gemma, num_kv_blocks=64, attention_backend=backend)
+    the backend's own kernel (Triton under TRITON_INTERPRET=1 on CPU, natively on CUDA)."""
+    device = "cuda" if torch.cuda.is_available() and backend != "cpu" else "cpu"
+    llm = LLM(gemma, num_kv_blocks=64, attention_backend=backend, device=device)
     images = [tiny_vlm.image(12)]
     messages = conversation("Backend?")
     prompt = llm.image_prompt(messages, images)
