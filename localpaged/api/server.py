@@ -56,7 +56,7 @@ def build_app(engine: AsyncEngine | ServedModel, model_name: str | None = None,
     served = as_served(engine, model_name)
     metrics = MetricsRecorder()                 # this app's own registry behind /metrics
     app.include_router(create_api(served, api_key=api_key, recorder=metrics, images=images))
-    app.include_router(create_messages_api(served, api_key, metrics))     # /v1/messages
+    app.include_router(create_messages_api(served, api_key, metrics, images))   # /v1/messages
     install_error_handlers(app)
     limit_bodies(app)                           # counts the bytes read, chunked or not
     app.state.metrics = metrics

@@ -255,13 +255,14 @@ def test_bad_role(base_url, client):
                                messages=[{"role": "tool", "content": USER}])
 
 
-def test_image_block_refused_by_name(base_url):
+def test_image_block_for_a_text_only_model_refused_by_name(base_url):
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                          "data": "iVBORw0KGgo="}}
     r = post(base_url, {"model": MODEL, "max_tokens": 4, "messages": [
         {"role": "user", "content": [{"type": "text", "text": USER}, image]}]})
     message = _error(r, 400, "invalid_request_error")
-    assert "'image'" in message and "messages[0].content[1]" in message
+    assert "image block" in message and "takes no images" in message
+    assert "messages[0].content[1]" in message
 
 
 def test_malformed_block_named(base_url):

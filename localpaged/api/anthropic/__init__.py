@@ -4,7 +4,7 @@
 - convert.py: a request as OpenAI-shaped chat messages, tools, tool_choice and SamplingParams.
 - events.py: the engine's outputs as content blocks and streaming events (`Reply`).
 - errors.py: errors in Anthropic's shape; the API key as `x-api-key` or Bearer.
-- routes.py: `create_messages_api(served, api_key, recorder)`, the APIRouter.
+- routes.py: `create_messages_api(served, api_key, recorder, images)`, the APIRouter.
 """
 
 from localpaged.api.anthropic.routes import create_messages_api

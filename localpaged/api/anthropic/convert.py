@@ -4,7 +4,9 @@
   renders: `system` becomes a system message; a user message's text blocks one user message,
   each `tool_result` block a `role: "tool"` message carrying `tool_call_id` (its text, marked
   as an error when `is_error`); an assistant message's text its content and its `tool_use`
-  blocks `tool_calls` (arguments as JSON text). Blocks of other types are refused by name.
+  blocks `tool_calls` (arguments as JSON text); with `Images` (a vision-language model), a user
+  message's `image` blocks are read (api/images.py, the server's image policy) and its content
+  becomes text and image parts. Blocks of other types are refused by name.
 - `openai_tool_fields(body)`: `tools` as OpenAI function tools, `tool_choice` in OpenAI's
   shapes (`any` -> "required", `tool` -> the named function) and `disable_parallel_tool_use`
   as `parallel_tool_calls`, which the OpenAI routes' tool handling (api/structured.py) takes.
@@ -24,11 +26,14 @@ Every refusal is an APIError naming the field, answered as a 400.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 from localpaged.api.anthropic.protocol import (
     CountTokensRequest,
+    ImageBlock,
     Message,
     MessagesRequest,
     OtherBlock,
@@ -82,18 +87,33 @@ def _call(block: ToolUseBlock) -> dict:
                          "arguments": json.dumps(block.input, ensure_ascii=False)}}
 
 
-def _message(m: Message, param: str, called: set[str]) -> list[dict]:
-    """One message: its text and tool calls as one message of its role, each tool result (in
-    a user message) as a tool message, in the order of the blocks."""
+def _content(parts: list[dict]) -> str | list[dict]:
+    """A message's content: its text, or its parts where it holds an image."""
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _message(m: Message, param: str, called: set[str], images: Images | None) -> list[dict]:
+    """One message: its text (and images) and tool calls as one message of its role, each tool
+    result (in a user message) as a tool message, in the order of the blocks."""
     if isinstance(m.content, str):
         return [{"role": m.role, "content": check_text(m.content, param)}]
     out: list[dict] = []
-    text: list[str] = []
+    parts: list[dict] = []
     calls: list[dict] = []
     for j, b in enumerate(m.content):
         where = f"{param}[{j}]"
         if isinstance(b, TextBlock):
-            text.append(check_text(b.text, where))
+            parts.append({"type": "text", "text": check_text(b.text, where)})
+        elif isinstance(b, ImageBlock) and m.role == "user" and images is not None:
+            images.read(b.url(), where)
+            parts.append({"type": "image"})
+        elif isinstance(b, ImageBlock):
+            raise APIError(f"{where} is an image block" + (
+                " in an assistant message; images belong in user messages." if m.role != "user"
+                else ", and this model takes no images (it is text-only, or its image "
+                     "processor could not be loaded)."), param=where, code="unsupported_content")
         elif isinstance(b, ToolUseBlock) and m.role == "assistant":
             called.add(b.id)
             calls.append(_call(b))
@@ -102,9 +122,9 @@ def _message(m: Message, param: str, called: set[str]) -> list[dict]:
                 raise APIError(f"{where}.tool_use_id is '{b.tool_use_id}', which no earlier "
                                "tool_use block has as its id.", param=f"{where}.tool_use_id",
                                code="invalid_value")
-            if text:
-                out.append({"role": "user", "content": "".join(text)})
-                text = []
+            if parts:
+                out.append({"role": "user", "content": _content(parts)})
+                parts = []
             out.append(_tool_result(b, where))
         elif isinstance(b, (ThinkingBlock, RedactedThinkingBlock)) and m.role == "assistant":
             continue                           # an earlier reply's reasoning: not prompted
@@ -114,19 +134,41 @@ def _message(m: Message, param: str, called: set[str]) -> list[dict]:
                            "in user messages.", param=where, code="invalid_value")
         else:
             raise _refuse_block(b, where)
-    if text or calls or not out:
-        out.append({"role": m.role, "content": "".join(text)})
+    if parts or calls or not out:
+        out.append({"role": m.role, "content": _content(parts)})
         if calls:
             out[-1]["tool_calls"] = calls
     return out
 
 
-def chat_messages(body: CountTokensRequest) -> list[dict]:
-    """The conversation as OpenAI-shaped chat messages (system first)."""
+class Images:
+    """The images of a request, read in order (`read_one`: api/images.read_image under the
+    server's policy), at most `max_images`."""
+
+    def __init__(self, read_one: Callable[[str, str], Any], max_images: int) -> None:
+        self.read_one, self.max_images = read_one, max_images
+        self.images: list = []
+
+    def read(self, url: str, param: str) -> None:
+        if len(self.images) == self.max_images:
+            raise APIError(f"Too many images: at most {self.max_images} in a request.",
+                           param=param, code="too_many_images")
+        self.images.append(self.read_one(url, param))
+
+
+def has_images(body: CountTokensRequest) -> bool:
+    return any(isinstance(b, ImageBlock) for m in body.messages if not isinstance(m.content, str)
+               for b in m.content)
+
+
+def chat_messages(body: CountTokensRequest, images: Images | None = None) -> list[dict]:
+    """The conversation as OpenAI-shaped chat messages (system first). With `images`, a user
+    message's image blocks are read into it and its content is parts ({"type": "text"} /
+    {"type": "image"}, as processors' chat templates take them); without, they are refused."""
     out = _system(body)
     called: set[str] = set()
     for i, m in enumerate(body.messages):
-        out.extend(_message(m, f"messages[{i}].content", called))
+        out.extend(_message(m, f"messages[{i}].content", called, images))
     return out
 
 

@@ -35,14 +35,18 @@ def error_body(status: int, message: str) -> dict:
 
 
 def reshaped(response: Response) -> Response:
-    """An OpenAI-shaped error response (api/errors.py) in Anthropic's shape; others as they are."""
+    """An OpenAI-shaped error response (api/errors.py) in Anthropic's shape, its param (where
+    the message does not name it) before the message; others as they are."""
     if response.status_code < 400 or not isinstance(response, JSONResponse):
         return response
     error = json.loads(response.body).get("error")
     if not isinstance(error, dict):
         return response
     headers = {k: v for k, v in response.headers.items() if k.lower() == "www-authenticate"}
-    return JSONResponse(error_body(response.status_code, error.get("message", "")),
+    message, param = str(error.get("message", "")), error.get("param")
+    if param and str(param) not in message:          # Anthropic's shape has no param field
+        message = f"{param}: {message}"
+    return JSONResponse(error_body(response.status_code, message),
                         status_code=response.status_code, headers=headers or None)
 
 

@@ -2,11 +2,12 @@
 
 Types are strict, as on the OpenAI routes (api/protocol.py): a string is not a number, NaN is
 refused, and a bad field is a 400 naming it before anything reaches the engine. Lists have the
-same caps as there; the body's size limit and the prompt's bound limit the text. Content blocks are `text`, `tool_use`, `tool_result`,
+same caps as there; the body's size limit and the prompt's bound limit the text. Content blocks
+are `text`, `image` (base64 or url source, in user messages), `tool_use`, `tool_result`,
 `thinking` and `redacted_thinking` (an earlier reply's reasoning, which conversion drops); any
-other type (image, document, ...) parses as `OtherBlock` so that conversion can refuse it by
-name. `thinking` ({"type": "enabled", "budget_tokens": N}, "adaptive" or "disabled") is read
-by convert.thinking. Fields this server has no use for (`metadata`, `service_tier`,
+other type (document, ...) parses as `OtherBlock` so that conversion can refuse it by name.
+`thinking` ({"type": "enabled", "budget_tokens": N}, "adaptive" or "disabled") is read by
+convert.thinking. Fields this server has no use for (`metadata`, `service_tier`,
 `cache_control` on blocks, ...) are ignored, as Anthropic's clients send a few of their own.
 """
 
@@ -28,7 +29,7 @@ _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 
 # Anthropic's rule for a tool's name, which the OpenAI function-name rule also accepts.
 ToolName = Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
-BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+BLOCK_TYPES = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
 
 
 class OtherBlock(BaseModel):
@@ -48,6 +49,33 @@ class TextBlock(BaseModel):
     model_config = _CONFIG
     type: Literal["text"]
     text: str
+
+
+class Base64Source(BaseModel):
+    model_config = _CONFIG
+    type: Literal["base64"]
+    media_type: Annotated[str, Field(max_length=MAX_NAME_CHARS)]
+    data: str
+
+
+class UrlSource(BaseModel):
+    model_config = _CONFIG
+    type: Literal["url"]
+    url: str
+
+
+class ImageBlock(BaseModel):
+    """An image in a user message (a vision-language model's input): base64 bytes or a URL,
+    read under the server's image policy (api/images.py)."""
+    model_config = _CONFIG
+    type: Literal["image"]
+    source: Annotated[Union[Base64Source, UrlSource], Field(discriminator="type")]
+
+    def url(self) -> str:
+        """The source as api/images.py reads it: a data: URL, or the URL itself."""
+        src = self.source
+        return f"data:{src.media_type};base64,{src.data}" if isinstance(src, Base64Source) \
+            else src.url
 
 
 class ToolUseBlock(BaseModel):
@@ -89,6 +117,7 @@ class RedactedThinkingBlock(BaseModel):
 
 
 Block = Annotated[Union[Annotated[TextBlock, Tag("text block")],
+                        Annotated[ImageBlock, Tag("image block")],
                         Annotated[ToolUseBlock, Tag("tool_use block")],
                         Annotated[ToolResultBlock, Tag("tool_result block")],
                         Annotated[ThinkingBlock, Tag("thinking block")],

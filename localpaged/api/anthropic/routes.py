@@ -7,7 +7,7 @@ ServedModel runs it. SSEResponse aborts the engine request however a stream ends
 response aborts it when its client goes away. Nothing of the engine is held once a response
 has ended, by error or not.
 
-    app.include_router(create_messages_api(served, api_key, recorder))
+    app.include_router(create_messages_api(served, api_key, recorder, images))
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from localpaged.api.anthropic.events import Reply, new_id, sse
 from localpaged.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from localpaged.api.errors import APIError, from_value_error, model_not_found
 from localpaged.api.generation import SSEResponse, chat_prompt
+from localpaged.api.images import ImagePolicy, read_image
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.routes import _check_limits
 from localpaged.api.served_model import Model, ServedModel
 from localpaged.api.structured import ToolRequest, tool_request
 from localpaged.engine.async_engine import RequestStream
 from localpaged.engine.grammar import GrammarError
+from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import RequestOutput
 
 logger = logging.getLogger(__name__)
@@ -44,10 +46,12 @@ ABORTED = ("The request was aborted before it finished (the model was switched o
 
 
 def create_messages_api(served: ServedModel, api_key: str | None = None,
-                        recorder: MetricsRecorder | None = None) -> APIRouter:
+                        recorder: MetricsRecorder | None = None,
+                        images: ImagePolicy | None = None) -> APIRouter:
     """The Anthropic Messages routes over what `served` serves; with `api_key`, each asks for
-    it as `x-api-key` (or `Authorization: Bearer`)."""
-    api = _Messages(served, recorder or MetricsRecorder())
+    it as `x-api-key` (or `Authorization: Bearer`); `images`: where image blocks' URLs may
+    point (api/images.py; default: base64 sources only)."""
+    api = _Messages(served, recorder or MetricsRecorder(), images or ImagePolicy())
     router = APIRouter(prefix="/v1", route_class=route_class(api_key), tags=["anthropic"])
     router.add_api_route("/messages", api.create, methods=["POST"])
     router.add_api_route("/messages/count_tokens", api.count_tokens, methods=["POST"])
@@ -61,11 +65,13 @@ class Prompt:
     ids: list[int]
     tools: ToolRequest
     thinking: convert.Thinking
+    images: ImagePrompt | None = None     # what is submitted where the messages hold images
 
 
 class _Messages:
-    def __init__(self, served: ServedModel, recorder: MetricsRecorder) -> None:
-        self.served, self.recorder = served, recorder
+    def __init__(self, served: ServedModel, recorder: MetricsRecorder,
+                 images: ImagePolicy) -> None:
+        self.served, self.recorder, self.images = served, recorder, images
 
     def _model(self, name: str) -> Model:
         model = self.served.current()
@@ -77,6 +83,8 @@ class _Messages:
         """The prompt's token ids (run in a worker thread: the template and the tokenizer)."""
         tools = tool_request(convert.openai_tool_fields(body), model.engine.tokenizer.chat_template)
         thinking = convert.thinking(body, model.reasoning)
+        if convert.has_images(body):
+            return self._image_prompt(model, body, tools, thinking)
         messages, template_kwargs = tools.prompt(convert.chat_messages(body))
         prefill = convert.prefills(messages)
         flags = SimpleNamespace(add_generation_prompt=not prefill, continue_final_message=prefill,
@@ -89,6 +97,27 @@ class _Messages:
             raise APIError(f"Could not apply the model's chat template: {exc}",
                            param="messages", code="invalid_messages") from exc
         return Prompt(ids, tools, thinking)
+
+    def _image_prompt(self, model: Model, body: CountTokensRequest, tools: ToolRequest,
+                      thinking: convert.Thinking) -> Prompt:
+        """A prompt with images (the model's processor places them); tools and a prefilled
+        reply are not combined with images, as on the OpenAI route."""
+        if tools.active:
+            raise APIError("'tools' is not supported in a request with images.", param="tools",
+                           code="unsupported_parameter")
+        images = (convert.Images(lambda url, param: read_image(url, self.images, param),
+                                 self.images.max_images) if model.engine.takes_images else None)
+        messages = convert.chat_messages(body, images)     # no images taken: refused by name
+        if convert.prefills(messages):
+            raise APIError("A final assistant message (a prefilled reply) is not supported in a "
+                           "request with images.", param="messages", code="unsupported_parameter")
+        try:
+            prompt = model.engine.image_prompt(messages, images.images,
+                                               **thinking.template_kwargs)
+        except (jinja2.TemplateError, ValueError, TypeError) as exc:
+            raise APIError(f"Could not prepare the images for the model: {exc}",
+                           param="messages", code="invalid_image") from exc
+        return Prompt(list(prompt.token_ids), tools, thinking, prompt)
 
     async def count_tokens(self, body: CountTokensRequest) -> dict:
         prompt = await run_in_threadpool(self._prompt, self._model(body.model), body)
@@ -109,7 +138,8 @@ class _Messages:
         message_id = new_id("msg")
         try:
             stream = self.served.submit(
-                model, lambda: model.engine.submit(prompt.ids, params, request_id=message_id))
+                model, lambda: model.engine.submit(prompt.images or prompt.ids, params,
+                                                   request_id=message_id))
         except GrammarError as exc:
             raise APIError(f"The tools' input_schema cannot be enforced: {exc}", param="tools",
                            code="invalid_value") from exc
