@@ -166,3 +166,38 @@ def test_bad_image_prompts_are_refused(vlm, tiny_llama):
     with pytest.raises(ValueError, match="takes no images"):
         text_only.image_prompt("<image>", [tiny_vlm.image(1)])
     assert not llm.engine.groups and not text_only.engine.groups
+
+
+def test_the_disk_tier_finds_an_image_again_after_a_restart(vlm, tmp_path):
+    """A new engine on the same disk tier (a restart) reads the image's blocks back: its prompt
+    computes only what follows its last whole block and the tower does not run; another image behind the same text reads
+    nothing past the text before it."""
+    images = [tiny_vlm.image(7)]
+    first = LLM(vlm, num_kv_blocks=64, kv_disk_dir=str(tmp_path))
+    prompt = first.image_prompt(conversation("Still there?"), images)
+    want = first.generate([prompt], params())[0]
+    del first
+    again = LLM(vlm, num_kv_blocks=64, kv_disk_dir=str(tmp_path), debug_checks=True)
+    out = again.generate([again.image_prompt(conversation("Still there?"), images)], params())[0]
+    assert out.outputs[0].token_ids == want.outputs[0].token_ids
+    B = again.stats().block_size                      # the disk tier holds whole blocks
+    assert out.metrics.num_cached_tokens == (len(prompt.token_ids) - 1) // B * B
+    assert out.metrics.num_disk_tokens == out.metrics.num_cached_tokens
+    assert prompt.images[0].end <= out.metrics.num_cached_tokens
+    assert again.stats().encoder_runs == 0
+    other = again.image_prompt(conversation("Still there?"), [tiny_vlm.image(8)])
+    out = again.generate([other], params())[0]
+    assert out.metrics.num_cached_tokens <= other.images[0].offset
+    check_equal(vlm, again, other, out, [tiny_vlm.image(8)], 10)
+
+
+def test_speculation_keeps_image_outputs(vlm):
+    """n-gram speculation drafts over prompts with images: the same tokens as without."""
+    images = [tiny_vlm.image(9)]
+    plain = LLM(vlm, num_kv_blocks=64)
+    prompt = plain.image_prompt(conversation("Repeat it?"), images)
+    want = plain.generate([prompt], params(24))[0]
+    spec = LLM(vlm, num_kv_blocks=64, speculation="ngram", debug_checks=True)
+    out = spec.generate([prompt], params(24))[0]
+    assert out.outputs[0].token_ids == want.outputs[0].token_ids
+    check_equal(vlm, spec, prompt, out, images, 24)
