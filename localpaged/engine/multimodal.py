@@ -57,7 +57,7 @@ class ImagePreprocessor:
         self.tower = tower
         self.image_token: str = processor.image_token          # the marker in text ("<image>")
         self.image_token_id = tower.image_token_id
-        self.whole = bool(getattr(tower, "bidirectional", False))
+        self.whole = tower.bidirectional
 
     def prompt(self, text: str, images: Sequence, add_special_tokens: bool = True) -> ImagePrompt:
         """`text` holds `image_token` once per image (in order); `images` are PIL images;

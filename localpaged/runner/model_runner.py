@@ -147,7 +147,7 @@ class ModelRunner:
         else:
             meta = [self._metadata(items, positions, functools.partial(bm.group_block_ids, g), w)
                     for g, w in enumerate(self.windows)]
-        if self.encoder is not None and getattr(self.encoder.tower, "bidirectional", False):
+        if self.encoder is not None and self.encoder.tower.bidirectional:
             runs = image_batch.open_runs([it for it in items if not is_decode(it)],
                                          self.encoder.tower.image_token_id)
             for m in [meta] if isinstance(meta, AttentionMetadata) else meta:

@@ -26,6 +26,9 @@ class ImagePixels:
 
 class VisionTower(Protocol):
     image_token_id: int          # the placeholder token whose embeddings the tower gives
+    # whether an image's placeholder tokens attend to each other both ways in the text model
+    # (Gemma 3): its spans are then core.multimodal.ImageSpan.whole
+    bidirectional: bool
 
     def encode(self, pixels: ImagePixels) -> torch.Tensor:
         """[placeholder tokens of the image, text hidden size], in prompt order."""

@@ -6,8 +6,9 @@ projection into the text model's hidden size. Its text model is models/gemma3.py
 An image (or each of its pan-and-scan crops) gives mm_tokens_per_image embeddings; the prompt
 holds as many image tokens per crop between <start_of_image> and <end_of_image>, crop after
 crop, as transformers' `get_image_features` flattens them. Gemma 3 lets an image's tokens
-attend to each other both ways (`bidirectional`): its spans are `ImageSpan.whole`, computed in
-one prefill step with the attention opened over each run of image tokens (models/attention.py).
+attend to each other both ways (`bidirectional`): its spans are `ImageSpan.whole`, what is
+left of one computed in one prefill step with the attention opened over each run of image
+tokens (models/attention.py).
 """
 
 from __future__ import annotations

@@ -55,6 +55,7 @@ class Idefics3Vision(nn.Module):
     CHECKPOINT_NAMES = (("model.vision_model.", "vision_model."), ("model.connector.", "connector."))
     TEXT_NAMES = (("model.text_model.", "model."),)
     UNUSED: tuple[str, ...] = ()
+    bidirectional = False            # the Llama text model is causal over image tokens too
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
