@@ -108,10 +108,16 @@ class LocalChatBackend:
         return self._window
 
     def submit_ids(self, token_ids: list[int], params: SamplingParams,
-                   request_id: str | None = None) -> Iterator[RequestOutput]:
-        """Stream one reply to a prompt given as token ids (Continue)."""
-        return iter(self.engine.submit(list(token_ids), self._local([params])[0],
-                                       request_id))
+                   request_id: str | None = None,
+                   images: ImagePrompt | None = None) -> Iterator[RequestOutput]:
+        """Stream one reply to a prompt given as token ids (Continue); `images`: the prompt
+        with images those ids extend (a reply's own tokens after it), whose images they keep."""
+        prompt: list[int] | ImagePrompt = list(token_ids)
+        if images is not None:
+            if prompt[:len(images.token_ids)] != list(images.token_ids):
+                raise ValueError("the token ids do not extend the prompt with images")
+            prompt = ImagePrompt(prompt, images.images, images.text)
+        return iter(self.engine.submit(prompt, self._local([params])[0], request_id))
 
     def decode(self, token_ids: list[int]) -> str:
         """A reply's text as the engine streams it (its reasoning markers kept: detokenizer.py)."""

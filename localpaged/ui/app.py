@@ -62,7 +62,7 @@ from .kv_disk.events import wire_kv_disk
 from .kv_disk.logic import KVDiskActions
 from .kv_disk.view import build_kv_disk
 from .engine_panel.view import build_engine_panel
-from .images.events import image_router
+from .images.events import image_router, wire_paste
 from .models.events import wire_model_picker
 from .models.logic import ModelManager
 from .models.view import build_header, build_model_panel
@@ -130,6 +130,7 @@ def build_demo(ctl: ChatController, models: ModelManager) -> gr.Blocks:
         wire_sibling_clicks(loaded)
         wire_token_clicks(loaded)
         wire_keyboard(loaded)
+        wire_paste(loaded)
         wire_scroll(loaded)
         wire_sidebar(side, page, SidebarEvents(ctl, page))
         wire_compare(cmp, cmp_tab, page, CompareEvents(ctl))

@@ -75,9 +75,10 @@ def ctl(vlm_backend, tmp_path):
     c.store.close()
 
 
-def engine_reply(backend, prompt) -> list[int]:
+def engine_reply(backend, prompt, max_tokens: int = 8) -> list[int]:
     """The engine's own greedy tokens for `prompt` (an ImagePrompt), as the chat asks."""
-    outs = list(backend.engine.submit(prompt, SamplingParams(temperature=0.0, max_tokens=8)))
+    outs = list(backend.engine.submit(prompt, SamplingParams(temperature=0.0,
+                                                             max_tokens=max_tokens)))
     return outs[-1].outputs[0].token_ids
 
 
@@ -127,6 +128,19 @@ def test_send_regenerate_and_edit_with_an_image(ctl, vlm, vlm_backend, tmp_path)
     assert "images" not in plain_user.extra
     assert "images_from_cache" not in ctl.store.get_message(plain.replies[0].message_id).stats
     assert ctl.store.image_count() == 1                          # kept once for all versions
+
+
+def test_continue_keeps_the_images(ctl, vlm_backend, tmp_path):
+    path = png_file(tmp_path, 13)
+    cid = ctl.new_conversation().id
+    reply = run(ctl.send(cid, "Go on", attachments=[read_attachment(path)])).replies[0]
+    stored = ctl.store.get_message(reply.message_id)
+    assert stored.stats["finish_detail"] == "max_tokens" and len(stored.token_ids) == 8
+    run(ctl.continue_reply(stored.id))
+    longer = ctl.store.get_message(stored.id)
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Go on"}]}]
+    prompt = vlm_backend.engine.image_prompt(chat, [Image.open(path).convert("RGB")])
+    assert longer.token_ids == engine_reply(vlm_backend, prompt, 16)
 
 
 def test_the_gauge_counts_image_tokens(ctl, vlm_backend, tmp_path):

@@ -284,7 +284,10 @@ class ContextFeatures:
                 backend, msgs, int(m.stats.get("context_dropped", 0)), m.token_ids or [],
                 params, self.store.get_conversation(cid).context_policy)
             request_id = f"conv{cid}-{uuid.uuid4().hex[:8]}"
-            stream = backend.submit_ids(req.prompt_token_ids, req.params, request_id)
+            image_prompt = getattr(backend, "image_prompt", None)
+            images = image_prompt(sent_messages(msgs, dropped)) if image_prompt else None
+            stream = backend.submit_ids(req.prompt_token_ids, req.params, request_id,
+                                        **({"images": images} if images else {}))
             m.stats["context_dropped"] = dropped
             try:
                 self.store.update_message(m.id, status="streaming",
