@@ -30,7 +30,8 @@ from localpaged.api.metrics import CONTENT_TYPE, MetricsRecorder
 from localpaged.api.prompt_bound import check_fits
 from localpaged.api.protocol import ChatCompletionRequest, CompletionRequest
 from localpaged.api.served_model import Model, ServedModel, as_served
-from localpaged.api.generation import Generation, SSEResponse, TokenIdText, chat_prompt
+from localpaged.api.generation import Generation, SSEResponse, chat_prompt
+from localpaged.api.logprobs import TokenIdText
 from localpaged.api.reasoning_output import ReasoningReplies, reasoning_request
 from localpaged.api.structured import constrain, tool_request
 from localpaged.api.tool_output import ToolReplies

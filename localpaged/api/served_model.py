@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from localpaged.api.errors import APIError
-from localpaged.api.generation import TokenText
+from localpaged.api.logprobs import TokenText
 from localpaged.chat.reasoning import ReasoningFormat, reasoning_format
 from localpaged.engine.async_engine import AsyncEngine, RequestStream
 
