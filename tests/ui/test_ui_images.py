@@ -30,6 +30,7 @@ from localpaged.chat.images import REMOTE_REFUSAL
 from localpaged.chat.remote import RemoteChatBackend
 from localpaged.ui import render
 from localpaged.ui.controller import ChatController
+from localpaged.ui.engine_panel import KvMap
 from localpaged.ui.images.events import image_router
 from localpaged.ui.images.logic import CACHE_NOTE
 from localpaged.ui.store import Store
@@ -170,6 +171,18 @@ def test_a_text_only_model_refuses_and_stores_nothing(text_backend, tmp_path):
         assert [m.id for m in ctl.store.messages(cid)] == before
         assert ctl.store.image_count() == 0
         assert ctl.context_usage(cid).tokens > 0                 # no image on the path: counted
+        # a conversation that has an image (made with another model): the gauge, the KV map and
+        # the edit preview say nothing rather than fail; a regenerate is refused by name
+        last = ctl.store.active_path(cid)[-1]
+        user = ctl.store.add_message(cid, last.id, "user", "old picture",
+                                     images=[read_attachment(png_file(tmp_path, 4))["image"]])
+        assert ctl.context_usage(cid) is None
+        assert ctl.edit_cost(user.id, "other text") is None
+        snap = KvMap(ctl).collect([cid])
+        assert snap.available and len(snap.rows) == 1
+        with pytest.raises(ValueError, match="takes no images"):
+            ctl.regenerate(user.id)
+        assert len(ctl.store.messages(cid)) == len(before) + 1
     finally:
         ctl.stop_all(wait=10)
         ctl.store.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from localpaged.chat.backend import ChatBackend, is_local
 
 from ..context.logic import chat_prompt
+from ..images.logic import image_parts
 from ..store import Store
 
 
@@ -21,8 +22,10 @@ def edit_cost(store: Store, backend: ChatBackend | None, message_id: int,
         return None
     path = store.path_to(m.parent_id) if m.parent_id is not None else []
     edited = chat_prompt(store.get_conversation(m.conversation_id).system_prompt, path, store)
+    images = image_parts(m.extra, store)             # an edit keeps the original's images
+    new = {"role": "user", "content": [*images, {"type": "text", "text": text}] if images else text}
     try:
-        reused, total = backend.cached_prefix_tokens(edited + [{"role": "user", "content": text}])
+        reused, total = backend.cached_prefix_tokens(edited + [new])
     except ValueError:          # images a text-only model cannot count: the edit says why
         return None
     return reused, total - reused
