@@ -144,6 +144,24 @@ def test_continue_keeps_the_images(ctl, vlm_backend, tmp_path):
     assert longer.token_ids == engine_reply(vlm_backend, prompt, 16)
 
 
+def test_an_exported_and_imported_chat_keeps_its_image(ctl, vlm_backend, tmp_path):
+    path = png_file(tmp_path, 14)
+    cid = ctl.new_conversation().id
+    first = run(ctl.send(cid, "Seen before?", attachments=[read_attachment(path)])).replies[0]
+    first_text = ctl.store.get_message(first.message_id).content
+    export = tmp_path / "chat.json"
+    export.write_text(ctl.export(cid, "json"))
+    ctl.delete(cid)
+    assert ctl.store.image_count() == 0
+    new = ctl.organise.import_file(export)
+    user, reply = ctl.store.active_path(new.id)
+    assert ctl.store.image(user.extra["images"][0]["sha256"]).data == path.read_bytes()
+    # the same picture, so the same image blocks: a regenerate of the imported reply finds them
+    again = ctl.store.get_message(run(ctl.regenerate(reply.id)).replies[0].message_id)
+    assert again.stats["images_from_cache"] is True
+    assert again.content == reply.content == first_text
+
+
 def test_the_gauge_counts_image_tokens(ctl, vlm_backend, tmp_path):
     path = png_file(tmp_path, 12, size=(64, 64))
     cid = ctl.new_conversation().id
