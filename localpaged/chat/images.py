@@ -36,7 +36,10 @@ from localpaged.engine.multimodal import ImagePrompt
 Messages = list[dict]
 REMOTE_REFUSAL = ("This conversation has images, and images you attach are never sent to a "
                   "remote server: load a local vision-language model to ask about them.")
-_PROMPTS_KEPT = 8          # ImagePrompts an ImageWindow keeps (the last few conversations)
+# What an ImageWindow keeps: the last ImagePrompts made (they hold the images' pixels, tens of
+# MB for a large image: only the one a send counts, then submits), and many prompts' counts.
+_PROMPTS_KEPT = 2
+_COUNTS_KEPT = 256
 
 
 def is_image(part: Any) -> bool:
@@ -93,6 +96,7 @@ class ImageWindow(ContextWindow):
         super().__init__(tokenizer, limit, **kwargs)
         self._image_prompt, self._model = image_prompt, model
         self._prompts: OrderedDict[str, ImagePrompt] = OrderedDict()   # LRU by _key
+        self._counts: OrderedDict[str, int] = OrderedDict()            # LRU by _key
         self._prompts_lock = threading.Lock()
 
     def image_prompt(self, messages: Messages) -> ImagePrompt:
@@ -110,9 +114,8 @@ class ImageWindow(ContextWindow):
         msgs, images = template_messages(messages)
         prompt = self._image_prompt(msgs, images, **self.template_kwargs)
         with self._prompts_lock:
-            self._prompts[key] = prompt
-            while len(self._prompts) > _PROMPTS_KEPT:
-                self._prompts.popitem(last=False)
+            _keep(self._prompts, key, prompt, _PROMPTS_KEPT)
+            _keep(self._counts, key, len(prompt.token_ids), _COUNTS_KEPT)
         return prompt
 
     def token_ids(self, messages: Messages, add_generation_prompt: bool = True,
@@ -131,7 +134,22 @@ class ImageWindow(ContextWindow):
                                         continue_final_message)
         if draft:
             messages = [*messages, {"role": "user", "content": draft}]
-        return len(self.token_ids(messages, add_generation_prompt, continue_final_message))
+        if continue_final_message or not add_generation_prompt:
+            return len(self.token_ids(messages, add_generation_prompt, continue_final_message))
+        if self._image_prompt is not None:
+            key = _key(messages, self.template_kwargs)
+            with self._prompts_lock:
+                if key in self._counts:
+                    self._counts.move_to_end(key)
+                    return self._counts[key]
+        return len(self.image_prompt(messages).token_ids)
+
+
+def _keep(lru: OrderedDict, key: str, value, size: int) -> None:
+    lru[key] = value
+    lru.move_to_end(key)
+    while len(lru) > size:
+        lru.popitem(last=False)
 
 
 def images_from_cache(prompt: ImagePrompt | None, cached_tokens: int | None) -> bool | None:

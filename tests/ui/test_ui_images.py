@@ -26,7 +26,7 @@ from helpers.ui_helpers import TinyBackend, run, tiny_backend
 from PIL import Image
 
 from localpaged import LLM, SamplingParams
-from localpaged.chat.images import REMOTE_REFUSAL
+from localpaged.chat.images import REMOTE_REFUSAL, ImageWindow
 from localpaged.chat.remote import RemoteChatBackend
 from localpaged.ui import render
 from localpaged.ui.controller import ChatController
@@ -176,6 +176,28 @@ def test_the_gauge_counts_image_tokens(ctl, vlm_backend, tmp_path):
     msgs = ctl.prompt_messages(cid, reply.id)
     assert usage.tokens == len(window.token_ids(msgs)) > len(ids)
     assert ctl.context_usage(cid, draft="more").tokens > usage.tokens
+
+
+def test_the_image_window_keeps_counts_not_pixels(vlm_backend):
+    """Counting a draft after an image runs the processor once per new text; a count asked
+    again is remembered; only the last two prompts (their pixels) are kept."""
+    calls = []
+
+    def processor(msgs, images, **kw):
+        calls.append(len(images))
+        return vlm_backend.engine.image_prompt(msgs, images, **kw)
+
+    window = ImageWindow(vlm_backend.engine.tokenizer, 1024, processor)
+    image = tiny_vlm.image(15)
+    msgs = [{"role": "user", "content": [{"type": "image", "sha256": "a" * 64, "image": image},
+                                         {"type": "text", "text": "What?"}]}]
+    counts = [window.count_tokens(msgs, draft="more " * i) for i in range(1, 6)]
+    assert calls == [1] * 5 and counts == sorted(counts) and len(set(counts)) == 5
+    assert window.count_tokens(msgs, draft="more ") == counts[0] and len(calls) == 5
+    last = [*msgs, {"role": "user", "content": "more " * 5}]
+    assert len(window.image_prompt(last).token_ids) == counts[4] and len(calls) == 5
+    first = [*msgs, {"role": "user", "content": "more "}]
+    assert len(window.image_prompt(first).token_ids) == counts[0] and len(calls) == 6
 
 
 def test_a_text_only_model_refuses_and_stores_nothing(text_backend, tmp_path):
