@@ -189,6 +189,11 @@ def _convert(data: np.ndarray, t: TensorInfo, bits: int | None, exact: bool):
     return parts[0] if len(parts) == 1 else cat_rows(parts)
 
 
+def float_tensor(file: GgufFile, t: TensorInfo) -> torch.Tensor:
+    """One tensor of `file` as float32 in its (transformers-order) shape, whatever its type."""
+    return _convert(file.array(t), t, None, False)
+
+
 def _dequantize(rows: np.ndarray, kind: str) -> torch.Tensor:
     """uint8 rows of one tensor -> float32 [rows, K] (float types: their values as float32)."""
     raw = torch.from_numpy(np.ascontiguousarray(rows))

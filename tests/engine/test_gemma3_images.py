@@ -10,6 +10,8 @@ Oracle: transformers' Gemma3ForConditionalGeneration `generate` on its own proce
 tiny model's text layers slide over 8 tokens, fewer than an image's 16 tokens.
 """
 
+import os
+
 import pytest
 import torch
 from helpers import tiny_vlm
@@ -158,3 +160,44 @@ def test_attention_backends_give_the_same_tokens(gemma, backend):
     messages = conversation("Backend?")
     prompt = llm.image_prompt(messages, images)
     check_equal(gemma, messages, prompt, llm.generate([prompt], greedy(8, logprobs=1))[0], images, 8)
+
+
+def test_gguf_with_its_mmproj_equals_the_safetensors_model(tiny_root):
+    """llama.cpp's two files (the text model, the vision projector beside it) load as one
+    vision-language model: the same prompt (token ids, pixels, image hash) from the GGUF's own
+    tokenizer and chat template, the same outputs as the safetensors checkpoint's and as
+    transformers'."""
+    st_path, folder = tiny_vlm.write_gemma3_gguf(tiny_root)
+    st = LLM(st_path, num_kv_blocks=64)
+    images, messages = [tiny_vlm.image(13)], conversation("From GGUF?")
+    expected = st.generate([st.image_prompt(messages, images)], greedy(8, logprobs=1))[0]
+    for source in (folder, os.path.join(folder, "model-F32.gguf")):     # the folder or the file
+        gg = LLM(source, num_kv_blocks=64)
+        assert type(gg.engine.encoder.tower).__name__ == "Gemma3Vision"
+        prompt = gg.image_prompt(messages, images)
+        out = gg.generate([prompt], greedy(8, logprobs=1))[0]
+        assert out.outputs[0].token_ids == expected.outputs[0].token_ids
+        assert [lp.logprob for lp in out.outputs[0].logprobs] == \
+            pytest.approx([lp.logprob for lp in expected.outputs[0].logprobs], abs=1e-5)
+        check_equal(st_path, messages, prompt, out, images, 8)
+        assert gg.stats().encoder_runs == 1
+
+
+def test_mmproj_refusals(tiny_root, tmp_path):
+    """The projector file alone is not a model; a projector of another family is refused by
+    name."""
+    import shutil
+
+    from helpers import gemma3_gguf
+    st_path, folder = tiny_vlm.write_gemma3_gguf(tiny_root)
+    with pytest.raises(ValueError, match="is a vision projector"):
+        LLM(os.path.join(folder, "mmproj-model-f32.gguf"), num_kv_blocks=16)
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(os.path.join(folder, "model-F32.gguf"), other)
+    model = tiny_vlm.hf_model(st_path)
+    state = {k.removeprefix("model."): v for k, v in model.state_dict().items()
+             if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
+    gemma3_gguf.write_mmproj(str(other / "mmproj.gguf"), model.config, state, projector_type="idefics3")
+    with pytest.raises(ValueError, match="vision projector type 'idefics3' is not supported"):
+        LLM(str(other), num_kv_blocks=16)

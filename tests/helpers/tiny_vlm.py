@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import os
 
+import gguf
 import numpy as np
 import torch
 from PIL import Image
@@ -124,20 +125,55 @@ def gemma3_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_gemma3(root: str, seed: int = 0) -> str:
-    """A random Gemma3ForConditionalGeneration with its processor, saved to root/tiny-gemma3."""
-    path = os.path.join(root, "tiny-gemma3")
+def build_gemma3(root: str, seed: int = 0, llamacpp: bool = False) -> str:
+    """A random Gemma3ForConditionalGeneration with its processor, saved to root/tiny-gemma3;
+    `llamacpp`: one a GGUF holds as it is (root/tiny-gemma3-llamacpp): llama.cpp's attention
+    scale 1/sqrt(head_dim) and its layer pattern (every sixth layer full: 6 layers)."""
+    path = os.path.join(root, "tiny-gemma3" + ("-llamacpp" if llamacpp else ""))
     if os.path.isdir(path):
         return path
     tok = gemma3_tokenizer()
     ids = {name: tok.convert_tokens_to_ids(t) for name, t in GEMMA_SPECIAL.items()}
-    config = Gemma3Config(text_config=GEMMA_TEXT, vision_config=GEMMA_VISION, mm_tokens_per_image=16,
+    text = GEMMA_TEXT
+    if llamacpp:
+        text = {k: v for k, v in GEMMA_TEXT.items() if k != "layer_types"}
+        text.update(query_pre_attn_scalar=GEMMA_TEXT["head_dim"], num_hidden_layers=6)
+    config = Gemma3Config(text_config=text, vision_config=GEMMA_VISION, mm_tokens_per_image=16,
                           image_token_index=ids["image_token"], boi_token_index=ids["boi_token"],
                           eoi_token_index=ids["eoi_token"])
     _random_model(Gemma3ForConditionalGeneration, config, seed).save_pretrained(path)
     Gemma3Processor(Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tok,
                     image_seq_length=16, chat_template=GEMMA_TEMPLATE).save_pretrained(path)
     return path
+
+
+def write_gemma3_gguf(root: str) -> tuple[str, str]:
+    """(build_gemma3(root, llamacpp=True), a folder holding it as llama.cpp's two files:
+    model-F32.gguf, the text model with the character vocabulary as a byte-level one, and
+    mmproj-model-f32.gguf)."""
+    from helpers import gemma3_gguf
+    path = build_gemma3(root, llamacpp=True)
+    folder = os.path.join(root, "tiny-gemma3-gguf")
+    if os.path.isdir(folder):
+        return path, folder
+    os.makedirs(folder)
+    model, tok = hf_model(path), gemma3_tokenizer()
+    tokens = [tok.convert_ids_to_tokens(i) or f"[PAD{i}]" for i in range(GEMMA_VOCAB - 1)]
+    tokens.append("zq")          # one merge ("z q", never met in the tests' text): a byte-level
+    # vocabulary needs merges; the character tokenizer's ids stay those of every other text
+    types = [int(gguf.TokenType.CONTROL) if t.startswith("<") and len(t) > 1 else
+             int(gguf.TokenType.UNUSED) if t.startswith("[PAD") else int(gguf.TokenType.NORMAL)
+             for t in tokens]
+    state = model.state_dict()
+    text = {k.replace("model.language_model.", "model."): v for k, v in state.items()
+            if k.startswith("model.language_model.")}
+    vision = {k.removeprefix("model."): v for k, v in state.items()
+              if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
+    gemma3_gguf.write_text(os.path.join(folder, "model-F32.gguf"), model.config.text_config, text,
+                           (tokens, types, ["z q"]), (1, 2), chat_template=GEMMA_TEMPLATE,
+                           pre="default")
+    gemma3_gguf.write_mmproj(os.path.join(folder, "mmproj-model-f32.gguf"), model.config, vision)
+    return path, folder
 
 
 def image(seed: int, height: int = 40, width: int = 70) -> Image.Image:

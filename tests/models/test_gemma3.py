@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import os
 
-import gguf
-import numpy as np
 import pytest
-from helpers import tiny_models
+from helpers import gemma3_gguf, tiny_models
 import torch
 from helpers.engine_helpers import greedy, hf_expected, hf_greedy, hf_model, prompts, token_ids
 
@@ -153,69 +151,15 @@ def test_quantized_stays_close(gemma, quantization):
 
 
 # ---- GGUF -------------------------------------------------------------------------------------
-GGUF_NAMES = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "post_ffw_norm", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-}
-
-
-def gguf_name(name: str) -> str:
-    if name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if name == "model.norm.weight":
-        return "output_norm.weight"
-    i, rest = name.removeprefix("model.layers.").split(".", 1)
-    return f"blk.{i}.{GGUF_NAMES[rest.removesuffix('.weight')]}.weight"
-
-
 def write_gemma_gguf(hf_path: str, path: str, tensor_type: str = "F32") -> str:
-    """The HF model's weights as llama.cpp's converter writes a Gemma 3 (norms as w + 1, no
-    q/k permutation, tied: no output.weight), 2-D weights in `tensor_type`, with the byte-level
-    tokenizer of tests/helpers/ggml_models.py."""
+    """The HF model's weights as llama.cpp's converter writes a Gemma 3 (helpers/gemma3_gguf.py),
+    2-D weights in `tensor_type`, with the byte-level tokenizer of tests/helpers/ggml_models.py."""
     from helpers import ggml_models
-    model, config = hf_model(hf_path), hf_model(hf_path).config
-    writer = gguf.GGUFWriter(path, "gemma3")
-    writer.add_name("tiny-gemma3")
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(config.head_dim)
-    writer.add_value_length(config.head_dim)
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_freq_base(config.rope_parameters["full_attention"]["rope_theta"])
-    writer.add_sliding_window(config.sliding_window)
-    writer.add_vocab_size(config.vocab_size)
+    model = hf_model(hf_path)
     tokens, types, ids = ggml_models.vocabulary()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    writer.add_token_merges([f"{a} {b}" for a, b in ggml_models.MERGES])
-    writer.add_bos_token_id(ids["bos"])
-    writer.add_eos_token_id(ids["eos"])
-    qtype = gguf.GGMLQuantizationType[tensor_type]
-    for name, t in model.state_dict().items():
-        if name == "lm_head.weight":
-            continue                                      # tied
-        w = t.float().numpy()
-        if name.endswith("norm.weight"):
-            writer.add_tensor(gguf_name(name), (w + 1).astype(np.float32))
-        elif qtype == gguf.GGMLQuantizationType.F32:
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(w, dtype=np.float32))
-        else:
-            writer.add_tensor(gguf_name(name), gguf.quants.quantize(w, qtype), raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    merges = [f"{a} {b}" for a, b in ggml_models.MERGES]
+    return gemma3_gguf.write_text(path, model.config, model.state_dict(), (tokens, types, merges),
+                                  (ids["bos"], ids["eos"]), tensor_type=tensor_type)
 
 
 @pytest.fixture(scope="module")
@@ -276,6 +220,6 @@ def test_gguf_names_by_family(gemma):
         "model.layers.3.post_attention_layernorm.weight"
     assert hf_name("blk.3.post_ffw_norm.weight", "gemma3_text") == \
         "model.layers.3.post_feedforward_layernorm.weight"
-    assert all(hf_name(gguf_name(n), "gemma3_text") == n
+    assert all(hf_name(gemma3_gguf.gguf_name(n), "gemma3_text") == n
                for n in hf_model(gemma).state_dict()
                if n != "lm_head.weight")
