@@ -183,21 +183,38 @@ def test_gguf_with_its_mmproj_equals_the_safetensors_model(tiny_root):
         assert gg.stats().encoder_runs == 1
 
 
-def test_mmproj_refusals(tiny_root, tmp_path):
-    """The projector file alone is not a model; a projector of another family is refused by
-    name."""
+def test_mmproj_variants_and_refusals(tiny_root, tmp_path):
+    """The first converter's swapped MLP names load the same tower; the projector file alone
+    is not a model; a projector of another family is refused by name."""
     import shutil
 
     from helpers import gemma3_gguf
+
+    from localpaged.models.vision import ImagePixels
+    from localpaged.runner import loader
     st_path, folder = tiny_vlm.write_gemma3_gguf(tiny_root)
-    with pytest.raises(ValueError, match="is a vision projector"):
-        LLM(os.path.join(folder, "mmproj-model-f32.gguf"), num_kv_blocks=16)
-    other = tmp_path / "other"
-    other.mkdir()
-    shutil.copy(os.path.join(folder, "model-F32.gguf"), other)
     model = tiny_vlm.hf_model(st_path)
     state = {k.removeprefix("model."): v for k, v in model.state_dict().items()
              if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
-    gemma3_gguf.write_mmproj(str(other / "mmproj.gguf"), model.config, state, projector_type="idefics3")
-    with pytest.raises(ValueError, match="vision projector type 'idefics3' is not supported"):
-        LLM(str(other), num_kv_blocks=16)
+    pixels = ImagePixels(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6)))
+    encoded = []
+    for kind, swapped in (("idefics3", False), ("gemma3", True)):
+        other = tmp_path / f"{kind}-{swapped}"
+        other.mkdir()
+        shutil.copy(os.path.join(folder, "model-F32.gguf"), other)
+        gemma3_gguf.write_mmproj(str(other / "mmproj.gguf"), model.config, state,
+                                 projector_type=kind, swapped_mlp=swapped)
+        if kind != "gemma3":
+            with pytest.raises(ValueError, match=f"vision projector type '{kind}' is not supported"):
+                LLM(str(other), num_kv_blocks=16)
+            continue
+        for source in (folder, str(other)):
+            tower = loader.load(source, torch.device("cpu"), torch.float32).vision
+            with torch.inference_mode():
+                encoded.append(tower.encode(pixels))
+    with torch.inference_mode():
+        expected = model.model.get_image_features(pixels.values).pooler_output.reshape(32, -1)
+    for out in encoded:
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match="is a vision projector"):
+        LLM(os.path.join(folder, "mmproj-model-f32.gguf"), num_kv_blocks=16)

@@ -1,13 +1,14 @@
 """Gemma 3 GGUF files written with gguf-py's GGUFWriter as llama.cpp's converters write them: the
 text model (`write_text`: norms stored as 1 + weight, no q/k permutation, tied: no
 output.weight) and the vision projector (`write_mmproj`: an `mmproj` file, architecture
-"clip", `v.*` and `mm.*` tensors, soft_emb_norm stored as 1 + weight, and the encoder's MLP
-under the older converter's swapped names, fc1 as ffn_down).
+"clip", `v.*` and `mm.*` tensors, soft_emb_norm stored as 1 + weight; the encoder's MLP as
+convert_hf_to_gguf.py names it, or under the first converter's swapped names).
 
     gguf_name(transformers name) -> the text model's GGUF tensor name
     write_text(path, config, state, vocab, bos_eos, chat_template=None, tensor_type="F32",
                pre="gpt-2") -> path
-    write_mmproj(path, config, state, tensor_type="F32", projector_type="gemma3") -> path
+    write_mmproj(path, config, state, tensor_type="F32", projector_type="gemma3",
+                 swapped_mlp=False) -> path
 `vocab`: (tokens, token types, merges) of a byte-level ("gpt2") vocabulary.
 """
 
@@ -26,7 +27,8 @@ GGUF_NAMES = {
 }
 VISION_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
                 "self_attn.v_proj": "attn_v", "self_attn.out_proj": "attn_out",
-                "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_down", "mlp.fc2": "ffn_up"}
+                "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up", "mlp.fc2": "ffn_down"}
+SWAPPED = {"mlp.fc1": "ffn_down", "mlp.fc2": "ffn_up"}     # the first Gemma 3 mmproj converter's
 
 
 def gguf_name(name: str) -> str:
@@ -95,10 +97,12 @@ def write_text(path: str, config, state: dict, vocab: tuple[list, list, list],
 
 
 def write_mmproj(path: str, config, state: dict, tensor_type: str = "F32",
-                 projector_type: str = "gemma3") -> str:
+                 projector_type: str = "gemma3", swapped_mlp: bool = False) -> str:
     """The vision tower and projector of a Gemma3ForConditionalGeneration (`config`: its
     Gemma3Config; `state`: `vision_tower.*` and `multi_modal_projector.*` as transformers 5
-    saves them) as llama.cpp's Gemma 3 mmproj converter writes them."""
+    saves them) as llama.cpp's convert_hf_to_gguf.py writes them (`swapped_mlp`: as its first
+    Gemma 3 converter did, fc1 named ffn_down and fc2 ffn_up)."""
+    names = VISION_NAMES | (SWAPPED if swapped_mlp else {})
     vc = config.vision_config
     writer = gguf.GGUFWriter(path, "clip")
     writer.add_string("clip.projector_type", projector_type)
@@ -128,7 +132,7 @@ def write_mmproj(path: str, config, state: dict, tensor_type: str = "F32",
         if name.startswith("encoder.layers."):
             i, rest = name.removeprefix("encoder.layers.").split(".", 1)
             part, suffix = rest.rsplit(".", 1)
-            _add(writer, f"v.blk.{i}.{VISION_NAMES[part]}.{suffix}", w, tensor_type)
+            _add(writer, f"v.blk.{i}.{names[part]}.{suffix}", w, tensor_type)
         else:
             base, suffix = name.rsplit(".", 1)
             short = {"embeddings.patch_embedding": "v.patch_embd",
