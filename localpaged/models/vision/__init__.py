@@ -1,7 +1,9 @@
 """Vision towers: from an image's pixels to the embeddings its placeholder tokens take in the
 text model. One module per family (idefics3.py: SigLIP + pixel shuffle + linear, for Idefics3
-and SmolVLM); siglip.py is the encoder they share. Parameter names mirror transformers' so a
-checkpoint's vision weights load as they are (runner/vision_loader.py strips their prefix).
+and SmolVLM; gemma3.py: SigLIP + average pooling, RMSNorm and projection, for Gemma 3);
+siglip.py is the encoder they share. Parameter names mirror transformers' so a checkpoint's
+vision weights load as they are (runner/vision_loader.py maps each family's checkpoint names;
+runner/mmproj.py a llama.cpp projector file's).
 
 Every tower has the interface the runner uses (`VisionTower`): `encode(pixels)` returns one
 row per placeholder token of the image, in the order the placeholders appear in the prompt.
