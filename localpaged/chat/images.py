@@ -104,8 +104,8 @@ class ImageWindow(ContextWindow):
         a model that takes no images or an image its processor cannot prepare."""
         if self._image_prompt is None:
             raise ValueError(f"{self._model} takes no images: load a vision-language model "
-                             "(SmolVLM, Idefics3) to send this conversation, or remove its "
-                             "images")
+                             "(SmolVLM, Idefics3, Gemma 3) to send this conversation, or remove "
+                             "its images")
         key = _key(messages, self.template_kwargs)
         with self._prompts_lock:
             if key in self._prompts:
