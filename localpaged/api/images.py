@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 import os
 import urllib.request
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
 
 from localpaged.api.errors import APIError
+from localpaged.chat.image_files import ImageRefused, open_image
 
 FORMATS = {"PNG", "JPEG", "WEBP"}
 DATA_TYPES = {"image/png", "image/jpeg", "image/jpg", "image/webp"}
@@ -148,24 +147,9 @@ def _fetch(url: str, max_bytes: int, param: str) -> bytes:
 
 def _decode(data: bytes, max_pixels: int, param: str) -> Image.Image:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            if image.format not in FORMATS:
-                raise APIError(f"Images must be PNG, JPEG or WebP; this one is "
-                               f"{image.format or 'unknown'}.", param=param,
-                               code="unsupported_image")
-            if image.width * image.height > max_pixels:
-                raise APIError(f"The image is {image.width}x{image.height} pixels; at most "
-                               f"{max_pixels} pixels.", param=param, code="image_too_large")
-            image.load()
-    except APIError:
-        raise
-    except (OSError, ValueError, Image.DecompressionBombWarning,
-            Image.DecompressionBombError) as exc:
-        raise APIError(f"The image could not be read: {exc}", param=param,
-                       code="invalid_image") from exc
-    return image.convert("RGB")
+        return open_image(data, FORMATS, max_pixels).convert("RGB")
+    except ImageRefused as exc:
+        raise APIError(f"The image {exc}.", param=param, code=exc.code) from None
 
 
 def add_image_options(parser) -> None:

@@ -9,10 +9,10 @@ message names has its row (a message and its images are written in one transacti
 image no message names is deleted with the last message that named it (`_drop_unreferenced`,
 run by every write that deletes messages).
 
-Reading (`read_image`): Pillow, PNG / JPEG / WebP / GIF (a GIF's first frame is what a model
-sees), at most MAX_IMAGE_BYTES of file and MAX_IMAGE_PIXELS decoded pixels (a decompression
-bomb is refused before it is decoded); the whole image is decoded once, so a truncated file is
-refused at attach time, not at send time. Every refusal is a ValueError naming the file.
+Reading (`read_image`): chat/image_files.py's checks with PNG / JPEG / WebP / GIF (a GIF's first
+frame is what a model sees), at most MAX_IMAGE_BYTES of file and MAX_IMAGE_PIXELS decoded pixels;
+a truncated file is refused at attach time, not at send time. Every refusal is a ValueError
+naming the file.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
+
+from localpaged.chat.image_files import ImageRefused, open_image
 
 from .db import StoreBase, guarded
 
@@ -67,26 +68,10 @@ def read_image(data: bytes, name: str) -> ImageFile:
         raise ValueError(f"{name} is {len(data):,} bytes; an image may have at most "
                          f"{MAX_IMAGE_BYTES:,}")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(io.BytesIO(data)) as image:
-                kind = image.format
-                if kind not in MIMES:
-                    raise ValueError(f"{name} is a {kind or 'unknown'} image; PNG, JPEG, WebP "
-                                     "or GIF can be attached")
-                width, height = image.size
-                if width * height > MAX_IMAGE_PIXELS:
-                    raise ValueError(f"{name} is {width}x{height} pixels; an image may have "
-                                     f"at most {MAX_IMAGE_PIXELS:,} pixels")
-                image.load()                  # the first frame, whole: a truncated file fails
-    except UnidentifiedImageError:
-        raise ValueError(f"{name} is not an image Pillow can read (PNG, JPEG, WebP or GIF "
-                         "can be attached)") from None
-    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
-        raise ValueError(f"{name} is refused as a decompression bomb: {exc}") from None
-    except (OSError, SyntaxError, EOFError) as exc:     # Pillow's truncated / damaged files
-        raise ValueError(f"{name} could not be read as an image (truncated or damaged: "
-                         f"{exc})") from None
+        image = open_image(data, MIMES, MAX_IMAGE_PIXELS)
+    except ImageRefused as exc:
+        raise ValueError(f"{name} {exc}") from None
+    kind, (width, height) = image.format, image.size
     return ImageFile(hashlib.sha256(data).hexdigest(), name, MIMES[kind], width, height, data)
 
 
