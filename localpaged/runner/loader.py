@@ -281,7 +281,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     if whole is not None:
         state, vision = vision_loader.split_weights(whole, state)
         tower = vision_loader.build_tower(whole, vision, device, dtype)
-        processor = vision_loader.load_processor(source.path)
+        processor = vision_loader.load_processor(source.path, whole.model_type)
     elif source.gguf_file and (projectors := mmproj.mmproj_files(source.path)):
         logger.info("vision projector %s beside %s", os.path.basename(projectors[0]), source.gguf_file)
         _, tower, processor = mmproj.load_mmproj(projectors[0], config, tokenizer, device, dtype)

@@ -9,9 +9,9 @@ Idefics3 / SmolVLM: `model.text_model.*` (the text model, whose names become `mo
 `model.vision_model.*` and `model.connector.*` (the tower's, without `model.`);
 Gemma 3: `language_model.model.*` (or `model.language_model.*`), `vision_tower.vision_model.*`
 (Google's files) or `vision_tower.*` (transformers 5), `multi_modal_projector.*`. Names under
-none of them (`lm_head.weight`) are the text model's as they are. Float safetensors only: a
-GGUF (llama.cpp's mmproj files) and int8/int4 quantization of the text model are refused by
-name.
+none of them (`lm_head.weight`) are the text model's as they are. Float safetensors only:
+int8/int4 quantization of the text model is refused by name. (A GGUF text model with
+llama.cpp's mmproj file beside it loads through runner/mmproj.py instead.)
 """
 
 from __future__ import annotations
@@ -78,15 +78,37 @@ def build_tower(config: PretrainedConfig, weights: dict[str, torch.Tensor],
     return tower.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def load_processor(path: str):
+# SmolVLMProcessor's image tokens, which it reads from the tokenizer where it names them;
+# Idefics3Processor writes these
+SMOLVLM_TOKENS = {"fake_image_token": "<fake_token_around_image>", "image_token": "<image>",
+                  "global_image_token": "<global-img>"}
+
+
+def load_processor(path: str, model_type: str):
     """transformers' processor for the model (image preprocessing, the prompt's placeholder
-    tokens), or None with a warning saying why when transformers cannot build it (SmolVLM's
-    needs torchvision for its video processor): the model then serves text, and a prompt
-    with images is refused (engine/multimodal.py)."""
-    from transformers import AutoProcessor
+    tokens), or None with a warning saying why when transformers cannot build it: the model
+    then serves text, and a prompt with images is refused (engine/multimodal.py).
+
+    SmolVLM: transformers' SmolVLMProcessor needs torchvision and num2words, both for videos
+    only; for images it is Idefics3Processor's twin (the same placeholder text per crop, and
+    SmolVLM's image processor is Idefics3's with SmolVLM's settings). So Idefics3Processor
+    loads from SmolVLM's own files: its image processor (SmolVLMImageProcessor's PIL form
+    where torchvision is missing, as transformers picks it), image_seq_len, chat template and
+    tokenizer (tests/models/test_vision_models.py holds it equal to SmolVLMProcessor's
+    images path)."""
+    from transformers import AutoProcessor, Idefics3Processor
+    smolvlm = model_type == "smolvlm"
     try:
-        return AutoProcessor.from_pretrained(path, trust_remote_code=False)
+        processor = (Idefics3Processor if smolvlm else AutoProcessor).from_pretrained(
+            path, trust_remote_code=False)
     except (ImportError, OSError, ValueError, TypeError) as exc:
         logger.warning("the image processor of %s could not be loaded, so images are refused: "
                        "%s: %s", path, type(exc).__name__, str(exc).strip().splitlines()[0])
         return None
+    if smolvlm:
+        named = {k: getattr(processor.tokenizer, k, None) or v for k, v in SMOLVLM_TOKENS.items()}
+        if named != SMOLVLM_TOKENS:
+            logger.warning("the tokenizer of %s names other image tokens (%s) than Idefics3's "
+                           "processor writes, so images are refused", path, named)
+            return None
+    return processor

@@ -185,7 +185,8 @@ def test_gguf_with_its_mmproj_equals_the_safetensors_model(tiny_root):
 
 def test_mmproj_variants_and_refusals(tiny_root, tmp_path):
     """The first converter's swapped MLP names load the same tower; the projector file alone
-    is not a model; a projector of another family is refused by name."""
+    is not a model; a projector type not read here, and one meant for another text model, are
+    refused by name."""
     import shutil
 
     from helpers import gemma3_gguf
@@ -198,14 +199,16 @@ def test_mmproj_variants_and_refusals(tiny_root, tmp_path):
              if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
     pixels = ImagePixels(torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(6)))
     encoded = []
-    for kind, swapped in (("idefics3", False), ("gemma3", True)):
+    refusals = {"pixtral": "vision projector type 'pixtral' is not supported",
+                "idefics3": "type 'idefics3' goes beside a llama text model, not gemma3_text"}
+    for kind, swapped in (("pixtral", False), ("idefics3", False), ("gemma3", True)):
         other = tmp_path / f"{kind}-{swapped}"
         other.mkdir()
         shutil.copy(os.path.join(folder, "model-F32.gguf"), other)
         gemma3_gguf.write_mmproj(str(other / "mmproj.gguf"), model.config, state,
                                  projector_type=kind, swapped_mlp=swapped)
         if kind != "gemma3":
-            with pytest.raises(ValueError, match=f"vision projector type '{kind}' is not supported"):
+            with pytest.raises(ValueError, match=refusals[kind]):
                 LLM(str(other), num_kv_blocks=16)
             continue
         for source in (folder, str(other)):

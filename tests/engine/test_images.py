@@ -13,7 +13,6 @@ from helpers import tiny_vlm
 from helpers.engine_helpers import greedy
 
 from localpaged import LLM, SamplingParams
-from localpaged.engine.multimodal import ImagePreprocessor
 
 LOGPROB_TOL = tiny_vlm.LOGPROB_TOL
 chat, conversation = tiny_vlm.chat, tiny_vlm.conversation
@@ -135,21 +134,21 @@ def test_preemption_keeps_outputs(vlm, mode):
     assert stats.encoder_runs == 3          # a recomputed prefill takes the cached embeddings
 
 
-def test_smolvlm_equals_transformers(tiny_root, vlm):
-    """SmolVLM's model (its processor needs torchvision: the Idefics3 processor's prompt, the
-    same placeholder layout, feeds both)."""
+def test_smolvlm_equals_transformers(tiny_root, caplog):
+    """SmolVLM takes images without torchvision: its prompt (two images in a conversation) is
+    SmolVLMProcessor's, and its greedy tokens and logprobs are transformers' SmolVLM's."""
     path = tiny_vlm.build(tiny_root, "smolvlm", seed=1)
-    llm = LLM(path, num_kv_blocks=64)
-    with pytest.raises(ValueError, match="image processor could not be loaded"):
-        llm.image_prompt("<image>", [tiny_vlm.image(1)])
-    images = [tiny_vlm.image(11)]
-    prompt = ImagePreprocessor(tiny_vlm.hf_processor(vlm), llm.engine.encoder.tower).chat(
-        conversation("SmolVLM?"), images)
+    with caplog.at_level("WARNING", logger="localpaged"):
+        llm = LLM(path, num_kv_blocks=64)
+    assert not [r for r in caplog.records if "processor" in r.getMessage()]
+    images = [tiny_vlm.image(11), tiny_vlm.image(12, 64, 12)]
+    messages = chat(("user", ["Hi."]), ("assistant", ["Hello."]),
+                    ("user", ["First ", 0, " then ", 1, " compare them."]))
+    prompt = llm.image_prompt(messages, images)
+    assert [s.num_embeddings for s in prompt.images] == [20, 12]   # 2x2 and 2x1 crops + global
     out = llm.generate([prompt], params())[0]
-    inputs = tiny_vlm.hf_inputs(vlm, prompt.text, images)
-    tokens, logprobs = tiny_vlm.hf_greedy(path, inputs, 10)
-    assert out.outputs[0].token_ids == tokens
-    assert max(abs(a.logprob - b) for a, b in zip(out.outputs[0].logprobs, logprobs)) < LOGPROB_TOL
+    check_equal(path, llm, prompt, out, images, 10)
+    assert llm.stats().encoder_runs == 2
 
 
 def test_bad_image_prompts_are_refused(vlm, tiny_llama):

@@ -2,11 +2,15 @@
 in a temp dir, and seeded random images: for engine-vs-transformers tests of prompts with images.
 
 The tokenizer has one token per printable ASCII character plus the processor's special tokens
-(<image>, <fake_token_around_image>, <global-img>, <row_i_col_j>, <end_of_utterance>); the
-vision tower sees 32x32 crops in 8x8 patches (16 patches, 4 image tokens per crop after the
-pixel shuffle); images up to 64 pixels are split into a grid of up to 2x2 crops plus the
-global view. SmolVLM's processor needs torchvision (its video processor), so the SmolVLM model
-is saved with its weights and config only (its tower is compared on pixels directly).
+(<image>, <fake_token_around_image>, <global-img>, <row_i_col_j>, <end_of_utterance>) and a
+newline (the processor writes one after each row of crops); the vision tower sees 32x32 crops
+in 8x8 patches (16 patches, 4 image tokens per crop after the pixel shuffle); images up to 64
+pixels are split into a grid of up to 2x2 crops plus the global view. The SmolVLM model is
+saved with the files SmolVLM's repos have (SmolVLMImageProcessor's preprocessor_config.json,
+processor_config.json naming SmolVLMProcessor, chat_template.json); transformers builds
+SmolVLMProcessor only with torchvision and num2words (its videos), so `hf_processor` gives
+one made without its __init__ for its images path (`smolvlm_processor`).
+`write_idefics3_gguf`: the Idefics3 model as llama.cpp's text GGUF and mmproj file.
 
 Gemma 3 (`build_gemma3`): its own character tokenizer (newline included, BOS added as Gemma's
 is, so a chat template that writes <bos> itself must not get a second one) with
@@ -19,6 +23,7 @@ the window (transformers limits its two-way attention to the window there too).
 from __future__ import annotations
 
 import functools
+import json
 import os
 
 import gguf
@@ -26,14 +31,15 @@ import numpy as np
 import torch
 from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
-from transformers import (AutoModelForImageTextToText, AutoProcessor, Gemma3Config, Gemma3ForConditionalGeneration,
-                          Gemma3ImageProcessorPil, Gemma3Processor, Idefics3Config,
+from transformers import (AutoModelForImageTextToText, AutoProcessor, AutoTokenizer, Gemma3Config,
+                          Gemma3ForConditionalGeneration, Gemma3ImageProcessorPil, Gemma3Processor, Idefics3Config,
                           Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil, Idefics3Processor,
-                          PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration)
+                          PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration,
+                          SmolVLMImageProcessorPil, SmolVLMProcessor)
 
 SPECIAL = (["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]
            + [f"<row_{i}_col_{j}>" for i in range(1, 7) for j in range(1, 7)])
-VOCAB = 160                # 3 control ids, 95 printable characters, the 40 specials, room
+VOCAB = 160                # 3 control ids, 95 printable characters, the 40 specials, newline, room
 CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}:"
     "{% if m['content'] is string %}{{ m['content'] }}{% else %}"
@@ -41,6 +47,7 @@ CHAT_TEMPLATE = (
     "{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n{% endfor %}"
     "{% if add_generation_prompt %}assistant:{% endif %}")
 
+IMAGE_SIZES = dict(size={"longest_edge": 64}, max_image_size={"longest_edge": 32})
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               image_size=32, patch_size=8)
 TEXT = dict(model_type="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
@@ -59,6 +66,7 @@ def tokenizer() -> PreTrainedTokenizerFast:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<1>", eos_token="<2>",
                                    pad_token="<0>", unk_token="<0>")
     fast.add_special_tokens({"additional_special_tokens": SPECIAL})
+    fast.add_tokens(["\n"])                                     # id 138
     return fast
 
 
@@ -84,13 +92,36 @@ def build(root: str, family: str = "idefics3", seed: int = 0) -> str:
                           image_token_id=tok.convert_tokens_to_ids("<image>"))
     _random_model(model_class, config, seed).save_pretrained(path)
     if family == "idefics3":
-        image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 64},
-                                                    max_image_size={"longest_edge": 32})
+        image_processor = Idefics3ImageProcessorPil(**IMAGE_SIZES)
         Idefics3Processor(image_processor, tok, image_seq_len=4,
                           chat_template=CHAT_TEMPLATE).save_pretrained(path)
     else:
         tok.save_pretrained(path)
+        SmolVLMImageProcessorPil(**IMAGE_SIZES).save_pretrained(path)
+        for name, content in (("processor_config.json", {"image_seq_len": 4,
+                                                          "processor_class": "SmolVLMProcessor"}),
+                              ("chat_template.json", {"chat_template": CHAT_TEMPLATE})):
+            with open(os.path.join(path, name), "w") as f:
+                json.dump(content, f)
     return path
+
+
+def smolvlm_processor(path: str) -> SmolVLMProcessor:
+    """transformers' SmolVLMProcessor of the SmolVLM model at `path`, for images: made without
+    its __init__, which builds the video processor (torchvision) and checks for num2words (the
+    videos' frame count), and given the attributes that __init__ and from_pretrained give it."""
+    with open(os.path.join(path, "processor_config.json")) as f:
+        seq_len = json.load(f)["image_seq_len"]
+    processor = SmolVLMProcessor.__new__(SmolVLMProcessor)
+    processor.tokenizer = AutoTokenizer.from_pretrained(path)
+    processor.image_processor = SmolVLMImageProcessorPil.from_pretrained(path)
+    processor.chat_template = CHAT_TEMPLATE
+    processor.image_seq_len = seq_len
+    processor.fake_image_token, processor.image_token = "<fake_token_around_image>", "<image>"
+    processor.global_image_token, processor.video_token = "<global-img>", "<video>"
+    processor.end_of_utterance_token = "<end_of_utterance>"
+    processor.image_token_id = processor.tokenizer.convert_tokens_to_ids("<image>")
+    return processor
 
 
 GEMMA_SPECIAL = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
@@ -152,28 +183,58 @@ def write_gemma3_gguf(root: str) -> tuple[str, str]:
     model-F32.gguf, the text model with the character vocabulary as a byte-level one, and
     mmproj-model-f32.gguf)."""
     from helpers import gemma3_gguf
-    path = build_gemma3(root, llamacpp=True)
-    folder = os.path.join(root, "tiny-gemma3-gguf")
-    if os.path.isdir(folder):
-        return path, folder
-    os.makedirs(folder)
-    model, tok = hf_model(path), gemma3_tokenizer()
-    tokens = [tok.convert_ids_to_tokens(i) or f"[PAD{i}]" for i in range(GEMMA_VOCAB - 1)]
-    tokens.append("zq")          # one merge ("z q", never met in the tests' text): a byte-level
-    # vocabulary needs merges; the character tokenizer's ids stay those of every other text
+
+    def write(folder: str, config, text: dict, vision: dict) -> None:
+        gemma3_gguf.write_text(os.path.join(folder, "model-F32.gguf"), config.text_config, text,
+                               byte_level(gemma3_tokenizer(), GEMMA_VOCAB), (1, 2),
+                               chat_template=GEMMA_TEMPLATE, pre="default")
+        gemma3_gguf.write_mmproj(os.path.join(folder, "mmproj-model-f32.gguf"), config, vision)
+    return _gguf_folder(build_gemma3(root, llamacpp=True), os.path.join(root, "tiny-gemma3-gguf"),
+                        "model.language_model.", ("model.vision_tower.", "model.multi_modal_projector."),
+                        write)
+
+
+def write_idefics3_gguf(root: str) -> tuple[str, str]:
+    """(build(root, "idefics3"), a folder holding it as llama.cpp's two files: model-F32.gguf,
+    the Llama text model with the character vocabulary as a byte-level one and the chat
+    template, and mmproj-model-f32.gguf)."""
+    from helpers import idefics3_gguf
+
+    def write(folder: str, config, text: dict, vision: dict) -> None:
+        idefics3_gguf.write_text(os.path.join(folder, "model-F32.gguf"), config.text_config, text,
+                                 byte_level(tokenizer(), VOCAB), (1, 2), chat_template=CHAT_TEMPLATE)
+        idefics3_gguf.write_mmproj(os.path.join(folder, "mmproj-model-f32.gguf"), config, vision,
+                                   longest_edge=IMAGE_SIZES["size"]["longest_edge"])
+    return _gguf_folder(build(root, "idefics3"), os.path.join(root, "tiny-idefics3-gguf"),
+                        "model.text_model.", ("model.vision_model.", "model.connector."), write)
+
+
+def _gguf_folder(path: str, folder: str, text_prefix: str, vision_prefixes: tuple[str, ...],
+                 write) -> tuple[str, str]:
+    """(path, folder), the model at `path` written into `folder` once by write(folder, config,
+    the text model's weights under model.* and lm_head.*, the tower's without `model.`)."""
+    if not os.path.isdir(folder):
+        os.makedirs(folder)
+        model = hf_model(path)
+        state = model.state_dict()
+        text = {k.replace(text_prefix, "model."): v for k, v in state.items()
+                if k.startswith((text_prefix, "lm_head."))}
+        vision = {k.removeprefix("model."): v for k, v in state.items()
+                  if k.startswith(vision_prefixes)}
+        write(folder, model.config, text, vision)
+    return path, folder
+
+
+def byte_level(tok: PreTrainedTokenizerFast, size: int) -> tuple[list, list, list]:
+    """A character tokenizer's vocabulary as a GGUF's byte-level one of `size` tokens, the
+    same ids for every text the tests write: its tokens (the added ones CONTROL, "<...>"),
+    [PAD] tokens up to size - 1, and "zq", the one merge ("z q", never met in the tests'
+    text), as a byte-level vocabulary needs merges. (tokens, types, merges)"""
+    tokens = [tok.convert_ids_to_tokens(i) or f"[PAD{i}]" for i in range(size - 1)] + ["zq"]
     types = [int(gguf.TokenType.CONTROL) if t.startswith("<") and len(t) > 1 else
              int(gguf.TokenType.UNUSED) if t.startswith("[PAD") else int(gguf.TokenType.NORMAL)
              for t in tokens]
-    state = model.state_dict()
-    text = {k.replace("model.language_model.", "model."): v for k, v in state.items()
-            if k.startswith("model.language_model.")}
-    vision = {k.removeprefix("model."): v for k, v in state.items()
-              if k.startswith(("model.vision_tower.", "model.multi_modal_projector."))}
-    gemma3_gguf.write_text(os.path.join(folder, "model-F32.gguf"), model.config.text_config, text,
-                           (tokens, types, ["z q"]), (1, 2), chat_template=GEMMA_TEMPLATE,
-                           pre="default")
-    gemma3_gguf.write_mmproj(os.path.join(folder, "mmproj-model-f32.gguf"), model.config, vision)
-    return path, folder
+    return tokens, types, ["z q"]
 
 
 def image(seed: int, height: int = 40, width: int = 70) -> Image.Image:
@@ -189,6 +250,9 @@ def hf_model(path: str):
 
 @functools.lru_cache(maxsize=2)
 def hf_processor(path: str):
+    """transformers' processor of the model at `path` (SmolVLM's: smolvlm_processor)."""
+    if os.path.basename(path).startswith("tiny-smolvlm"):
+        return smolvlm_processor(path)
     return AutoProcessor.from_pretrained(path)
 
 

@@ -2,7 +2,8 @@
 
 Oracles: transformers' `get_image_features` (SigLIP, pixel shuffle, projection) on the same
 pixels, a crop with padding included; transformers' processor output (token ids, pixel values,
-masks, the number of image tokens) for the engine's ImagePrompt.
+masks, the number of image tokens) for the engine's ImagePrompt (SmolVLM's: SmolVLMProcessor's
+images path, which transformers builds only with torchvision, made without it).
 """
 
 import pytest
@@ -31,9 +32,16 @@ def test_tower_equals_transformers_image_features(tiny_root, family):
     torch.testing.assert_close(ours, ref, rtol=0, atol=1e-6)
 
 
-def test_preprocessing_equals_the_processor(tiny_root):
-    path = tiny_vlm.build(tiny_root, "idefics3")
+@pytest.mark.parametrize("family", ["idefics3", "smolvlm"])
+def test_preprocessing_equals_the_processor(tiny_root, family):
+    """Idefics3's processor, and SmolVLM's (Idefics3Processor from SmolVLM's files, held
+    against SmolVLMProcessor's own images path, helpers/tiny_vlm.py smolvlm_processor)."""
+    path = tiny_vlm.build(tiny_root, family, seed=1 if family == "smolvlm" else 0)
     loaded = loader.load(path, torch.device("cpu"), torch.float32)
+    assert type(tiny_vlm.hf_processor(path)).__name__ == ("SmolVLMProcessor" if family == "smolvlm"
+                                                          else "Idefics3Processor")
+    assert type(loaded.processor.image_processor).__name__ == \
+        ("SmolVLMImageProcessorPil" if family == "smolvlm" else "Idefics3ImageProcessorPil")
     pre = ImagePreprocessor(loaded.processor, loaded.vision)
     images = [tiny_vlm.image(1), tiny_vlm.image(2, 20, 20), tiny_vlm.image(3, 64, 12)]
     text = "a<image>b<image><image>c"
@@ -123,3 +131,22 @@ def test_gemma3_preprocessing_equals_the_processor(tiny_root):
         assert body.count(boi) == body.count(eoi) == 1
         inside += [p for p in range(span.offset, span.end) if ids[p] == loaded.vision.image_token_id]
     assert inside == soft and len(soft) == 32
+
+
+def test_a_smolvlm_tokenizer_naming_other_image_tokens_gets_no_processor(tiny_root, tmp_path, caplog):
+    """SmolVLMProcessor takes its image tokens from the tokenizer where it names them;
+    Idefics3Processor writes its own, so a tokenizer naming others is refused images."""
+    import json
+    import shutil
+
+    from localpaged.runner import vision_loader
+    path = tiny_vlm.build(tiny_root, "smolvlm", seed=1)
+    assert vision_loader.load_processor(path, "smolvlm") is not None
+    other = tmp_path / "other-tokens"
+    shutil.copytree(path, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    config["extra_special_tokens"] = {"image_token": "<global-img>"}
+    (other / "tokenizer_config.json").write_text(json.dumps(config))
+    with caplog.at_level("WARNING", logger="localpaged"):
+        assert vision_loader.load_processor(str(other), "smolvlm") is None
+    assert "names other image tokens" in caplog.text

@@ -1,6 +1,5 @@
 """Images in the chat app through ChatController, on the tiny random Idefics3 model
-(helpers/tiny_vlm.py; SmolVLM shares its design, but transformers builds its processor only with
-torchvision) and a tiny text-only Llama:
+(helpers/tiny_vlm.py; SmolVLM shares its design and processor) and a tiny text-only Llama:
 
 - a send with an attached PNG: the reply's tokens equal the engine's own request for the
   ImagePrompt the model's processor makes of the same chat (whose ids equal transformers'
