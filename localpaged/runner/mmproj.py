@@ -102,13 +102,13 @@ def load_mmproj(path: str, text_config: PretrainedConfig, tokenizer, device: tor
     if text_config.model_type != projector.text_model:
         raise ValueError(f"{path}: a vision projector of type {kind!r} goes beside a "
                          f"{projector.text_model} text model, not {text_config.model_type}")
-    tokens = projector.tokens(meta)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in tokens}
+    vision = _vision_fields(meta)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in projector.tokens(meta)}
     missing = [t for t, i in ids.items() if i is None or i == tokenizer.unk_token_id]
     if missing:
         raise ValueError(f"{path}: the text model's vocabulary lacks the image tokens of vision "
                          f"projector type {kind!r} ({', '.join(missing)})")
-    config = projector.config(meta, text_config, _vision_fields(meta), ids)
+    config = projector.config(meta, text_config, vision, ids)
     tower = build_tower(config, _weights(GgufFile(path), projector), device, dtype)
     return config, tower, projector.processor(meta, config, tokenizer)
 
@@ -197,13 +197,14 @@ IDEFICS3_EDGE_CROPS = 4           # transformers' default longest edge: 4 crops 
 
 
 def _idefics3_longest_edge(meta: dict) -> int:
-    size = int(meta.get("clip.vision.image_size", 0))
+    """(clip.vision.image_size is there: _vision_fields checked it.)"""
+    size = int(meta["clip.vision.image_size"])
     return int(meta.get("clip.vision.preproc_image_size", IDEFICS3_EDGE_CROPS * size))
 
 
 def _idefics3_tokens(meta: dict) -> list[str]:
     """The processor's tokens, and the row/column tag of every crop the resize allows."""
-    side = math.ceil(_idefics3_longest_edge(meta) / max(1, int(meta.get("clip.vision.image_size", 1))))
+    side = math.ceil(_idefics3_longest_edge(meta) / int(meta["clip.vision.image_size"]))
     return IDEFICS3_TOKENS + [f"<row_{r}_col_{c}>" for r in range(1, side + 1)
                               for c in range(1, side + 1)]
 

@@ -98,3 +98,27 @@ def test_processor_settings_from_the_mmproj_and_a_vocabulary_without_image_token
     with pytest.raises(ValueError, match="lacks the image tokens of vision projector type "
                                          r"'idefics3' \(<global-img>\)"):
         LLM(str(lacking), num_kv_blocks=16)
+
+
+@pytest.mark.parametrize("tensor_type", ["F16", "Q8_0"])
+def test_a_quantized_mmproj_gives_the_tower_within_its_rounding(files, tmp_path, tensor_type):
+    """Projectors ship as f16 and q8_0 files: the tower dequantizes them (the embeddings stay
+    F32, as the converter writes them) and stays near transformers' get_image_features."""
+    from helpers import idefics3_gguf
+
+    from localpaged.models.vision import ImagePixels
+    st_path, folder = files
+    model = tiny_vlm.hf_model(st_path)
+    shutil.copy(os.path.join(folder, "model-F32.gguf"), tmp_path)
+    idefics3_gguf.write_mmproj(str(tmp_path / f"mmproj-{tensor_type}.gguf"), model.config,
+                               {k.removeprefix("model."): v for k, v in model.state_dict().items()
+                                if k.startswith(("model.vision_model.", "model.connector."))},
+                               longest_edge=64, tensor_type=tensor_type)
+    tower = loader.load(str(tmp_path), CPU, torch.float32).vision
+    values = torch.randn(1, 3, 3, 32, 32, generator=torch.Generator().manual_seed(7))
+    mask = torch.ones(1, 3, 32, 32, dtype=torch.long)
+    with torch.inference_mode():
+        ref = model.model.get_image_features(values, mask).pooler_output[0]
+        ours = tower.encode(ImagePixels(values[0], mask[0].bool()))
+    error = float((ours - ref).abs().max() / ref.abs().max())
+    assert 0 < error < {"F16": 1e-3, "Q8_0": 2e-2}[tensor_type]

@@ -99,6 +99,8 @@ def clip_writer(path: str, projector_type: str, vision_config, projection_dim: i
 
 def add_siglip(writer: gguf.GGUFWriter, state: dict, tensor_type: str,
                swapped_mlp: bool = False) -> None:
+    """The encoder's tensors, the embeddings F32 whatever `tensor_type` (as the converters
+    force them)."""
     names = SIGLIP_NAMES | (SWAPPED if swapped_mlp else {})
     for name, t in state.items():
         w = t.float().numpy()
@@ -108,4 +110,5 @@ def add_siglip(writer: gguf.GGUFWriter, state: dict, tensor_type: str,
             add_tensor(writer, f"v.blk.{i}.{names[part]}.{suffix}", w, tensor_type)
         else:
             base, suffix = name.rsplit(".", 1)
-            add_tensor(writer, f"{SIGLIP_OUTER[base]}.{suffix}", w, tensor_type)
+            kind = "F32" if base.startswith("embeddings.") else tensor_type
+            add_tensor(writer, f"{SIGLIP_OUTER[base]}.{suffix}", w, kind)
