@@ -116,6 +116,11 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
 #else
 #define LP_AVX512(...) nullptr
 #endif
+#ifdef LOCALPAGED_GGML_AVX512
+#define LP_PANEL(F) panel_kernels<F>()
+#else
+#define LP_PANEL(F) PanelKernels{}
+#endif
 #ifdef LOCALPAGED_GGML_AMX
 #define LP_AMX(...) __VA_ARGS__
 #else
@@ -128,34 +133,39 @@ struct FormatKernels {
   TileFn avx2;     // AVX2 / VNNI over GGUF's rows, kTileRows rows a tile
   TileFn wide;     // AVX-512 tiles of the K formats, kWideRows rows, for batches above kTileRows
   X8Fn x8;         // the interleaved (x8) layout's loops; nullptr: the format is not interleaved
+  PairFn pair;     // the x8 layout's 512-bit loops over two groups, for batches from kPairMinRows
+  PanelKernels panel;   // prefill on the pairs (from kPanelMinRows rows), unpack nullptr: none
   AmxFn amx;       // AMX tiles, from amx_min_rows rows
 };
 
 const FormatKernels kFormatKernels[] = {
-    {kQ4_0, scalar_b_tile<unpack_q4_0, 18>, LP_AVX2(avx_tile<AvxQ4_0, false>), nullptr, nullptr,
+    {kQ4_0, scalar_b_tile<unpack_q4_0, 18>, LP_AVX2(avx_tile<AvxQ4_0, false>), nullptr, nullptr, nullptr, {},
      LP_AMX(amx_b_matmul<AvxQ4_0>)},
-    {kQ4_1, scalar_b_tile<unpack_q4_1, 20>, LP_AVX2(avx_tile<AvxQ4_1, false>), nullptr, nullptr,
+    {kQ4_1, scalar_b_tile<unpack_q4_1, 20>, LP_AVX2(avx_tile<AvxQ4_1, false>), nullptr, nullptr, nullptr, {},
      LP_AMX(amx_b_matmul<AvxQ4_1>)},
-    {kQ5_0, scalar_b_tile<unpack_q5_0, 22>, LP_AVX2(avx_tile<AvxQ5_0, false>), nullptr, nullptr,
+    {kQ5_0, scalar_b_tile<unpack_q5_0, 22>, LP_AVX2(avx_tile<AvxQ5_0, false>), nullptr, nullptr, nullptr, {},
      LP_AMX(amx_b_matmul<AvxQ5_0>)},
-    {kQ5_1, scalar_b_tile<unpack_q5_1, 24>, LP_AVX2(avx_tile<AvxQ5_1, false>), nullptr, nullptr,
+    {kQ5_1, scalar_b_tile<unpack_q5_1, 24>, LP_AVX2(avx_tile<AvxQ5_1, false>), nullptr, nullptr, nullptr, {},
      LP_AMX(amx_b_matmul<AvxQ5_1>)},
-    {kQ8_0, scalar_b_tile<unpack_q8_0, 34>, LP_AVX2(avx_tile<AvxQ8_0, false>), nullptr, nullptr,
+    {kQ8_0, scalar_b_tile<unpack_q8_0, 34>, LP_AVX2(avx_tile<AvxQ8_0, false>), nullptr, nullptr, nullptr, {},
      LP_AMX(amx_b_matmul<AvxQ8_0>)},
-    {kIQ4_NL, scalar_b_tile<unpack_iq4_nl, 18>, LP_AVX2(avx_tile<AvxIQ4NL, false>), nullptr,
-     nullptr, LP_AMX(amx_b_matmul<AvxIQ4NL>)},
+    {kIQ4_NL, scalar_b_tile<unpack_iq4_nl, 18>, LP_AVX2(avx_tile<AvxIQ4NL, false>), nullptr, nullptr, nullptr, {},
+     LP_AMX(amx_b_matmul<AvxIQ4NL>)},
     {kQ2_K, scalar_k_tile<unpack_q2_k, 84>, LP_AVX2(avx_tile<AvxQ2K, true>),
-     LP_AVX512(wide_k_tile<AvxQ2K>), nullptr, LP_AMX(amx_matmul<AvxQ2K>)},
+     LP_AVX512(wide_k_tile<AvxQ2K>), nullptr, nullptr, {}, LP_AMX(amx_matmul<AvxQ2K>)},
     {kQ3_K, scalar_k_tile<unpack_q3_k, 110>, LP_AVX2(avx_tile<AvxQ3K, true>),
-     LP_AVX512(wide_k_tile<AvxQ3K>), nullptr, LP_AMX(amx_matmul<AvxQ3K>)},
+     LP_AVX512(wide_k_tile<AvxQ3K>), nullptr, nullptr, {}, LP_AMX(amx_matmul<AvxQ3K>)},
     {kQ4_K, scalar_k_tile<unpack_q4_k, 144>, LP_AVX2(avx_tile<AvxQ4K, true>),
-     LP_AVX512(wide_k_tile<AvxQ4K>), LP_AVX2(x8_tile<X8Q4K>), LP_AMX(amx_matmul<AvxQ4K>)},
+     LP_AVX512(wide_k_tile<AvxQ4K>), LP_AVX2(x8_tile<X8Q4K>), LP_AVX512(pair_tile<X8Q4K>), LP_PANEL(X8Q4K),
+     LP_AMX(amx_matmul<AvxQ4K>)},
     {kQ5_K, scalar_k_tile<unpack_q5_k, 176>, LP_AVX2(avx_tile<AvxQ5K, true>),
-     LP_AVX512(wide_k_tile<AvxQ5K>), LP_AVX2(x8_tile<X8Q5K>), LP_AMX(amx_matmul<AvxQ5K>)},
+     LP_AVX512(wide_k_tile<AvxQ5K>), LP_AVX2(x8_tile<X8Q5K>), LP_AVX512(pair_tile<X8Q5K>), LP_PANEL(X8Q5K),
+     LP_AMX(amx_matmul<AvxQ5K>)},
     {kQ6_K, scalar_k_tile<unpack_q6_k, 210>, LP_AVX2(avx_tile<AvxQ6K, true>),
-     LP_AVX512(wide_k_tile<AvxQ6K>), LP_AVX2(x8_tile<X8Q6K>), LP_AMX(amx_matmul<AvxQ6K>)},
-    {kIQ4_XS, scalar_k_tile<unpack_iq4_xs, 136>, LP_AVX2(avx_tile<AvxIQ4XS, true>), nullptr,
-     nullptr, LP_AMX(amx_matmul<AvxIQ4XS>)},
+     LP_AVX512(wide_k_tile<AvxQ6K>), LP_AVX2(x8_tile<X8Q6K>), LP_AVX512(pair_tile<X8Q6K>), LP_PANEL(X8Q6K),
+     LP_AMX(amx_matmul<AvxQ6K>)},
+    {kIQ4_XS, scalar_k_tile<unpack_iq4_xs, 136>, LP_AVX2(avx_tile<AvxIQ4XS, true>), nullptr, nullptr, nullptr, {},
+     LP_AMX(amx_matmul<AvxIQ4XS>)},
 };
 static_assert(sizeof(kFormatKernels) / sizeof(kFormatKernels[0]) == sizeof(kTypes) / sizeof(kTypes[0]),
               "one row of kernels for each of kTypes");
@@ -279,12 +289,18 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, M);
   const Kernel kernel = kernel_for(t->id, M);
   const X8Fn x8_fn = x8 ? x8_kernel(t->id) : nullptr;
+  // two groups at a time (the 512-bit loops) where the build has them and the batch is large enough
+  const PairFn pair_fn = x8 && M >= kPairMinRows ? kernels_of(t->id).pair : nullptr;
+  // prefill: each pair unpacked once into a panel that every tile of x's rows reads
+  const PanelKernels panel = pair_fn && M >= kPanelMinRows ? kernels_of(t->id).panel : PanelKernels{};
+  const int64_t nb = K / t->elems;
   // Work items: groups of output rows (~64 KB of weights), each thread of one parallel region
   // taking its own contiguous share from the front, then the others' from their backs (Items):
   // one linear stream through the weights per thread, and a thread that starts late (a busy
   // core) takes fewer instead of holding the others up. Which thread computes a row changes
   // nothing in its result.
-  const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + kX8 - 1) / kX8 * kX8;
+  const int64_t unit = pair_fn ? 2 * kX8 : kX8;   // a pair never straddles two items
+  const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + unit - 1) / unit * unit;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
   const int64_t min_macs = int64_t(1) << 17;   // per thread, else fewer threads: less is not worth a thread
@@ -292,10 +308,22 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
       1, std::min<int64_t>({at::get_num_threads(), items, M * N * K / min_macs}));
   Items work(items, threads);
   at::parallel_for(0, threads, 1, [&](int64_t thread, int64_t) {
+    std::unique_ptr<uint8_t, decltype(&std::free)> buf(
+        panel.unpack ? static_cast<uint8_t*>(std::aligned_alloc(64, nb * panel.bytes)) : nullptr, &std::free);
     for (int64_t item; (item = work.take(thread)) >= 0;) {
       const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
       if (x8_fn) {   // a group's passes over x's rows: the first from DRAM, the others from L1 / L2
-        for (int64_t n = n0; n < n1; n += kX8)
+        int64_t n = n0;
+        for (; buf && n + 2 * kX8 <= n1; n += 2 * kX8) {
+          panel.unpack(wp + n * stride, wp + (n + kX8) * stride, nb, buf.get());
+          for (int64_t m0 = 0; m0 < M; m0 += kPairRows)
+            panel.tile(buf.get(), a, m0, std::min(kPairRows, M - m0), yp + m0 * N + n, N);
+        }
+        for (; pair_fn && n + 2 * kX8 <= n1; n += 2 * kX8)
+          for (int64_t m0 = 0; m0 < M; m0 += kPairRows)
+            pair_fn(wp + n * stride, wp + (n + kX8) * stride, a, m0, std::min(kPairRows, M - m0), m0 == 0,
+                    yp + m0 * N + n, N);
+        for (; n < n1; n += kX8)
           for (int64_t m0 = 0; m0 < M; m0 += kX8Rows)
             x8_fn(wp + n * stride, a, m0, std::min(kX8Rows, M - m0), m0 == 0, yp + m0 * N + n, N);
         continue;
