@@ -61,7 +61,10 @@
 // made once at load: ggml_interleave; type_id | kInterleaved): their own loops for 1-4 rows of
 // x at a time, lane r of each product row r's, bitwise the same y (see the x8 section): batch 1
 // reads one linear stream with no horizontal sums, and the same loops serve larger batches below
-// the AMX tiles (every batch without AMX; bench/ggml_kernels.py measures both layouts).
+// the AMX tiles (every batch without AMX on AVX2 builds; bench/ggml_kernels.py measures both
+// layouts). With AVX-512 VNNI and no AMX tiles in use, batches of 2 rows and more take the x8
+// groups two at a time (16 weight rows in a zmm: the pairs), from 16 rows each pair unpacked
+// once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, y bitwise the same.
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
@@ -69,7 +72,7 @@
 // Each path's kernels are a fragment of this translation unit, included inside its anonymous
 // namespace: cpu_ggml_scalar.inc (plain C++), cpu_ggml_avx2.inc (AVX2 / VNNI over GGUF's rows),
 // cpu_ggml_x8.inc (the interleaved layout's loops), cpu_ggml_avx512.inc (512-bit tiles, 5-9
-// rows), cpu_ggml_amx.inc (AMX tiles).
+// rows over GGUF's rows; the x8 layout's pairs and panels), cpu_ggml_amx.inc (AMX tiles).
 //
 // Speed: bench/ggml_kernels.py times this kernel at Qwen2.5-1.5B's shapes (M = 1 streamed from
 // DRAM, M = 8, M = 512) beside torch float32 on the dequantized weights and llama.cpp's ggml on
@@ -289,8 +292,15 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const Acts a = quantize_acts(x.data_ptr<float>(), M, K, t->elems == kSuper ? kSuper : 32, M);
   const Kernel kernel = kernel_for(t->id, M);
   const X8Fn x8_fn = x8 ? x8_kernel(t->id) : nullptr;
-  // two groups at a time (the 512-bit loops) where the build has them and the batch is large enough
-  const PairFn pair_fn = x8 && M >= kPairMinRows ? kernels_of(t->id).pair : nullptr;
+  // two groups at a time (the 512-bit loops) where the build has them, the batch is large enough
+  // and no AMX tiles are in use (on such CPUs the x8 tiles keep the batches below the tiles: a
+  // 512-bit form of them measured no faster there, docs/benchmarks.md)
+#ifdef LOCALPAGED_GGML_AMX
+  const bool amx_cpu = amx_ready();
+#else
+  const bool amx_cpu = false;
+#endif
+  const PairFn pair_fn = x8 && M >= kPairMinRows && !amx_cpu ? kernels_of(t->id).pair : nullptr;
   // prefill: each pair unpacked once into a panel that every tile of x's rows reads
   const PanelKernels panel = pair_fn && M >= kPanelMinRows ? kernels_of(t->id).panel : PanelKernels{};
   const int64_t nb = K / t->elems;
