@@ -10,7 +10,9 @@ kernels/cpu_norm.cpp (RMSNorm, models/llama.py), kernels/batch1_cpu.cpp (the dec
 batch-1 decode step), kernels/cpu_read.cpp (a memory read, bench/machine.py's bandwidth measure)
 and cpu_extension.cpp (the Python bindings). g++ and ninja compile it once
 per machine and source version (the .cpp files and a digest of the .h and .inc files), then it
-is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native).
+is cached under ~/.cache/torch_extensions, named after the CPU it was built for (-march=native;
+LOCALPAGED_CPU_MARCH=<target>, e.g. haswell, builds for that target instead, cached apart: how the
+benches measure the AVX2 path on a CPU with AVX-512).
 scripts/setup.sh builds it ahead of the app; docs/benchmarks.md ('Start-up') has the build
 times. Only cpu_extension.cpp includes torch/extension.h (pybind11 and all of torch's C++ API:
 most of that file's compile time); the kernels include ATen's Tensor and the ops they call.
@@ -34,6 +36,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import threading
 import time
 
@@ -139,8 +142,18 @@ def describe(module) -> str:
     return f"cpu extension ({module.ggml_kernel_path()})"
 
 
+def _march() -> str:
+    """The -march the extension is built for: native, or LOCALPAGED_CPU_MARCH."""
+    march = os.environ.get("LOCALPAGED_CPU_MARCH", "native")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", march):
+        raise ValueError(f"LOCALPAGED_CPU_MARCH={march!r} is not a -march target name (e.g. haswell)")
+    return march
+
+
 def _name() -> str:
-    return f"localpaged_cpu_{_cpu_tag()}"
+    march = _march()
+    suffix = "" if march == "native" else "_" + re.sub(r"[^a-z0-9]", "_", march)
+    return f"localpaged_cpu_{_cpu_tag()}{suffix}"
 
 
 def _built_before() -> bool:
@@ -183,7 +196,7 @@ def _compile():
     from torch.utils.cpp_extension import _get_build_directory, load
     clear_stale_lock(_get_build_directory(_name(), verbose=False))
     return load(_name(), SOURCES, extra_include_paths=[_HERE],
-                extra_cflags=["-O3", "-march=native", "-fopenmp", f"-DLOCALPAGED_HEADERS={_headers_digest()}"],
+                extra_cflags=["-O3", f"-march={_march()}", "-fopenmp", f"-DLOCALPAGED_HEADERS={_headers_digest()}"],
                 extra_ldflags=["-fopenmp"], verbose=False)
 
 

@@ -145,6 +145,22 @@ def test_built_before_looks_where_torch_caches_the_build(monkeypatch, tmp_path):
     assert cpu_extension._built_before()
 
 
+def test_another_march_is_built_and_cached_apart(monkeypatch):
+    """LOCALPAGED_CPU_MARCH builds for another target (the benches' AVX2 path on a CPU with
+    AVX-512) under its own name, so the native build is never replaced; a name that is not a
+    target is refused, naming the variable."""
+    monkeypatch.delenv("LOCALPAGED_CPU_MARCH", raising=False)
+    native = cpu_extension._name()
+    assert cpu_extension._march() == "native"
+    monkeypatch.setenv("LOCALPAGED_CPU_MARCH", "haswell")
+    assert cpu_extension._march() == "haswell" and cpu_extension._name() == native + "_haswell"
+    monkeypatch.setenv("LOCALPAGED_CPU_MARCH", "x86-64-v3")
+    assert cpu_extension._name() == native + "_x86_64_v3"
+    monkeypatch.setenv("LOCALPAGED_CPU_MARCH", "native -O0")
+    with pytest.raises(ValueError, match="LOCALPAGED_CPU_MARCH='native -O0' is not a -march target"):
+        cpu_extension._name()
+
+
 def test_a_build_lock_left_by_a_dead_build_is_removed(tmp_path, caplog):
     """torch's build waits on its `lock` file forever: an old one (a killed build) goes, a fresh
     one (a build running now) stays."""
