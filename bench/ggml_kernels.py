@@ -8,6 +8,8 @@ For each type (--types, default Q4_K and Q6_K) and shape it reports
   that every call reads its weights from DRAM; the median over --passes passes of the set, and
   the best pass (on a machine busy with other work, the figure closest to the machine alone);
 - M = 8 (batched decode) and M = 512 (a prefill chunk): ms per call on one matrix, and GMAC/s;
+- ours on the layout the engine keeps: Q4_K, Q5_K and Q6_K interleaved by 8 rows (x8) where the
+  build has it (the `layout` column), every other type on GGUF's rows (--rows: all on the rows);
 - torch: `F.linear` in float32 on the dequantized weights (M = 1 streamed the same way);
 - llama.cpp (--llama-cpp-lib: the folder of libggml-base.so and libggml-cpu.so, e.g. the `lib`
   folder of llama-cpp-python's package; found by itself where `llama_cpp` imports): ggml's own
@@ -16,9 +18,11 @@ For each type (--types, default Q4_K and Q6_K) and shape it reports
 - the machine's read bandwidth (bench/machine.py: STREAM-like, several GiB, best and median),
   same threads, and each M = 1 rate as a share of the best;
 - a decode step's linears in total: 28 layers of the seven projections + lm_head at M = 1.
-Threads: torch's (--threads). Prints a table; --json writes the figures.
+Threads: torch's (--threads). --cpu-time: one thread (ours, torch, llama.cpp), each call timed by
+the process's CPU time, which other work on a shared machine moves far less than the wall clock.
+Prints a table; --json writes the figures.
 
-    .venv/bin/python bench/ggml_kernels.py [--types Q4_K,Q6_K] [--quick]
+    .venv/bin/python bench/ggml_kernels.py [--types Q4_K,Q6_K] [--quick] [--cpu-time]
 """
 
 from __future__ import annotations
@@ -66,10 +70,13 @@ def dequantize(w: torch.Tensor, type_name: str) -> torch.Tensor:
     return torch.from_numpy(np.concatenate(rows))
 
 
+CLOCK = time.perf_counter   # --cpu-time: time.process_time (one thread; what the process spent)
+
+
 def _seconds(fn) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     fn()
-    return time.perf_counter() - start
+    return CLOCK() - start
 
 
 BEST: dict[int, float] = {}   # id(fn) -> the best time of its last median_time
@@ -198,27 +205,39 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
     type_id = int(gguf.GGMLQuantizationType[type_name])
     w = random_blocks(type_name, N, K, gen)
     nbytes = w.numel()
-    row = {"type": type_name, "shape": name, "N": N, "K": K, "MB": nbytes / 1e6}
+    # ours on the layout the engine keeps: the x8 interleaved rows where the build has them
+    x8 = not args.rows and type_id in module.ggml_interleaved_types() and N % 8 == 0
+    ours_id = type_id | module.ggml_interleaved_flag() if x8 else type_id
+    row = {"type": type_name, "shape": name, "N": N, "K": K, "MB": nbytes / 1e6,
+           "layout": "x8" if x8 else "rows"}
+
+    def ours(t: torch.Tensor) -> torch.Tensor:
+        if not x8:
+            return t
+        out = torch.empty_like(t)
+        module.ggml_interleave(t, type_id, out)
+        return out
 
     # M = 1: a set of copies larger than the caches, cycled
-    copies = [w] + [w.clone() for _ in range(copies_for(nbytes, args.stream_mb) - 1)]
+    copies = [ours(w) for _ in range(copies_for(nbytes, args.stream_mb))]
     x1 = torch.randn(1, K, generator=gen)
 
     def stream():
         for c in copies:
-            module.ggml_matmul(x1, c, type_id)
+            module.ggml_matmul(x1, c, ours_id)
 
     t1 = median_time(stream, args.passes) / len(copies)
     row.update(m1_us=t1 * 1e6, m1_gbps=nbytes / t1 / 1e9,
                m1_gbps_best=nbytes * len(copies) / BEST[id(stream)] / 1e9)
     W = dequantize(w, type_name)
     xs = {M: torch.randn(M, K, generator=gen) for M in args.batches}
+    wo = copies[0]
     for M, x in xs.items():
-        t = median_time(lambda x=x: module.ggml_matmul(x, w, type_id), args.passes)
+        t = median_time(lambda x=x: module.ggml_matmul(x, wo, ours_id), args.passes)
         row[f"m{M}_ms"] = t * 1e3
         row[f"m{M}_gmacs"] = M * N * K / t / 1e9
     want = F.linear(xs[args.batches[0]], W)
-    got = module.ggml_matmul(xs[args.batches[0]], w, type_id)
+    got = module.ggml_matmul(xs[args.batches[0]], wo, ours_id)
     row["rel_err"] = ((got - want).abs().max() / want.abs().max()).item()
     copies.clear()
 
@@ -237,7 +256,7 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
         run, first = ggml.graph(group, type_id, K, 1)
         row["lcpp_m1_us"] = median_time(run, args.passes) / len(group) * 1e6
         x0, y0 = first()
-        row["lcpp_rel_err_vs_ours"] = ((y0 - module.ggml_matmul(x0, w, type_id)).abs().max()
+        row["lcpp_rel_err_vs_ours"] = ((y0 - module.ggml_matmul(x0, wo, ours_id)).abs().max()
                                        / y0.abs().max()).item()
         run.free()
         del group
@@ -249,7 +268,8 @@ def bench_shape(module, ggml: Ggml | None, type_name: str, name: str, N: int, K:
 
 
 def print_table(rows: list[dict], args, bandwidth: dict) -> None:
-    cols = [("type", "{:6s}", "type"), ("shape", "{:8s}", "shape"), ("MB", "{:7.1f}", "MB")]
+    cols = [("type", "{:6s}", "type"), ("shape", "{:8s}", "shape"), ("layout", "{:6s}", "layout"),
+            ("MB", "{:7.1f}", "MB")]
     cols += [("m1_us", "{:9.0f}", "M=1 us"), ("m1_gbps", "{:7.2f}", "GB/s"),
              ("m1_gbps_best", "{:7.2f}", "best"), ("m1_share", "{:6.0%}", "of bw")]
     cols += [("torch_m1_us", "{:9.0f}", "torch us"), ("lcpp_m1_us", "{:9.0f}", "llama us")]
@@ -258,7 +278,7 @@ def print_table(rows: list[dict], args, bandwidth: dict) -> None:
                  (f"torch_m{M}_ms", "{:8.2f}", "torch ms"), (f"lcpp_m{M}_ms", "{:8.2f}", "llama ms")]
     cols += [("rel_err", "{:8.1e}", "rel err")]
     cols = [c for c in cols if any(c[0] in r for r in rows)]
-    widths = [max(len(h), len(f.format(0 if k not in ("type", "shape") else ""))) for k, f, h in cols]
+    widths = [max(len(h), len(f.format(0 if k not in ("type", "shape", "layout") else ""))) for k, f, h in cols]
     print("  ".join(h.rjust(wd) for (_, _, h), wd in zip(cols, widths)))
     for r in rows:
         cells = [(f.format(r[k]) if k in r else "-").rjust(wd) for (k, f, _), wd in zip(cols, widths)]
@@ -292,11 +312,18 @@ def main() -> int:
     parser.add_argument("--shapes", default=None, help="only these, e.g. gate,down,lm_head")
     parser.add_argument("--quick", action="store_true", help="--passes 3 --stream-mb 128, M=512 "
                         "without lm_head")
+    parser.add_argument("--rows", action="store_true",
+                        help="ours on GGUF's rows for every type (default: the x8 layout where the build has it)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="one thread, timed by the process's CPU time (a machine shared with other work)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     if args.quick:
         args.passes, args.stream_mb = 3, 128.0
+    if args.cpu_time:
+        global CLOCK
+        CLOCK, args.threads = time.process_time, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
