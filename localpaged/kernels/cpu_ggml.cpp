@@ -63,8 +63,8 @@
 // reads one linear stream with no horizontal sums, and the same loops serve larger batches below
 // the AMX tiles (every batch without AMX on AVX2 builds; bench/ggml_kernels.py measures both
 // layouts). With AVX-512 VNNI and no AMX tiles in use, batches of 2 rows and more take the x8
-// groups two at a time (16 weight rows in a zmm: the pairs), from 16 rows each pair unpacked
-// once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, y bitwise the same.
+// groups two at a time (16 weight rows in a zmm: the pairs), for larger batches each pair
+// unpacked once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, y bitwise the same.
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
@@ -137,7 +137,7 @@ struct FormatKernels {
   TileFn wide;     // AVX-512 tiles of the K formats, kWideRows rows, for batches above kTileRows
   X8Fn x8;         // the interleaved (x8) layout's loops; nullptr: the format is not interleaved
   PairFn pair;     // the x8 layout's 512-bit loops over two groups, for batches from kPairMinRows
-  PanelKernels panel;   // prefill on the pairs (from kPanelMinRows rows), unpack nullptr: none
+  PanelKernels panel;   // prefill on the pairs (from panel.min_rows rows), unpack nullptr: none
   AmxFn amx;       // AMX tiles, from amx_min_rows rows
 };
 
@@ -302,7 +302,8 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 #endif
   const PairFn pair_fn = x8 && M >= kPairMinRows && !amx_cpu ? kernels_of(t->id).pair : nullptr;
   // prefill: each pair unpacked once into a panel that every tile of x's rows reads
-  const PanelKernels panel = pair_fn && M >= kPanelMinRows ? kernels_of(t->id).panel : PanelKernels{};
+  const PanelKernels panel =
+      pair_fn && M >= kernels_of(t->id).panel.min_rows ? kernels_of(t->id).panel : PanelKernels{};
   const int64_t nb = K / t->elems;
   // Work items: groups of output rows (~64 KB of weights), each thread of one parallel region
   // taking its own contiguous share from the front, then the others' from their backs (Items):

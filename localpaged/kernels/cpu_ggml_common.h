@@ -311,14 +311,14 @@ constexpr int64_t kX8Rows = 4;
 // loops of cpu_ggml_avx512.inc).
 constexpr int64_t kPairRows = 4;      // rows of x per tile of the pairs' loops
 constexpr int64_t kPairMinRows = 2;   // the pairs' loops serve batches from this many rows
-// Prefill on the pairs (kPanelMinRows rows and more): a pair's blocks unpacked once into a
-// panel (unpack: g0, g1, blocks, out), then tiles of up to kPairRows rows of x over the panel
-// (tile: panel, a, m0, tm, y, ldy); bytes: the panel's bytes per block. unpack nullptr: none.
-constexpr int64_t kPanelMinRows = 16;
+// Prefill on the pairs (min_rows rows and more): a pair's blocks unpacked once into a panel
+// (unpack: g0, g1, blocks, out), then tiles of up to kPairRows rows of x over the panel (tile:
+// panel, a, m0, tm, y, ldy); bytes: the panel's bytes per block. unpack nullptr: none.
 struct PanelKernels {
   void (*unpack)(const uint8_t*, const uint8_t*, int64_t, uint8_t*) = nullptr;
   void (*tile)(const uint8_t*, const Acts&, int64_t, int64_t, float*, int64_t) = nullptr;
   int64_t bytes = 0;
+  int64_t min_rows = 0;
 };
 using PairFn = void (*)(const uint8_t* g0, const uint8_t* g1, const Acts& a, int64_t m0, int64_t tm,
                         bool prefetch, float* y, int64_t ldy);

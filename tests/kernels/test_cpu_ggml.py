@@ -328,24 +328,25 @@ def test_the_interleaved_layout_is_the_references(ggml, qtype):
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("N, K", [(48, 1280), (40, 1280), (1000, 256)])
 def test_the_interleaved_layout_gives_bitwise_the_rows_y(ggml, qtype, N, K):
-    """Batch 1 (its own loop), 2-40 rows (tiles of up to 4 rows over each group; with AVX-512
-    VNNI the 512-bit loops over pairs of groups, tiles of up to 4 rows, and the 8-row group
-    left over where N / 8 is odd: N = 40, and N = 1000 in three items of work, the last with a
-    group left over), 40 rows (natively on AMX, from 20 rows for Q6_K and 32 for Q4_K: each
-    panel moved back to GGUF's rows; elsewhere the tiles again): every tile height and every
-    boundary between them, the same bits as the GGUF rows, on every thread count."""
+    """Batch 1 (its own loop), 2-130 rows (tiles of up to 4 rows over each group; with AVX-512
+    VNNI and no AMX the 512-bit loops over pairs of groups, tiles of up to 4 rows, from 16 rows
+    (Q6_K) or 128 (Q4_K, Q5_K) over each pair unpacked into a panel, and the 8-row group left
+    over where N / 8 is odd: N = 40, and N = 1000 in three items of work, the last with a group
+    left over; natively on AMX from 20 rows for Q6_K and 32 for Q4_K, each panel moved back to
+    GGUF's rows): every tile height and every boundary between the paths, the same bits as the
+    GGUF rows, on every thread count."""
     x8 = x8_build(ggml)
     w = blocks(qtype, N, K, seed=22)
     wx = x8.interleave(w, qtype)
-    x = torch.randn(40, K, generator=torch.Generator().manual_seed(23))
+    x = torch.randn(130, K, generator=torch.Generator().manual_seed(23))
     want = x8.matmul(x, w, qtype)
-    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 31, 40):
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 15, 16, 17, 31, 40, 127, 128, 130):
         assert torch.equal(x8.matmul_x8(x[:rows], wx, qtype), want[:rows]), rows
     threads = torch.get_num_threads()
     try:
         for n in (1, 3):
             torch.set_num_threads(n)
-            for rows in (1, 9):
+            for rows in (1, 9, 17, 130):
                 assert torch.equal(x8.matmul_x8(x[:rows], wx, qtype), want[:rows]), (n, rows)
     finally:
         torch.set_num_threads(threads)
