@@ -64,7 +64,8 @@
 // the AMX tiles (every batch without AMX on AVX2 builds; bench/ggml_kernels.py measures both
 // layouts). With AVX-512 VNNI and no AMX tiles in use, batches of 2 rows and more take the x8
 // groups two at a time (16 weight rows in a zmm: the pairs), for larger batches each pair
-// unpacked once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, y bitwise the same.
+// unpacked once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, so
+// y is bitwise the same.
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
