@@ -69,7 +69,8 @@ def compact_and_go_back(page, app) -> None:
     configure(page, 0, app, max_tokens=6)
 
     page.click("#compact0")
-    wait_text(page, "#chat0", "Summary of", timeout=60_000)
+    wait_text(page, "#chat0", "compacted; the original", timeout=60_000)
+    wait_text(page, "#chat0", WORDS[2][:15], timeout=60_000)     # the copies follow the summary
     chat = text(page, "#chat0")
     assert "‹ 2/2 ›" in chat and WORDS[2][:15] in chat and WORDS[0][:15] not in chat
     rows = saved(app, "SELECT id, extra FROM messages WHERE parent_id IS NULL ORDER BY id",
