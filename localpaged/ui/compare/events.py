@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -23,7 +24,7 @@ from ..tabs.events import Page
 from ..toasts import USER_ERRORS, info, warn, why
 from ..values import KEEP, flatten, outputs
 from .logic import MAX_COLUMNS
-from .vote import vote
+from .vote import Vote, vote
 from .view import NEW_CONVERSATION, ColumnsValues, CompareUI, CompareValues
 
 
@@ -71,19 +72,21 @@ class CompareEvents:
                 warn(f"Generation stopped: {t.error}")
             values = self._columns(t, k)
             values.state, values.prompt = state, "" if t.done else KEEP
-            values.summary = think_summary(t, rule) if rule is not None else ""
-            if rule is not None and t.done:
-                self._continue_with_winner(t)
+            values.summary = ""
+            if rule is not None:
+                outcome = think_outcome(t)
+                values.summary = think_summary(t, rule, outcome)
+                if t.done:
+                    self._continue_with_winner(outcome)
             yield values
 
-    def _continue_with_winner(self, turn) -> None:
+    def _continue_with_winner(self, outcome: ThinkOutcome) -> None:
         """Think N ways' active branch once done: the first branch that gave the majority's
         answer, else the first that was not pruned (a pruned one stays a sibling)."""
-        survivors = [r for r in turn.replies if "pruned" not in r.stats and r.status != "deleted"]
-        if not survivors:
+        if not outcome.survivors:
             return
-        v = vote([r.text for r in survivors])
-        chosen = survivors[v.columns[0]] if v is not None else survivors[0]
+        v = outcome.vote
+        chosen = outcome.survivors[v.columns[0]] if v is not None else outcome.survivors[0]
         try:
             self.ctl.pick(chosen.message_id)
         except USER_ERRORS as exc:
@@ -122,21 +125,30 @@ class CompareEvents:
         return state["cid"]
 
 
-def think_summary(turn, rule: PruneRule) -> str:
+@dataclass
+class ThinkOutcome:
+    survivors: list                  # the replies not pruned (nor deleted), in column order
+    vote: Vote | None                # their majority answer, once the turn is done
+
+
+def think_outcome(turn) -> ThinkOutcome:
+    survivors = [r for r in turn.replies if "pruned" not in r.stats and r.status != "deleted"]
+    return ThinkOutcome(survivors, vote([r.text for r in survivors]) if turn.done else None)
+
+
+def think_summary(turn, rule: PruneRule, outcome: ThinkOutcome | None = None) -> str:
     """The line above Think N ways' columns (HTML, model text escaped): the rule, each pruned
     branch and what it gave back, and once done the majority vote of the survivors."""
+    outcome = outcome or think_outcome(turn)
     lines = [f"<b>Think {len(turn.replies)} ways</b> · {html.escape(rule.describe())}"]
-    survivors = []
     for j, r in enumerate(turn.replies):
         pruned = r.stats.get("pruned")
         if pruned:
             freed = r.stats.get("released_blocks")
             lines.append(f"Branch {j + 1} pruned at token {int(pruned['at'])}"
                          + (f", gave back {int(freed)} KV blocks" if freed else ""))
-        elif r.status != "deleted":
-            survivors.append(r.text)
     if turn.done:
-        v = vote(survivors)
+        v = outcome.vote
         lines.append("No short final answers to vote on." if v is None else
                      f"Majority vote: <b>{html.escape(v.answer)}</b> ({v.count} of {v.voters} "
                      f"branches with a short answer)")
