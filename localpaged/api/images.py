@@ -52,12 +52,27 @@ class ImagePolicy:
         return cls(dirs, fetch_remote, **extra)
 
 
+class RequestImages:
+    """A request's images, read in order under `policy` (`read_image`), at most its
+    `max_images`: the OpenAI parts here and the Anthropic blocks (anthropic/convert.py)."""
+
+    def __init__(self, policy: ImagePolicy) -> None:
+        self.policy = policy
+        self.images: list[Image.Image] = []
+
+    def read(self, url: str, param: str) -> None:
+        if len(self.images) == self.policy.max_images:
+            raise APIError(f"Too many images: at most {self.policy.max_images} in a request.",
+                           param=param, code="too_many_images")
+        self.images.append(read_image(url, self.policy, param))
+
+
 def chat_images(messages, policy: ImagePolicy) -> tuple[list[dict], list[Image.Image]]:
     """(messages with content parts {"type": "text", "text"} / {"type": "image"} and the
     roles the template knows, the images in order) for a request whose messages hold
     image_url parts (protocol.ChatMessage)."""
     out: list[dict] = []
-    images: list[Image.Image] = []
+    images = RequestImages(policy)
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
         if not isinstance(m.content, list):
@@ -69,16 +84,13 @@ def chat_images(messages, policy: ImagePolicy) -> tuple[list[dict], list[Image.I
             if part.type == "text":
                 parts.append({"type": "text", "text": part.text})
             elif part.type == "image_url":
-                if len(images) == policy.max_images:
-                    raise APIError(f"Too many images: at most {policy.max_images} in a request.",
-                                   param=param, code="too_many_images")
-                images.append(read_image(part.image_url.url, policy, param))
+                images.read(part.image_url.url, param)
                 parts.append({"type": "image"})
             else:
                 raise APIError(f"Content parts of type {part.type!r} are not supported.",
                                param=param, code="unsupported_content")
         out.append({"role": role, "content": parts})
-    return out, images
+    return out, images.images
 
 
 def read_image(url: str, policy: ImagePolicy, param: str) -> Image.Image:

@@ -4,9 +4,9 @@
   renders: `system` becomes a system message; a user message's text blocks one user message,
   each `tool_result` block a `role: "tool"` message carrying `tool_call_id` (its text, marked
   as an error when `is_error`); an assistant message's text its content and its `tool_use`
-  blocks `tool_calls` (arguments as JSON text); with `Images` (a vision-language model), a user
-  message's `image` blocks are read (api/images.py, the server's image policy) and its content
-  becomes text and image parts. Blocks of other types are refused by name.
+  blocks `tool_calls` (arguments as JSON text); with `RequestImages` (a vision-language
+  model), a user message's `image` blocks are read (api/images.py, the server's image policy)
+  and its content becomes text and image parts. Blocks of other types are refused by name.
 - `openai_tool_fields(body)`: `tools` as OpenAI function tools, `tool_choice` in OpenAI's
   shapes (`any` -> "required", `tool` -> the named function) and `disable_parallel_tool_use`
   as `parallel_tool_calls`, which the OpenAI routes' tool handling (api/structured.py) takes.
@@ -26,10 +26,8 @@ Every refusal is an APIError naming the field, answered as a 400.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
 
 from localpaged.api.anthropic.protocol import (
     CountTokensRequest,
@@ -44,6 +42,7 @@ from localpaged.api.anthropic.protocol import (
     ToolUseBlock,
 )
 from localpaged.api.errors import APIError
+from localpaged.api.images import RequestImages
 from localpaged.api.protocol import check_text
 from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.core.sampling_params import SamplingParams
@@ -94,7 +93,8 @@ def _content(parts: list[dict]) -> str | list[dict]:
     return "".join(p["text"] for p in parts)
 
 
-def _message(m: Message, param: str, called: set[str], images: Images | None) -> list[dict]:
+def _message(m: Message, param: str, called: set[str],
+             images: RequestImages | None) -> list[dict]:
     """One message: its text (and images) and tool calls as one message of its role, each tool
     result (in a user message) as a tool message, in the order of the blocks."""
     if isinstance(m.content, str):
@@ -141,27 +141,12 @@ def _message(m: Message, param: str, called: set[str], images: Images | None) ->
     return out
 
 
-class Images:
-    """The images of a request, read in order (`read_one`: api/images.read_image under the
-    server's policy), at most `max_images`."""
-
-    def __init__(self, read_one: Callable[[str, str], Any], max_images: int) -> None:
-        self.read_one, self.max_images = read_one, max_images
-        self.images: list = []
-
-    def read(self, url: str, param: str) -> None:
-        if len(self.images) == self.max_images:
-            raise APIError(f"Too many images: at most {self.max_images} in a request.",
-                           param=param, code="too_many_images")
-        self.images.append(self.read_one(url, param))
-
-
 def has_images(body: CountTokensRequest) -> bool:
     return any(isinstance(b, ImageBlock) for m in body.messages if not isinstance(m.content, str)
                for b in m.content)
 
 
-def chat_messages(body: CountTokensRequest, images: Images | None = None) -> list[dict]:
+def chat_messages(body: CountTokensRequest, images: RequestImages | None = None) -> list[dict]:
     """The conversation as OpenAI-shaped chat messages (system first). With `images`, a user
     message's image blocks are read into it and its content is parts ({"type": "text"} /
     {"type": "image"}, as processors' chat templates take them); without, they are refused."""

@@ -29,7 +29,7 @@ from localpaged.api.anthropic.events import Reply, new_id, sse
 from localpaged.api.anthropic.protocol import CountTokensRequest, MessagesRequest
 from localpaged.api.errors import APIError, from_value_error, model_not_found
 from localpaged.api.generation import SSEResponse, chat_prompt
-from localpaged.api.images import ImagePolicy, read_image
+from localpaged.api.images import ImagePolicy, RequestImages
 from localpaged.api.metrics import MetricsRecorder
 from localpaged.api.routes import _check_limits
 from localpaged.api.served_model import Model, ServedModel
@@ -105,8 +105,7 @@ class _Messages:
         if tools.active:
             raise APIError("'tools' is not supported in a request with images.", param="tools",
                            code="unsupported_parameter")
-        images = (convert.Images(lambda url, param: read_image(url, self.images, param),
-                                 self.images.max_images) if model.engine.takes_images else None)
+        images = RequestImages(self.images) if model.engine.takes_images else None
         messages = convert.chat_messages(body, images)     # no images taken: refused by name
         if convert.prefills(messages):
             raise APIError("A final assistant message (a prefilled reply) is not supported in a "
