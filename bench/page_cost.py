@@ -28,7 +28,8 @@ def main() -> None:
     print(f"idle {100 * result['idle_core_share']:.1f}% (median; mean "
           f"{100 * result['idle_core_share_mean']:.1f}%) · 4 tabs streaming "
           f"{100 * result['streaming_4_tabs_core_share']:.1f}% of a core · Stop reached the "
-          f"server in {1000 * result['stop_to_server_s']:.0f} ms")
+          f"server in {1000 * result['stop_to_server_s']:.0f} ms (median of "
+          f"{', '.join(f'{1000 * t:.0f}' for t in result['stop_to_server_each_s'])})")
     write_results("page-cost", result)
 
 

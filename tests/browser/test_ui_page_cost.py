@@ -1,7 +1,8 @@
 """The page's cost in Chromium, from the browser's own counters (browser_cost.py): after an
 hour-like session of forty messages in four tabs (long replies with code and LaTeX) and a short
 reply in each, the idle page costs at most 2% of a core, four tabs streaming at once at most
-50%, and Stop, clicked while they stream, reaches the server within 200 ms. The figures measured
+50%, and Stop, clicked while they stream, reaches the server within 200 ms (the median of
+browser_cost.STOP_ROUNDS rounds, each round's time printed beside it). The figures measured
 on this project's machines (bench/page_cost.py) are in docs/benchmarks.md."""
 
 from __future__ import annotations
