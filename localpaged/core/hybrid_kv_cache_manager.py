@@ -122,6 +122,9 @@ class HybridKVCacheManager:
         self.prefix_cache_hits += len(hits[0]) * self.block_size
         return hits
 
+    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        return self.main.block_hashes(seq, num_blocks)
+
     def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
         """Ids of group 0's blocks of the longest valid hit for token_ids (its NULL entries
         left out); read-only, counts no query. Its length in blocks is len(...) only for a

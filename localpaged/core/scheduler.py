@@ -25,7 +25,8 @@ Every step (an iteration of the model):
    `max_num_seqs` and blocks allow. When an interactive group does not fit (blocks or
    `max_num_seqs`), running background groups are preempted, most recently admitted first,
    until it does. A waiting group's prompt first looks up the prefix cache: cached blocks are
-   not recomputed.
+   not recomputed; a group whose first blocks a running prompt is still computing waits for
+   them (core.shared_prefill) while later groups are admitted.
    Then background work (every step, or with "idle" only steps without interactive work):
    running background groups get the token budget left, at most one token per sequence in a
    step that prefills interactive work; and only when nothing was preempted this step, no
@@ -52,6 +53,7 @@ from localpaged.core.block_manager import BlockManager
 from localpaged.core.multimodal import chunk_tokens
 from localpaged.core.request import GroupStatus, Sequence, SequenceGroup
 from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
+from localpaged.core.shared_prefill import SharedPrefill
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +117,7 @@ class Scheduler:
         self.swapped: deque[SequenceGroup] = deque()
         self.num_preemptions = 0
         self.num_swapped_out = 0
+        self.num_shared_prefill_waits = 0    # steps a waiting group left to a sharing prompt
 
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
@@ -250,15 +253,21 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, priority: str) -> int:
-        while budget > 0:
-            group = next((g for g in self.waiting if g.priority == priority), None)
-            if group is None:
+        """Admit waiting groups first-come-first-served until one does not fit; a group whose
+        prompt's blocks a running prompt is computing waits for them (core.shared_prefill)."""
+        sharing = SharedPrefill(self.block_manager)
+        for group in [g for g in self.waiting if g.priority == priority]:
+            if budget <= 0:
                 break
+            if sharing.waits(group, self.running):
+                self.num_shared_prefill_waits += 1
+                continue
             if not self._make_room(group, out, lambda: self._fits_seqs(group)
                                    and self._admit(group, budget)):
                 break
             self.waiting.remove(group)
             budget = self._start(group, budget, out, allocated=True)
+            sharing.add(group)
         return budget
 
     def _fits_seqs(self, group: SequenceGroup) -> bool:
