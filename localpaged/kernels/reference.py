@@ -224,19 +224,33 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         start = window_start(seq_len - q_len + 1, window)     # the first query's window
         keys = load(_gather(k_cache, block_tables[i], seq_len, start), q.dtype).repeat_interleave(group, 1)
         values = load(_gather(v_cache, block_tables[i], seq_len, start), q.dtype).repeat_interleave(group, 1)
-        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)[:, None]
-        k_pos = torch.arange(start, seq_len, device=q.device)[None, :]
-        mask = k_pos <= q_pos
-        for first, end in (open_runs[i] if open_runs else ()):
-            mask = mask | ((q_pos >= first) & (q_pos < end) & (k_pos >= first) & (k_pos < end))
-        if window:
-            mask = mask & (k_pos > q_pos - window)
+        runs = open_runs[i] if open_runs else ()
         # [1, H, T, D]: with a batch dimension torch's CPU flash kernel serves (masks included);
         # without, its slower math path (docs/benchmarks.md, 'Real models', has the figures)
-        attn = F.scaled_dot_product_attention(q[lo:hi].transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                                              values.transpose(0, 1)[None], attn_mask=mask, scale=scale)
+        args = (q[lo:hi].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None])
+        if q_len == seq_len and not window and not runs:
+            # plain causal over the whole sequence: the flash kernel skips the blocks above the
+            # diagonal (`is_causal` aligns the diagonal top-left: right only without a prefix)
+            attn = F.scaled_dot_product_attention(*args, is_causal=True, scale=scale)
+        else:
+            attn = F.scaled_dot_product_attention(*args, attn_mask=prefill_mask(
+                seq_len, q_len, start, window, runs, q.device), scale=scale)
         out[lo:hi] = attn[0].transpose(0, 1)
     return out
+
+
+def prefill_mask(seq_len: int, q_len: int, start: int, window: int,
+                 runs: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """[q_len, seq_len - start]: which keys (positions start..seq_len-1) each of a sequence's
+    last q_len positions sees: causal, OR each open run both ways, AND the window."""
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    k_pos = torch.arange(start, seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    for first, end in runs:
+        mask = mask | ((q_pos >= first) & (q_pos < end) & (k_pos >= first) & (k_pos < end))
+    if window:
+        mask = mask & (k_pos > q_pos - window)
+    return mask
 
 
 def copy_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: torch.Tensor) -> None:
