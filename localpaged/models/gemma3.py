@@ -89,11 +89,6 @@ class GemmaMLP(MLP):
         super().__init__(config)
         self.act = ACT2FN[config.hidden_activation]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        half = gate_up.shape[-1] // 2
-        return self.down_proj(self.act(gate_up[..., :half]) * gate_up[..., half:])
-
 
 class GemmaDecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int) -> None:

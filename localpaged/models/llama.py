@@ -164,17 +164,38 @@ class Attention(nn.Module):
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim))
 
 
+# On CPU a long prefill's MLP runs in passes of rows whose gate/up activations stay under this.
+# glibc maps an allocation above its mmap threshold afresh and unmaps it when freed; the
+# threshold follows the sizes freed up to 32 MB, and a thread other than the main one maps
+# anything larger than its arena's 64 MB heap. A 1,000-token chunk's gate/up of a 1.5B model
+# (72 MB) was thus page-faulted and zeroed by the kernel in every layer; passes under 32 MB come
+# back from the heap (docs/benchmarks.md, "Activations in passes", has the cost). The weights
+# are read once per pass; each row's result does not depend on the pass.
+CPU_ACTIVATION_BYTES = 24 << 20
+
+
 class MLP(nn.Module):
+    """down(act(gate(x)) * up(x)), gate and up in one matmul; act is SiLU (SwiGLU)."""
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.act = F.silu
+        self.row_bytes = 2 * config.intermediate_size        # times the element size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = max(1, CPU_ACTIVATION_BYTES // (self.row_bytes * x.element_size()))
+        if x.device.type != "cpu" or x.shape[0] <= rows:
+            return self._pass(x)
+        return torch.cat([self._pass(part) for part in x.split(rows)])
+
+    def _pass(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         half = gate_up.shape[-1] // 2           # two slices: fewer ops per layer than chunk()
-        return self.down_proj(F.silu(gate_up[..., :half]) * gate_up[..., half:])
+        hidden = self.act(gate_up[..., :half])
+        return self.down_proj(hidden.mul_(gate_up[..., half:]))    # in place: one tensor fewer
 
 
 class DecoderLayer(nn.Module):
