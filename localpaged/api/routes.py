@@ -106,7 +106,7 @@ class _API:
     async def chat_completions(self, body: ChatCompletionRequest, request: Request):
         model = self._check_model(body.model)
         params = _params(body, "messages")
-        tools = tool_request(body, model.engine.tokenizer.chat_template)
+        tools = tool_request(body, model.engine.tokenizer)
         params, guided_param = constrain(params, body, tools)
         params, thinking_kwargs = reasoning_request(body, params, model.reasoning)
         if body.has_images():

@@ -104,6 +104,15 @@ class ToolRequest:
     choice: Choice
     parallel: bool
     fmt: ToolFormat
+    markers: tuple[int, ...] = ()       # the family's markers that are special tokens
+
+    def apply(self, params: SamplingParams) -> SamplingParams:
+        """params held to the calls' grammar, keeping the markers the parser reads in the text
+        (unchanged for tool_choice "none")."""
+        guided = self.guided()
+        if guided is None:
+            return params
+        return replace(params, guided=guided, text_special_tokens=self.markers)
 
     @property
     def active(self) -> bool:
@@ -120,8 +129,9 @@ class ToolRequest:
             raise APIError(str(exc), param="messages", code="invalid_value") from exc
 
 
-def tool_request(body, chat_template: str | None) -> ToolRequest:
-    """The request's tools for a model with this chat template (400s name the parameter)."""
+def tool_request(body, tokenizer) -> ToolRequest:
+    """The request's tools for a model with this tokenizer and its chat template (400s name
+    the parameter)."""
     specs = []
     for i, tool in enumerate(body.tools or []):
         try:
@@ -138,8 +148,9 @@ def tool_request(body, chat_template: str | None) -> ToolRequest:
         choice = normalize_choice(body.tool_choice, specs)
     except ValueError as exc:
         raise _bad("tool_choice", f"Invalid tool_choice: {exc}.") from exc
-    return ToolRequest(specs, choice, body.parallel_tool_calls is not False,
-                       tool_format(chat_template))
+    fmt = tool_format(tokenizer.chat_template)
+    return ToolRequest(specs, choice, body.parallel_tool_calls is not False, fmt,
+                       fmt.marker_ids(tokenizer))
 
 
 def constrain(params: SamplingParams, body,
@@ -147,10 +158,9 @@ def constrain(params: SamplingParams, body,
     """SamplingParams with the request's constraint (the calls' grammar when tools are offered,
     else the output constraint), and the parameter a compile error is to name."""
     spec, param = output_constraint(body)
-    tool_spec = tools.guided() if tools is not None else None
-    if tool_spec is not None:
+    if tools is not None and tools.guided() is not None:
         if spec is not None:
             raise _bad(param, f"'{param}' cannot be combined with tools unless tool_choice is "
                               "'none' (the reply is then held to it instead of calling tools).")
-        spec, param = tool_spec, "tools"
+        return tools.apply(params), "tools"
     return (replace(params, guided=spec) if spec is not None else params), param

@@ -122,7 +122,7 @@ class LocalChatBackend:
     def decode(self, token_ids: list[int]) -> str:
         """A reply's text as the engine streams it (its reasoning markers kept: detokenizer.py)."""
         fmt = self.reasoning_format()
-        return decode(self.engine.tokenizer, token_ids, fmt.markers if fmt else None)
+        return decode(self.engine.tokenizer, token_ids, fmt.markers.special if fmt else ())
 
     def prompt_ids(self, messages: list[dict], tools: list[ToolSpec] | None = None,
                    tool_choice="auto") -> list[int]:
@@ -179,12 +179,14 @@ class LocalChatBackend:
         column may not carry a guided constraint of its own."""
         ids = self.prompt_ids(messages, tools, tool_choice) if tools else \
             self._prompt(messages)
-        guided = self.tool_format().guided(tools, tool_choice)
+        fmt = self.tool_format()
+        guided = fmt.guided(tools, tool_choice)
         if guided is not None:
             if any(p.guided is not None for p in params):
                 raise ValueError("a reply with tools cannot also follow another output "
                                  "constraint (SamplingParams.guided)")
-            params = [replace(p, guided=guided) for p in params]
+            markers = fmt.marker_ids(self.engine.tokenizer)      # the parser reads them
+            params = [replace(p, guided=guided, text_special_tokens=markers) for p in params]
         params = self._local(params)
         if len(params) == 1:
             return iter(self.engine.submit(ids, params[0], request_id, priority=priority))

@@ -96,6 +96,8 @@ class Sequence:
         self.grammar: Grammar | None = None     # SamplingParams.guided's state, forked with it
         # SamplingParams.reasoning_markers' state (tokens spent thinking, forced closing marker)
         self.reasoning: ReasoningState | None = None
+        # Special tokens its text keeps (engine/detokenizer.py: kept_special of its params)
+        self.text_special: tuple[int, ...] = ()
         # The prompt's images (core/multimodal.py): part of its blocks' hashes; kept by forks
         self.images: tuple[ImageSpan, ...] = ()
         self.pruned: PruneNote | None = None    # why core/pruning.py stopped it early
@@ -142,6 +144,7 @@ class Sequence:
         child.text, child.detok_state = self.text, self.detok_state
         child.grammar = self.grammar.fork() if self.grammar is not None else None
         child.reasoning = self.reasoning.copy() if self.reasoning is not None else None
+        child.text_special = self.text_special
         child.images = self.images
         return child
 

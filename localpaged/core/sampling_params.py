@@ -89,6 +89,10 @@ class SamplingParams:
     # without markers does nothing (the chat's setting, for a model that marks no reasoning).
     reasoning_markers: ReasoningMarkers | None = None
     reasoning_budget: int | None = None
+    # Special tokens the reply's text keeps (it leaves the others out): a tool-call family's
+    # markers (chat/tools/formats.py: ToolFormat.marker_ids), for its parser. The reasoning
+    # markers' special tokens are kept as well.
+    text_special_tokens: tuple[int, ...] = ()
     # Parallel thinking (n > 1 or columns): branches that fall behind are stopped early
     # (core/pruning.py); read from the request's first output's params.
     prune: PruneRule | None = None
@@ -147,6 +151,9 @@ class SamplingParams:
              "must be an integer >= 0 or None"),
             ("prune", self.prune is None or isinstance(self.prune, PruneRule),
              "must be a PruneRule or None"),
+            ("text_special_tokens", isinstance(self.text_special_tokens, tuple)
+             and all(_is_int(t) and t >= 0 for t in self.text_special_tokens),
+             "must be a tuple of token ids"),
         ]
         for name, ok, rule in checks:
             if not ok:

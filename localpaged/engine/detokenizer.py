@@ -7,11 +7,12 @@ finishes (except at a stop string, which cuts the text itself), what was held ba
 so the final text is exactly the tokenizer's decode of the output (an unfinished character
 included, as U+FFFD).
 
-Special tokens are left out of the text (the tokenizer's `skip_special_tokens`), but for a
-reasoning model's marker tokens (`ReasoningMarkers.special`: harmony's `<|channel|>`,
-`<|message|>`, `<|end|>`, `<|start|>`), which the text keeps so that its reasoning can be split
-from its answer (chat/reasoning.py). `decode` is that rule for any token ids (beam hypotheses,
-a continued reply).
+Special tokens are left out of the text (the tokenizer's `skip_special_tokens`), but for those
+a request asks to keep (`kept_special`): a reasoning model's marker tokens
+(`ReasoningMarkers.special`: harmony's `<|channel|>`, `<|message|>`, `<|end|>`, `<|start|>`), so
+that its reasoning can be split from its answer (chat/reasoning.py), and a tool-call family's
+markers (`SamplingParams.text_special_tokens`: Mistral's `[TOOL_CALLS]`, `[ARGS]`), so that its
+calls can be parsed. `decode` is that rule for any token ids (beam hypotheses, a continued reply).
 """
 
 from __future__ import annotations
@@ -24,11 +25,16 @@ def start_offsets(prompt_len: int) -> tuple[int, int]:
     return max(0, prompt_len - 5), prompt_len
 
 
-def decode(tokenizer, ids: list[int], markers: ReasoningMarkers | None = None) -> str:
-    """The text of ids without their special tokens, but for the markers' special tokens: each
-    of those is its own text (the runs between them are decoded apart, which equals decoding
-    the whole where a special token bounds a decoder's pieces, as in byte-level BPE)."""
-    keep = markers.special if markers is not None else ()
+def kept_special(params) -> tuple[int, ...]:
+    """The special tokens a reply of these SamplingParams keeps in its text."""
+    markers: ReasoningMarkers | None = params.reasoning_markers
+    return (markers.special if markers is not None else ()) + params.text_special_tokens
+
+
+def decode(tokenizer, ids: list[int], keep: tuple[int, ...] = ()) -> str:
+    """The text of ids without their special tokens, but for those in `keep`: each of those is
+    its own text (the runs between them are decoded apart, which equals decoding the whole
+    where a special token bounds a decoder's pieces, as in byte-level BPE)."""
     if not keep or not any(t in keep for t in ids):
         return tokenizer.decode(ids, skip_special_tokens=True)
     parts: list[str] = []
@@ -47,9 +53,8 @@ def detokenize(tokenizer, seq: Sequence, final: bool = False) -> str:
     character at the end is held back unless `final` (the sequence has finished)."""
     prefix_offset, read_offset = seq.detok_state
     ids = seq.token_ids
-    markers = seq.reasoning.markers if seq.reasoning is not None else None
-    prefix = decode(tokenizer, ids[prefix_offset:read_offset], markers)
-    full = decode(tokenizer, ids[prefix_offset:], markers)
+    prefix = decode(tokenizer, ids[prefix_offset:read_offset], seq.text_special)
+    full = decode(tokenizer, ids[prefix_offset:], seq.text_special)
     if len(full) <= len(prefix) or (full.endswith("\ufffd") and not final):
         return ""
     new_text = full[len(prefix):]

@@ -48,7 +48,7 @@ from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
 from localpaged.core.speculation import Drafter, draft_room, eligible
 from localpaged.engine import kv_sizing, step_decisions
-from localpaged.engine.detokenizer import detokenize, start_offsets
+from localpaged.engine.detokenizer import detokenize, kept_special, start_offsets
 from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.grammar import GrammarCompiler, step_masks
 from localpaged.engine.multimodal import ImagePreprocessor, ImagePrompt, prompt_images
@@ -250,6 +250,7 @@ class LLMEngine:
                               priority=priority, grammars=grammars)
         seq.grammar = group.new_grammar(0)
         seq.reasoning = group.new_reasoning(0)
+        seq.text_special = kept_special(group.params_for_index(0))
         if params.prune is not None and (beam is not None or group.width < 2):
             raise ValueError("SamplingParams.prune stops branches that fall behind: it needs "
                              "n > 1 or several columns, and no beam search")

@@ -19,7 +19,13 @@ from localpaged.core import beam_search, pruning
 from localpaged.core.request import Sequence, SequenceGroup, make_generator
 from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import Fork, SchedulerOutput, StepResult
-from localpaged.engine.detokenizer import decode, detokenize, find_stop, visible_text
+from localpaged.engine.detokenizer import (
+    decode,
+    detokenize,
+    find_stop,
+    kept_special,
+    visible_text,
+)
 from localpaged.engine.grammar import all_allowed, allowed_rows, allows, apply_mask, force_token
 from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from localpaged.engine.sampler import record, verify
@@ -134,6 +140,7 @@ def _fork_samples(group: SequenceGroup, seq: Sequence, result: StepResult) -> li
         if group.column_params:                          # a column keeps its own constraint
             child.grammar = group.new_grammar(i)
             child.reasoning = group.new_reasoning(i)
+            child.text_special = kept_special(group.params_for_index(i))
         result.forks.append(Fork(seq, child))
         group.seqs.append(child)
     return list(group.seqs)
@@ -158,7 +165,7 @@ def _beam_step(group: SequenceGroup, logits: dict[int, torch.Tensor], result: St
         result.frees.extend(decision.beams)
         group.seqs = beam_search.hypothesis_seqs(
             group, decision.finished,
-            lambda ids: decode(tokenizer, ids, group.params.reasoning_markers))
+            lambda ids: decode(tokenizer, ids, kept_special(group.params)))
         result.finished.append(group)
 
 

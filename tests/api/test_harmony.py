@@ -71,7 +71,7 @@ def test_the_format_is_found_from_the_template_and_the_tokens(fmt, thinker, tiny
 
 
 def _text(llm, fmt, ids):
-    return decode(llm.tokenizer, ids, fmt.markers)
+    return decode(llm.tokenizer, ids, fmt.markers.special)
 
 
 def _plain(llm, ids):

@@ -5,6 +5,7 @@ prompts of conversations with calls and results rendered through real models' te
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -43,6 +44,20 @@ MISTRAL = (
     "{% elif m.role == 'assistant' %} {{ m.content }}{{ eos_token }}"
     "{% elif m.role == 'tool' %}[TOOL_RESULTS] {\"content\": {{ m.content | tojson }}, "
     "\"call_id\": \"{{ m.tool_call_id }}\"}[/TOOL_RESULTS]{% endif %}{% endfor %}")
+# Mistral's newer templates (tokenizers v11 and later), reduced to their tool parts.
+MISTRAL_V11 = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}"
+    "[/AVAILABLE_TOOLS]{% endif %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.role == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}"
+    "{% if c.id is not string or c.id | length != 9 %}"
+    "{{ raise_exception('Tool call IDs should be alphanumeric strings with length 9!') }}"
+    "{% endif %}[TOOL_CALLS]{{ c.function.name }}[ARGS]{% if c.function.arguments is string %}"
+    "{{ c.function.arguments }}{% else %}{{ c.function.arguments | tojson }}{% endif %}{% endfor %}"
+    "{{ eos_token }}"
+    "{% elif m.role == 'assistant' %}{{ m.content }}{{ eos_token }}"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS]{{ m.content }}[/TOOL_RESULTS]{% endif %}"
+    "{% endfor %}")
 TOY = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
        "{% if add_generation_prompt %}assistant:{% endif %}")
 
@@ -93,6 +108,15 @@ RECORDED = {
         ("[TOOL_CALLS] not json", "[TOOL_CALLS] not json", []),
     ],
 }
+RECORDED["mistral_v11"] = [
+    ('[TOOL_CALLS]get_weather[ARGS]{"city": "Nice", "unit": "c"}[TOOL_CALLS]get_time[ARGS]'
+     '{"tz": "CET"}', "", [("get_weather", {"city": "Nice", "unit": "c"}), ("get_time", {"tz": "CET"})]),
+    ('Let me look.\n[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS] {"tz": "UTC"}', "Let me look.",
+     [("get_time", {"tz": "UTC"})]),
+    ("[TOOL_CALLS] not a call", "[TOOL_CALLS] not a call", []),
+    ("[TOOL_CALLS]get_time[ARGS]no json here", "[TOOL_CALLS]get_time[ARGS]no json here", []),
+    ("Tags like [TOOL_CALLS] and [ARGS] are markers.", "Tags like [TOOL_CALLS] and [ARGS] are markers.", []),
+]
 RECORDED["generic"] = RECORDED["hermes"]
 CASES = [(fam, *case) for fam, cases in RECORDED.items() for case in cases]
 
@@ -136,6 +160,7 @@ def test_family_from_template():
     assert tool_format(QWEN).family == "hermes"
     assert tool_format(LLAMA).family == "llama3"
     assert tool_format(MISTRAL).family == "mistral"
+    assert tool_format(MISTRAL_V11).family == "mistral_v11"
     assert tool_format(TOY).family == "generic"
     assert tool_format(None).family == "generic"
     assert not tool_format(TOY).template_has_tools and tool_format(QWEN).template_has_tools
@@ -153,7 +178,7 @@ def test_parse_recorded(family, text, content, calls):
     assert _calls(reply) == calls
     ids = [c.id for c in reply.tool_calls]
     assert len(set(ids)) == len(ids)
-    if family == "mistral":
+    if family.startswith("mistral"):
         assert all(len(i) == 9 and i.isalnum() for i in ids)
 
 
@@ -205,6 +230,23 @@ def test_stream_holds_back_only_a_possible_marker():
     assert q.feed("x}") == [TextDelta(" {x}")]
 
 
+def test_named_calls_stream_their_arguments_as_they_come():
+    """Mistral's newer syntax: the call starts at its arguments' first brace, whatever the
+    chunks; arguments that are not JSON after a started call stay a call when streamed and
+    become text when parsed whole (as a cut-off call of any family)."""
+    p = ToolFormat("mistral_v11").stream_parser()
+    assert p.feed("Sure.[TOOL_") == [TextDelta("Sure.")]
+    assert p.feed("CALLS]get_ti") == []
+    assert p.feed("me[AR") == []
+    assert p.feed('GS]{"tz"') == [CallStart(0, p._ids[0], "get_time"), ArgsDelta(0, '{"tz"')]
+    assert p.feed(': "UTC"}') == [ArgsDelta(0, ': "UTC"}')]
+    assert p.finish() == []
+    text = '[TOOL_CALLS]get_time[ARGS]{"tz": }'
+    assert isinstance(_stream(ToolFormat("mistral_v11"), [text])[0], CallStart)
+    reply = ToolFormat("mistral_v11").parse(text)
+    assert reply.tool_calls == [] and reply.content == text
+
+
 def test_cut_off_call():
     """A call cut by max_tokens: streamed, its start already went out; parsed, it is text."""
     text = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "U'
@@ -228,7 +270,7 @@ def _accepts(compiler, spec, text: str, end: bool = True) -> bool:
     return ok and (not end or m.accept_token(tok.eos_token_id))
 
 
-@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "mistral_v11", "generic"])
 def test_grammars_of_each_choice(compiler, family):
     fmt = ToolFormat(family)
     good = fmt.call_text("get_weather", '{"city": "Paris", "unit": "c"}')
@@ -300,6 +342,55 @@ def test_prompt_mistral_ids(tokenizer):
     assert call_id.isalnum() and f'"call_id": "{call_id}"' in text
     assert '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}' \
         in text and "[AVAILABLE_TOOLS]" not in text      # tools go with the last user message
+
+
+def test_prompt_mistral_v11(tokenizer):
+    text = render(tokenizer, MISTRAL_V11)
+    assert '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "c"}' in text
+    assert '[TOOL_RESULTS]{"temp": 21}[/TOOL_RESULTS]' in text
+
+
+def test_the_markers_that_are_special_tokens_stay_in_the_text():
+    """Mistral's markers are special tokens of its vocabulary: a reply's text leaves them out
+    unless the request keeps them (SamplingParams.text_special_tokens), and then the parser
+    finds the calls; a family without such markers keeps nothing."""
+    from localpaged.engine.detokenizer import decode
+    tok = copy.deepcopy(smol_tokenizer())              # a byte-level BPE that spells any text
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]})
+    fmt = ToolFormat("mistral_v11")
+    markers = fmt.marker_ids(tok)
+    assert len(markers) == 3 and tok.convert_ids_to_tokens(list(markers)) == \
+        ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]
+    assert ToolFormat("mistral").marker_ids(tok) == markers[:1]
+    assert ToolFormat("hermes").marker_ids(tok) == () == fmt.marker_ids(smol_tokenizer())
+    ids = tok.encode('Sure.[TOOL_CALLS]get_time[ARGS]{"tz": "UTC"}', add_special_tokens=False)
+    assert set(markers[:2]) <= set(ids)
+    dropped = decode(tok, ids)
+    assert "[ARGS]" not in dropped and fmt.parse(dropped).tool_calls == []
+    kept = decode(tok, ids, markers)
+    assert _calls(fmt.parse(kept)) == [("get_time", {"tz": "UTC"})]
+    assert fmt.parse(kept).content == "Sure."
+
+
+def test_a_request_with_tools_keeps_its_family_markers():
+    """The API's tool request: with tools offered, the reply is held to the calls' grammar and
+    keeps the family's special-token markers in its text; with tool_choice "none", neither."""
+    from types import SimpleNamespace
+
+    from localpaged.api.structured import tool_request
+    from localpaged.core.sampling_params import SamplingParams
+    tok = copy.deepcopy(smol_tokenizer())
+    tok.add_special_tokens({"additional_special_tokens": ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]})
+    tok.chat_template = MISTRAL_V11
+
+    def body(choice):
+        return SimpleNamespace(tools=[WEATHER], tool_choice=choice, parallel_tool_calls=None)
+
+    offered = tool_request(body(None), tok).apply(SamplingParams())
+    assert offered.guided is not None
+    assert offered.text_special_tokens == ToolFormat("mistral_v11").marker_ids(tok) != ()
+    none = tool_request(body("none"), tok).apply(SamplingParams())
+    assert none.guided is None and none.text_special_tokens == ()
 
 
 @pytest.mark.parametrize("template", [TOY, None])

@@ -81,7 +81,7 @@ class _Messages:
 
     def _prompt(self, model: Model, body: CountTokensRequest) -> Prompt:
         """The prompt's token ids (run in a worker thread: the template and the tokenizer)."""
-        tools = tool_request(convert.openai_tool_fields(body), model.engine.tokenizer.chat_template)
+        tools = tool_request(convert.openai_tool_fields(body), model.engine.tokenizer)
         thinking = convert.thinking(body, model.reasoning)
         if convert.has_images(body):
             return self._image_prompt(model, body, tools, thinking)
@@ -130,7 +130,7 @@ class _Messages:
             raise from_value_error(exc, "messages") from exc
         prompt = await run_in_threadpool(self._prompt, model, body)
         _check_limits(model, prompt.ids, params, "max_tokens", "messages")
-        params = replace(params, guided=prompt.tools.guided())
+        params = prompt.tools.apply(params)
         if model.reasoning is not None:
             params = replace(params, reasoning_markers=model.reasoning.markers,
                              reasoning_budget=prompt.thinking.budget)

@@ -5,8 +5,15 @@ makes a model write its family's calls.
 - "llama3": Llama 3.1 / 3.2 JSON calls `{"name": ..., "parameters": {...}}` (results in the
   `ipython` role, which the template makes of `role: "tool"`).
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`.
+- "mistral_v11": Mistral's newer tokenizers (Mistral Small 3.x, Devstral, Magistral):
+  `[TOOL_CALLS]name[ARGS]{...}`, one `[TOOL_CALLS]` per call (an optional `[CALL_ID]id` before
+  `[ARGS]`).
 - "generic": a template that knows no tools. We describe the tools in a system message
   (prompt.py) and ask for the hermes syntax, which the grammar then enforces after its trigger.
+
+A family's markers are special tokens in some vocabularies (Mistral's, Llama's
+`<|python_tag|>`), which a reply's text leaves out: `ToolFormat.marker_ids` names those, for
+SamplingParams.text_special_tokens, so that the parser sees them.
 
 `ToolFormat.guided` builds an xgrammar structural tag (core/guided.py's "structural_tag" kind):
 for "auto", free text in which each call, once its trigger is written, is held to the called
@@ -23,7 +30,7 @@ from localpaged.chat.tools.parsing import StreamParser, Syntax, parse
 from localpaged.chat.tools.spec import Choice, ParsedReply, ToolSpec, call_id, normalize_choice
 from localpaged.core.guided import GuidedDecoding
 
-FAMILIES = ("hermes", "llama3", "mistral", "generic")
+FAMILIES = ("hermes", "llama3", "mistral", "mistral_v11", "generic")
 # Whitespace in a row inside call arguments: room for indented JSON, but a model cannot spend
 # its tokens on blank space before the call is written (templates write compact JSON).
 MAX_WHITESPACE = 8
@@ -34,7 +41,11 @@ _SYNTAX = {
     "generic": _HERMES,
     "llama3": Syntax(openers=("<|python_tag|>",), inline=('{"name"',), separators=";"),
     "mistral": Syntax(openers=("[TOOL_CALLS]",), inline=('[{"name"',), array=True),
+    "mistral_v11": Syntax(openers=("[TOOL_CALLS]",), args_marker="[ARGS]"),
 }
+# Markers that a vocabulary may hold as special tokens, by family.
+_MARKERS = {"llama3": ("<|python_tag|>",), "mistral": ("[TOOL_CALLS]",),
+            "mistral_v11": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")}
 
 
 @dataclass(frozen=True)
@@ -50,6 +61,7 @@ _CALL_TEXT = {
                         "}\n</tool_call>"),
     "llama3": _CallText('{"name": ', '{{"name": "{name}", "parameters": ', "}"),
     "mistral": _CallText("[TOOL_CALLS]", '[TOOL_CALLS][{{"name": "{name}", "arguments": ', "}]"),
+    "mistral_v11": _CallText("[TOOL_CALLS]", "[TOOL_CALLS]{name}[ARGS]", ""),
 }
 _CALL_TEXT["generic"] = _CALL_TEXT["hermes"]
 
@@ -70,6 +82,12 @@ class ToolFormat:
     @property
     def syntax(self) -> Syntax:
         return _SYNTAX[self.family]
+
+    def marker_ids(self, tokenizer) -> tuple[int, ...]:
+        """The ids of this family's markers that are special tokens of `tokenizer` (a reply's
+        text keeps them only when asked: SamplingParams.text_special_tokens)."""
+        special = {t.content: i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+        return tuple(special[m] for m in _MARKERS.get(self.family, ()) if m in special)
 
     def new_id(self) -> str:
         return call_id(self.family)
@@ -112,6 +130,8 @@ class ToolFormat:
 def tool_format(chat_template: str | None) -> ToolFormat:
     """The family a chat template's tool calls belong to, from the markers it declares."""
     text = chat_template or ""
+    if "[ARGS]" in text:
+        return ToolFormat("mistral_v11")
     if "[TOOL_CALLS]" in text or "[AVAILABLE_TOOLS]" in text:
         return ToolFormat("mistral")
     if "<|python_tag|>" in text or "ipython" in text:

@@ -8,7 +8,8 @@ A family's `Syntax` says how its calls are written:
   or with text that is already part of the call (Llama's `{"name"`; Mistral's `[{"name"` when
   the tokenizer dropped its special `[TOOL_CALLS]` token while detokenizing);
 - the region holds one JSON object per call (`{"name": ..., "arguments": {...}}`) or, for
-  Mistral, a JSON array of them, and Hermes closes it with `</tool_call>`.
+  Mistral, a JSON array of them, and Hermes closes it with `</tool_call>`; or, for Mistral's
+  newer tokenizers, the name up to `[ARGS]` and then the arguments' object (`_scan_named`).
 
 Invariants of the parser:
 - Text is held back only while it may still be the start of a marker, or while it is whitespace
@@ -45,6 +46,10 @@ from localpaged.chat.tools.syntax import (
 __all__ = ["ArgsDelta", "CallStart", "Delta", "StreamParser", "Syntax", "TextDelta", "parse"]
 
 MAX_REGION_CHARS = 1 << 20       # a call region longer than this is given up as text
+MAX_NAME_CHARS = 256             # a name (and call id) before the arguments marker, at most
+_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+_NAME_PART = re.compile(r"[A-Za-z0-9_.\-\[\]]*")   # what may still become name[CALL_ID]id
+_CALL_ID = "[CALL_ID]"
 _NAME_FIRST = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(arguments|parameters)"'
                          r'\s*:\s*', re.S)
 
@@ -172,7 +177,10 @@ class StreamParser:
                 self._end_region(complete=False)
                 return True
             ch = self._buf[0]
-            if self._state in ("open", "next"):
+            if self.syntax.args_marker and self._state in ("open", "name", "args"):
+                if not self._scan_named(final):
+                    return False
+            elif self._state in ("open", "next"):
                 if ch.isspace():
                     self._take_char()
                     continue
@@ -194,6 +202,55 @@ class StreamParser:
             if self._state == "text":
                 return True
         return False
+
+    def _scan_named(self, final: bool) -> bool:
+        """`name[ARGS]{...}` after the opener: the name up to the marker (an optional
+        `[CALL_ID]id` dropped), announced at the arguments' first brace, whose text then
+        streams as it comes; False when waiting for more input."""
+        marker = self.syntax.args_marker
+        if self._state in ("open", "name"):
+            self._state = "name"
+            at = self._buf.find(marker)
+            if at < 0:
+                head = self._buf[:len(self._buf) - held_marker(self._buf, (marker,))]
+                if final or not _NAME_PART.fullmatch(head) or len(head) > MAX_NAME_CHARS:
+                    self._end_region(complete=False)
+                    return True
+                return False
+            written, self._buf = self._buf[:at], self._buf[at + len(marker):]
+            self._region += written + marker
+            name = written.split(_CALL_ID, 1)[0]
+            if not _NAME.fullmatch(name):
+                self._end_region(complete=False)
+                return True
+            self._call, self._obj, self._state = _Call(name=name), "", "args"
+            return True
+        call = self._call
+        if call.index is None:                       # before the arguments' first brace
+            stripped = self._buf.lstrip()
+            self._region += self._buf[:len(self._buf) - len(stripped)]
+            self._buf = stripped
+            if not stripped:
+                if final:
+                    self._end_region(complete=False)
+                return final
+            if stripped[0] != "{":
+                self._end_region(complete=False)
+                return True
+            self._announce(call.name)
+            call.args_scanner = JsonScanner()
+        while self._buf and not call.args_done:
+            ch = self._take_char()
+            self._obj += ch
+            call.args += ch
+            self._out.append(ArgsDelta(call.index, ch))
+            call.args_done = call.args_scanner.step(ch)
+        if call.args_done:
+            self.segments.append(_Segment(call=ToolCall(self._ids[call.index], call.name, call.args),
+                                          raw=self._region[self._raw_from:]))
+            self._raw_from = len(self._region)
+            self._state = "after"
+        return True
 
     def _take_char(self) -> str:
         ch, self._buf = self._buf[0], self._buf[1:]
@@ -286,7 +343,7 @@ class StreamParser:
         """Back to text. A region without an announced call goes out as text; an unfinished
         call that was announced stays a call (its text is gone to the client already)."""
         region, self._region = self._region or "", None
-        current = self._obj if self._state == "object" else ""
+        current = self._obj if self._state in ("object", "args") else ""
         self._state = "text"
         if not self._announced_in_region:
             # Not a call: the region's text is content, and scanning goes on after its marker

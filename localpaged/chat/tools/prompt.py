@@ -3,7 +3,7 @@
 `prompt_messages(messages, tools, fmt)` takes OpenAI-shaped messages (assistant messages with
 `tool_calls` whose `function.arguments` is JSON text; `role: "tool"` results with
 `tool_call_id`) and returns (messages, template_kwargs):
-- for a template that knows tools (hermes, llama3, mistral), the template's own `tools=`
+- for a template that knows tools (hermes, llama3, mistral, mistral_v11), the template's own `tools=`
   argument and the messages in the shape Hugging Face templates read: arguments as a dict
   (Qwen2.5 and Llama 3.1 write `arguments | tojson`), every content a string, and for Mistral
   call ids of exactly 9 letters and digits (its templates refuse others; a result keeps
@@ -47,7 +47,7 @@ def prompt_messages(messages: list[dict], tools: list[ToolSpec] | None,
 def _for_template(m: dict, i: int, fmt: ToolFormat) -> dict:
     out = dict(m)
     out["content"] = _text(m.get("content"))
-    ids = _mistral_id if fmt.family == "mistral" else (lambda x: x)
+    ids = _mistral_id if fmt.family.startswith("mistral") else (lambda x: x)
     if m.get("tool_calls"):
         out["tool_calls"] = [{"id": ids(c.get("id") or f"call{i}_{j}"), "type": "function",
                               "function": {"name": c["function"]["name"],

@@ -122,7 +122,7 @@ def normalize_choice(choice: Any, tools: list[ToolSpec] | None) -> Choice:
 
 def call_id(family: str) -> str:
     """A new call id: Mistral's templates require exactly 9 letters and digits."""
-    if family == "mistral":
+    if family.startswith("mistral"):
         return "".join(secrets.choice(_ALNUM) for _ in range(9))
     return f"call_{secrets.token_hex(12)}"
 

@@ -15,6 +15,10 @@ class Syntax:
     array: bool = False                 # the region is a JSON array of call objects
     closer: str | None = None           # the marker that closes a region
     separators: str = ""                # besides whitespace, dropped between calls
+    # The call is written name first, up to this marker, then its arguments' JSON object
+    # (Mistral's newer tokenizers: `[TOOL_CALLS]name[ARGS]{...}`); an optional `[CALL_ID]id`
+    # may sit between the name and the marker.
+    args_marker: str | None = None
 
 
 @dataclass(frozen=True)
