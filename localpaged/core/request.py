@@ -189,6 +189,10 @@ class SequenceGroup:
     # Prompt tokens served from the prefix cache; None until first admitted (set once, there).
     num_cached_tokens: int | None = None
     num_disk_tokens: int = 0             # of those, read back from the disk tier (set with them)
+    # Its images' vision-tower outputs: computed (tower runs) and taken from the encoder cache,
+    # one count per image per prefill step that reads it (runner/image_batch.py)
+    num_encoder_runs: int = 0
+    num_encoder_hits: int = 0
     beam_state: BeamState | None = None  # beam search only: what the beam steps carry over
     column_params: list[SamplingParams] | None = None    # side-by-side: settings per output
     # Per output index (one entry, or one per column): the compiled constraint of its params'

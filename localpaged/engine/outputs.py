@@ -63,6 +63,8 @@ class RequestMetrics:
     num_cached_tokens: int             # prompt tokens served from the prefix cache
     num_generated_tokens: int
     num_disk_tokens: int = 0           # of num_cached_tokens, read back from the disk tier
+    num_encoder_runs: int = 0          # vision tower runs for its images (0: none, or all cached)
+    num_encoder_hits: int = 0          # of its images' lookups, those the encoder cache answered
 
     @property
     def time_to_first_token(self) -> float | None:

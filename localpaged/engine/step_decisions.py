@@ -200,7 +200,8 @@ def request_output(group: SequenceGroup) -> RequestOutput:
     metrics = RequestMetrics(group.arrival_time, group.first_token_time, group.finished_time,
                              group.num_cached_tokens or 0,
                              sum(s.num_output_tokens for s in group.seqs),
-                             group.num_disk_tokens)
+                             group.num_disk_tokens, group.num_encoder_runs,
+                             group.num_encoder_hits)
     prompt_len = len(group.prompt_token_ids)
     computed = min(group.seqs[0].num_computed_tokens, prompt_len) \
         if group.in_prompt_stage and not group.is_finished else prompt_len

@@ -5,7 +5,8 @@ that reaches the image over several steps, a regenerate after its blocks were ev
 
 Bounded by bytes, least recently used out first. An entry is the tower's whole output for the
 image ([placeholder tokens, hidden], on the model's device): the tower runs once per image,
-never per chunk. `runs` counts tower runs, `hits` the lookups it answered (EngineStats).
+never per chunk. `runs` counts tower runs, `hits` the lookups it answered (EngineStats; each
+request's own in its RequestMetrics).
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ class EncoderCache:
         self.runs = 0
         self.hits = 0
 
-    def embeddings(self, span: ImageSpan) -> torch.Tensor:
-        """The tower's output for the span's image, run now only if not cached."""
+    def embeddings(self, span: ImageSpan) -> tuple[torch.Tensor, bool]:
+        """The tower's output for the span's image, run now only if not cached; and whether
+        it was cached."""
         cached = self.entries.get(span.content_hash)
         if cached is not None:
             self.entries.move_to_end(span.content_hash)
             self.hits += 1
-            return cached
+            return cached, True
         pixels = span.pixels
         if not isinstance(pixels, ImagePixels):
             raise TypeError(f"image span at {span.offset}: pixels must be ImagePixels, "
@@ -46,7 +48,7 @@ class EncoderCache:
             raise ValueError(f"the vision tower gave {out.shape[0]} embeddings for an image "
                              f"with {span.num_embeddings} placeholder tokens")
         self._put(span.content_hash, out)
-        return out
+        return out, False
 
     def _put(self, key: bytes, value: torch.Tensor) -> None:
         size = value.numel() * value.element_size()

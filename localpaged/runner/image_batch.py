@@ -6,7 +6,8 @@ num_computed + num_tokens - 1, in the runner's order (model_runner.order_batch).
 k-th placeholder token (counting the image token only, not the markers between crops) takes
 row k of the image's embeddings; a chunk that begins or ends inside the span takes its slice,
 so a prefill split anywhere (chunks, a prefix hit inside the image, a recompute) feeds the
-model the same inputs as a prefill in one piece.
+model the same inputs as a prefill in one piece. Each lookup counts in its group's
+`num_encoder_runs` / `num_encoder_hits` (the request's RequestMetrics).
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def gather(items: list[ScheduledSeq], cache: EncoderCache, image_token_id: int,
             wanted = [k for k, p in enumerate(placeholders) if start <= p < end]
             if not wanted:
                 continue
-            emb = cache.embeddings(span)
+            emb, cached = cache.embeddings(span)
+            it.group.num_encoder_hits += cached
+            it.group.num_encoder_runs += not cached
             rows.extend(base + placeholders[k] - start for k in wanted)
             parts.append(emb[wanted[0]:wanted[-1] + 1])     # placeholders in [start, end) are consecutive k
         base += it.num_tokens

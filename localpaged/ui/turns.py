@@ -18,7 +18,8 @@ answer is the reply's text (`content` in the store), the reasoning `LiveReply.re
 row's `extra.reasoning`), its token count `stats.reasoning_tokens`.
 A turn whose prompt has images (its engine ImagePrompt, `images`) marks each reply's stats
 `images_from_cache` when the prefix cache served every image (chat/images.py): neither the
-vision encoder nor the images' prefill ran for it.
+vision encoder nor the images' prefill ran for it; and `image_tower_runs`, how many times the
+vision tower ran for it (RequestMetrics.num_encoder_runs: 0 when the encoder cache had them).
 """
 
 from __future__ import annotations
@@ -271,6 +272,7 @@ class Turn:
         cached = images_from_cache(self._images, m.num_cached_tokens if m else None)
         if cached is not None:
             stats["images_from_cache"] = cached
+            stats["image_tower_runs"] = m.num_encoder_runs
         if getattr(comp, "reasoning_tokens", 0):
             stats["reasoning_tokens"] = comp.reasoning_tokens
         if getattr(comp, "draft_tokens", 0):

@@ -44,6 +44,25 @@ def test_image_in_a_conversation_equals_transformers(vlm):
     assert llm.stats().encoder_runs == 1
 
 
+def test_each_request_reports_its_own_encoder_runs_and_hits(vlm):
+    """RequestMetrics: the first request runs the tower; after the prefix cache is emptied the
+    same image comes from the encoder cache (its prefill recomputed, the same tokens); once the
+    prefix cache holds the image's blocks, neither is asked."""
+    llm = LLM(vlm, num_kv_blocks=64)
+    prompt = llm.image_prompt(conversation("What is it?"), [tiny_vlm.image(30)])
+    first = llm.generate([prompt], params())[0]
+    assert (first.metrics.num_encoder_runs, first.metrics.num_encoder_hits) == (1, 0)
+    llm.reset_prefix_cache()
+    again = llm.generate([prompt], params())[0]
+    assert (again.metrics.num_encoder_runs, again.metrics.num_encoder_hits) == (0, 1)
+    assert again.metrics.num_cached_tokens == 0
+    cached = llm.generate([prompt], params())[0]
+    assert cached.metrics.num_cached_tokens >= prompt.images[0].end
+    assert (cached.metrics.num_encoder_runs, cached.metrics.num_encoder_hits) == (0, 0)
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids == cached.outputs[0].token_ids
+    assert llm.stats().encoder_runs == 1 and llm.stats().encoder_cache_hits == 1
+
+
 def test_two_images_batched_with_text_only_requests(vlm, tiny_root):
     llm = LLM(vlm, num_kv_blocks=96, record_steps=True)
     two = [tiny_vlm.image(2), tiny_vlm.image(3, 20, 20)]

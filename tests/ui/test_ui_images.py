@@ -31,7 +31,7 @@ from localpaged.ui import render
 from localpaged.ui.controller import ChatController
 from localpaged.ui.engine_panel import KvMap
 from localpaged.ui.images.events import image_router
-from localpaged.ui.images.logic import CACHE_NOTE
+from localpaged.ui.images.logic import CACHE_NOTE, ENCODER_NOTE, footer_note
 from localpaged.ui.store import Store
 from localpaged.ui.tools.messages import read_attachment
 
@@ -99,7 +99,7 @@ def test_send_regenerate_and_edit_with_an_image(ctl, vlm, vlm_backend, tmp_path)
     assert hf["input_ids"][0].tolist() == prompt.token_ids
     assert reply.stats["prompt_tokens"] == len(prompt.token_ids)
     assert reply.token_ids == turn.replies[0].token_ids
-    assert reply.stats["images_from_cache"] is False
+    assert reply.stats["images_from_cache"] is False and reply.stats["image_tower_runs"] == 1
     assert vlm_backend.stats().encoder_runs == runs0 + 1
     assert reply.token_ids == engine_reply(vlm_backend, prompt)
 
@@ -107,11 +107,16 @@ def test_send_regenerate_and_edit_with_an_image(ctl, vlm, vlm_backend, tmp_path)
     again = ctl.store.get_message(regen.replies[0].message_id)
     end = prompt.images[0].end
     assert again.stats["prefix_tokens_reused"] >= end             # the image's span reused
-    assert again.stats["images_from_cache"] is True
+    assert again.stats["images_from_cache"] is True and again.stats["image_tower_runs"] == 0
     assert vlm_backend.stats().encoder_runs == runs0 + 1          # the encoder ran once
     assert again.token_ids == reply.token_ids
     assert CACHE_NOTE in render.footer(again, (2, 2))
     assert CACHE_NOTE not in render.footer(reply, (1, 2))
+    assert ENCODER_NOTE not in render.footer(reply, (1, 2))
+    # the image's blocks evicted but its embeddings cached: the footer says so instead
+    assert footer_note({"images_from_cache": False, "image_tower_runs": 0}) == ENCODER_NOTE
+    assert footer_note({"images_from_cache": False, "image_tower_runs": 1}) == ""
+    assert footer_note({}) == ""
 
     edited = run(ctl.edit(user.id, "Describe it."))
     new_user = ctl.store.active_path(cid)[0]

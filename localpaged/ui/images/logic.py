@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from ..store.images import ImageFile, decode, image_refs
 
 CACHE_NOTE = "🖼 image from cache (encoder and prefill skipped)"
+ENCODER_NOTE = "🖼 image from the encoder cache (encoder skipped)"
 
 
 class ImageSource(Protocol):
@@ -66,5 +67,8 @@ def split_attachments(attachments: list[dict] | None) -> tuple[list[dict], list[
 
 
 def footer_note(stats: dict[str, Any]) -> str:
-    """What a reply's footer says about its prompt's images ("" when it had none)."""
-    return CACHE_NOTE if stats.get("images_from_cache") else ""
+    """What a reply's footer says about its prompt's images ("" when it had none, or when the
+    vision encoder ran for them)."""
+    if stats.get("images_from_cache"):
+        return CACHE_NOTE
+    return ENCODER_NOTE if stats.get("image_tower_runs") == 0 else ""

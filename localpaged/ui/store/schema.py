@@ -61,7 +61,7 @@ PREPARED = (None, "unseen", "seen")     # messages.prepared
 STATS_KEYS = ("prompt_tokens", "generated_tokens", "ttft_s", "tokens_per_s",
               "prefix_tokens_reused", "finish_reason", "finish_detail", "context_dropped",
               "draft_tokens", "accepted_draft_tokens", "prefix_tokens_from_disk",
-              "model", "images_from_cache")
+              "model", "images_from_cache", "image_tower_runs")
 CONTEXT_POLICIES = ("drop_oldest", "error", "compact")
 
 
