@@ -109,7 +109,7 @@ def load_rows(base, words, row, head, mask, kv_mask, offs_d, dtype, HEAD_DIM: tl
 
 
 @triton.jit
-def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos, window,
+def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos, reach, window,
                  stride_kb, stride_ks, stride_vb, stride_vs, qk_scale,
                  BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr,
                  TILE_N: tl.constexpr, DOT_F32: tl.constexpr, PREC: tl.constexpr,
@@ -119,7 +119,8 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
     q: [M, D_PAD] in the cache dtype; acc: [M, D_PAD] fp32, unnormalised output; m_i: [M] fp32
     running max of log2-domain scores; l_i: [M] fp32 running sum of exp2(score - m_i).
     k_base/v_base already point at the KV head; table_row at the sequence's block-table row.
-    Row r may see key position p only if p <= q_pos[r] (causality; decode passes seq_len - 1)
+    Row r may see key position p only if p <= reach[r] (its own position q_pos[r], causality;
+    decode passes seq_len - 1; or the last position of a run of two-way attention it is in)
     and, with WINDOWED, p > q_pos[r] - window (rows whose windows start at or before `start`,
     as decode's single row, need no WINDOWED: the loop starts there).
     Positions outside [start, end) are never loaded, so padding table entries, unwritten slots
@@ -139,7 +140,7 @@ def attend_tiles(q, acc, m_i, l_i, k_base, v_base, table_row, start, end, q_pos,
         k = load_rows(k_base, k_words, block * stride_kb + in_block * stride_ks, head_k, in_range,
                       kv_mask, offs_d, q.dtype, HEAD_DIM, INT8)
         s = _dot(q, tl.trans(k), DOT_F32, PREC) * qk_scale       # [M, TILE_N]
-        visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = in_range[None, :] & (pos[None, :] <= reach[:, None])
         if WINDOWED:
             visible = visible & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))

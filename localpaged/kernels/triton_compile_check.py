@@ -63,18 +63,18 @@ def _reduce(dt, head_dim):
         PART_CHUNK=dec.REDUCE_CHUNK, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim))
 
 
-def _prefill(dt, group, block_size, head_dim, windowed=False, int8=False):
+def _prefill(dt, group, block_size, head_dim, windowed=False, int8=False, opened=False):
     from . import triton_prefill as pre
     from .triton_common import next_pow2
     group_pad = next_pow2(group)
     block_q, tile_n = pre.default_tiles(group_pad, block_size, head_dim, 4 if dt == "fp32" else 2)
     return pre._prefill_kernel, dict(
         q_ptr=dt, **_cache(dt, int8), tables="i32", query_start_loc="i32",
-        seq_lens="i32", out_ptr=dt), ("qk_scale",), dict(
+        seq_lens="i32", reach_ptr="i32", out_ptr=dt), ("qk_scale",), dict(
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=max(block_q, -(-16 // group_pad)),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, D_PAD=next_pow2(head_dim),
         TILE_N=tile_n, DOT_F32=False,
-        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed, INT8=int8)
+        PREC="ieee" if dt == "fp32" else "tf32", WINDOWED=windowed, INT8=int8, OPEN=opened)
 
 
 def _write_kv(src, cache, block_size, head_dim):
@@ -123,6 +123,8 @@ CONFIGS = {
     "reduce fp16 d128": lambda: _reduce("fp16", 128),
     "prefill fp16 gqa4 bs16 d128": lambda: _prefill("fp16", 4, 16, 128),
     "prefill fp16 gqa4 bs16 d128 window": lambda: _prefill("fp16", 4, 16, 128, True),
+    "prefill bf16 gqa4 bs16 d256 window open runs": lambda: _prefill("bf16", 4, 16, 256, True,
+                                                                      opened=True),
     "prefill bf16 gqa8 bs32 d256": lambda: _prefill("bf16", 8, 32, 256),
     "prefill fp32 gqa1 bs8 d64": lambda: _prefill("fp32", 1, 8, 64),
     "write_kv fp32->fp16 bs16 d80": lambda: _write_kv("fp32", "fp16", 16, 80),

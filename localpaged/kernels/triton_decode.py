@@ -81,7 +81,7 @@ def _decode_kernel(q_ptr, k_cache, v_cache, k_words, v_words, tables, seq_lens, 
     q_pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)
     acc, m_i, l_i = attend_tiles(
         q, acc, m_i, l_i, k_cache + kv_head * stride_kh, v_cache + kv_head * stride_vh,
-        tables + b * stride_tb, start, end, q_pos, window, stride_kb, stride_ks, stride_vb,
+        tables + b * stride_tb, start, end, q_pos, q_pos, window, stride_kb, stride_ks, stride_vb,
         stride_vs, qk_scale, BLOCK_SIZE, HEAD_DIM, D_PAD, TILE_N, DOT_F32, PREC, False,
         k_words, v_words, kv_head * stride_kh, kv_head * stride_vh, INT8)
 

@@ -4,7 +4,8 @@ Exports the same four functions, with the same signatures, as ``reference`` (the
 ground truth), so a caller switches backends by switching modules:
 - ``write_kv``: new K/V into their cache slots through the slot mapping (triton_cache_ops);
 - ``paged_decode_attention``: one query token per sequence, plain or split-K (triton_decode);
-- ``paged_prefill_attention``: new tokens over their cached prefix, causal (triton_prefill);
+- ``paged_prefill_attention``: new tokens over their cached prefix, causal, runs of two-way
+  attention opened (triton_prefill);
 - ``copy_blocks``: batched whole-block copies for copy-on-write (triton_cache_ops).
 
 The kernels run on CUDA tensors, or on CPU tensors when TRITON_INTERPRET=1 was set before this

@@ -9,8 +9,8 @@ references in `localpaged.kernels.reference`, "cpu" those with decode attention 
 under TRITON_INTERPRET=1, the default on CUDA); each module exports the four functions with the
 same signatures.
 `PagedAttention.forward` splits a flat batch between the decode and prefill kernels (a prefill
-with runs of two-way attention, `AttentionMetadata.open_runs`, goes to the reference's prefill
-on every backend: the Triton and C++ kernels are causal only); a kernel
+with runs of two-way attention, `AttentionMetadata.open_runs`, passes them to the backend's
+prefill: the reference's, which the "cpu" backend uses too, and the Triton kernel's); a kernel
 module may also export `decode_one` (write + attend for a batch of one decoding sequence,
 given AttentionMetadata.decode_runs), which forward then uses for that batch.
 See docs/architecture.md §5 step 4 (forward) and §8 (kernel tests).
@@ -25,7 +25,6 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from localpaged.core.config import ATTENTION_BACKENDS, check_choice
-from localpaged.kernels import reference
 
 logger = logging.getLogger(__name__)
 
@@ -92,9 +91,11 @@ class AttentionBackend(Protocol):
     def paged_prefill_attention(self, q: torch.Tensor, k_cache: torch.Tensor,
                                 v_cache: torch.Tensor, block_tables: torch.Tensor,
                                 query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                                scale: float, window: int = 0) -> torch.Tensor:
+                                scale: float, window: int = 0,
+                                open_runs: list[list[tuple[int, int]]] | None = None) -> torch.Tensor:
         """New tokens of each sequence (causal) over its cached prefix and themselves (each over
-        the last `window` positions up to its own; 0: all)."""
+        the last `window` positions up to its own; 0: all); the tokens of a run [lo, hi) in
+        `open_runs[i]` also see the run's later keys (core.multimodal: Gemma 3's images)."""
         ...
 
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor,
@@ -131,15 +132,10 @@ class PagedAttention:
             out[:d] = self.paged_decode_attention(q[:d], k_cache, v_cache,
                                                   meta.decode_block_tables,
                                                   meta.decode_seq_lens, scale, w)
-        if meta.open_runs is None:
-            out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
-                                                   meta.prefill_query_start_loc,
-                                                   meta.prefill_seq_lens, scale, w)
-        else:       # the one place a step with two-way runs leaves the backend's prefill kernel:
-            # only the plain-torch reference takes a mask beyond causal and window
-            out[d:] = reference.paged_prefill_attention(
-                q[d:], k_cache, v_cache, meta.prefill_block_tables, meta.prefill_query_start_loc,
-                meta.prefill_seq_lens, scale, w, open_runs=meta.open_runs)
+        out[d:] = self.paged_prefill_attention(q[d:], k_cache, v_cache, meta.prefill_block_tables,
+                                               meta.prefill_query_start_loc,
+                                               meta.prefill_seq_lens, scale, w,
+                                               open_runs=meta.open_runs)
         return out
 
 

@@ -152,8 +152,9 @@ def test_preemption_keeps_outputs(gemma, mode):
 
 @pytest.mark.parametrize("backend", ["cpu", "torch", "triton"])
 def test_attention_backends_give_the_same_tokens(gemma, backend):
-    """The step holding an image runs the reference prefill on every backend; decode stays on
-    the backend's own kernel (Triton under TRITON_INTERPRET=1 on CPU, natively on CUDA)."""
+    """Every backend's prefill opens the image both ways (the reference's on "cpu" and "torch",
+    the Triton kernel's on "triton": under TRITON_INTERPRET=1 on CPU, natively on CUDA) and
+    gives transformers' tokens."""
     device = "cuda" if torch.cuda.is_available() and backend != "cpu" else "cpu"
     llm = LLM(gemma, num_kv_blocks=64, attention_backend=backend, device=device)
     images = [tiny_vlm.image(12)]

@@ -366,3 +366,55 @@ def test_startup_check_names_a_kernel_that_ignores_the_window():
     ops_ = types.SimpleNamespace(**{name: getattr(ref, name) for name in startup_check.KERNELS})
     ops_.paged_decode_attention = full
     assert "paged_decode_attention differs" in startup_check.check_kernels(ops_, ref, cpu, F32)
+
+
+# ---- runs of two-way attention (Gemma 3's image tokens) ------------------------------------
+# Per sequence of PREFILL_LENS / PREFILL_Q_LENS, runs [lo, hi) inside its new tokens: none; one
+# inside the chunk of 25 from position 45 (one run ending at the chunk's end, one ending in the
+# middle of a BLOCK_Q tile); none for the single token; one of 12 from position 3.
+OPEN_RUNS = [[], [(47, 55), (60, 70)], [], [(3, 15)]]
+
+
+def dense_open(q, keys, values, q_pos, runs, window, scale):
+    """dense_attention's mask OR each run both ways, AND the window (transformers' Gemma 3)."""
+    k_pos = torch.arange(keys.shape[0])[None, :]
+    qp = q_pos[:, None]
+    mask = k_pos <= qp
+    for lo, hi in runs:
+        mask |= (qp >= lo) & (qp < hi) & (k_pos >= lo) & (k_pos < hi)
+    if window:
+        mask &= k_pos > qp - window
+    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), keys.transpose(0, 1),
+                                         values.transpose(0, 1), attn_mask=mask, scale=scale,
+                                         enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("window", [0, 6, 100])
+def test_reference_prefill_opens_runs_both_ways(window):
+    case, q, starts = prefill_case(16)
+    got = ref.paged_prefill_attention(q, case.k_cache, case.v_cache, case.tables, starts,
+                                      case.seq_lens, SCALE, window, open_runs=OPEN_RUNS)
+    causal = ref.paged_prefill_attention(q, case.k_cache, case.v_cache, case.tables, starts,
+                                         case.seq_lens, SCALE, window)
+    for i, (n, q_len) in enumerate(zip(case.lens, PREFILL_Q_LENS)):
+        lo, hi = int(starts[i]), int(starts[i + 1])
+        want = dense_open(q[lo:hi], case.keys[i], case.values[i], torch.arange(n - q_len, n),
+                          OPEN_RUNS[i], window, SCALE)
+        assert (got[lo:hi] - want).abs().max().item() < DENSE_TOLERANCE
+        assert torch.equal(got[lo:hi], causal[lo:hi]) == (not OPEN_RUNS[i] or window == 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_q", [4, None])
+@pytest.mark.parametrize("window", [0, 6, 100])
+def test_triton_prefill_opens_runs_as_the_reference(device, block_q, window):
+    case, q, starts = prefill_case(16, device)
+    got = prefill_mod.prefill(q, case.k_cache, case.v_cache, case.tables, starts, case.seq_lens,
+                              SCALE, block_q=block_q, window=window, open_runs=OPEN_RUNS)
+    assert_close(got, ref.paged_prefill_attention(q, case.k_cache, case.v_cache, case.tables,
+                                                  starts, case.seq_lens, SCALE, window,
+                                                  open_runs=OPEN_RUNS), F32)
+    public = ops.paged_prefill_attention(q, case.k_cache, case.v_cache, case.tables, starts,
+                                         case.seq_lens, SCALE, window, open_runs=OPEN_RUNS)
+    assert torch.equal(public, got) or block_q is not None
