@@ -14,6 +14,9 @@ Invariants:
 - a group waits only on blocks that a *running* group still in its prompt has yet to compute,
   so that group's progress (or its preemption, which takes it out of the running list) ends the
   wait: no group waits on a group that is waiting itself;
+- an interactive group waits only on interactive groups (a background group may run only on
+  capacity interactive work leaves, so waiting on one would delay interactive work: the
+  scheduler's rule); a background group waits on either;
 - a chain hash names a block's tokens and everything before them (kv_cache_manager.hash_block),
   so a shared hash means the whole prefix up to that block is shared: every earlier block is
   computed by then or computed by the same group.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from localpaged.core.block_manager import BlockManager
 from localpaged.core.request import SequenceGroup
+from localpaged.core.sampling_params import BACKGROUND, INTERACTIVE
 
 # A prompt waits only when at least this many of its full blocks are being computed by another
 # group: below it, the step's wait costs more than the tokens it saves.
@@ -39,7 +43,8 @@ class SharedPrefill:
         self._computing: set[bytes] | None = None     # built on the first question of a step
 
     def add(self, group: SequenceGroup) -> None:
-        """`group` now runs (admitted this step): its prompt's blocks count from here on."""
+        """`group` now runs (admitted this step, of the priority asked about): its prompt's
+        blocks count from here on."""
         if self._computing is not None:
             self._computing |= self._to_compute(group)
 
@@ -48,10 +53,11 @@ class SharedPrefill:
         its prompt's full blocks (before its last token) are being computed by a running group."""
         if not self.enabled or group.needs_prompt_logprobs or not group.in_prompt_stage:
             return False
-        if self._computing is None:
+        if self._computing is None:          # the groups of one call share their priority
             self._computing = set()
             for other in running:
-                self._computing |= self._to_compute(other)
+                if other.priority == INTERACTIVE or group.priority == BACKGROUND:
+                    self._computing |= self._to_compute(other)
         if not self._computing:
             return False
         seq = group.seqs[0]

@@ -7,6 +7,9 @@ import pytest
 from helpers.engine_helpers import greedy, hf_expected, prompts, token_ids
 
 from localpaged import LLM
+from localpaged.core.config import EngineConfig
+from localpaged.core.sampling_params import BACKGROUND
+from localpaged.engine.llm_engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +88,31 @@ def test_sharing_prompts_under_preemption_give_the_same_tokens(tiny_llama, mode)
     assert stats.num_preemptions > 0 and llm.engine.scheduler.num_shared_prefill_waits > 0
     assert got == alone(tiny_llama, batch, steps=24)
     assert stats.blocks_in_use == 0
+
+
+def test_an_interactive_prompt_never_waits_on_background_work(tiny_llama, batch):
+    """Background work runs only on capacity interactive work leaves ("idle"): an interactive
+    prompt that begins like a background prompt still being prefilled is admitted at once
+    (and computes the common blocks past what the background one has cached)."""
+    eng = LLMEngine(EngineConfig(model=tiny_llama, num_kv_blocks=128, max_num_batched_tokens=64,
+                                 background_batch="idle", debug_checks=True))
+    eng.add_request("bg", batch[0], greedy(4), priority=BACKGROUND)
+    eng.step()                                     # the background prompt's first chunk
+    eng.add_request("chat", batch[1], greedy(4))
+    eng.step()
+    assert [g.request_id for g in eng.scheduler.running] == ["bg", "chat"]
+    assert eng.groups["chat"].seqs[0].num_computed_tokens == 128     # 64 cached, 64 computed
+    assert eng.scheduler.num_shared_prefill_waits == 0
+
+
+def test_background_prompts_share_their_prefill_too(tiny_llama, batch):
+    eng = LLMEngine(EngineConfig(model=tiny_llama, num_kv_blocks=128, max_num_batched_tokens=250,
+                                 debug_checks=True))
+    for rid, prompt in (("bg", batch[0]), ("bg2", batch[1])):
+        eng.add_request(rid, prompt, greedy(4), priority=BACKGROUND)
+    outs = {}
+    while eng.has_unfinished_requests():
+        outs.update({o.request_id: o for o in eng.step() if o.finished})
+    assert eng.scheduler.num_shared_prefill_waits == 1
+    assert outs["bg2"].metrics.num_cached_tokens == 192
+    assert token_ids([outs["bg"], outs["bg2"]]) == alone(tiny_llama, batch[:2], steps=4)
