@@ -60,8 +60,8 @@ class SharedPrefill:
                     self._computing |= self._to_compute(other)
         if not self._computing:
             return False
-        seq = group.seqs[0]
-        hashes = self.block_manager.block_hashes(seq, (len(seq.token_ids) - 1) // self.block_manager.block_size)
+        seq, size = group.seqs[0], self.block_manager.block_size
+        hashes = self.block_manager.block_hashes(seq, (len(seq.token_ids) - 1) // size)
         return sum(h in self._computing for h in hashes) >= MIN_SHARED_BLOCKS
 
     def _to_compute(self, group: SequenceGroup) -> set[bytes]:
