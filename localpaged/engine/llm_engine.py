@@ -7,14 +7,11 @@ detokenizes and applies stop rules. What that decided (forks, frees, finished gr
 abort and the out-of-memory path finish groups through the same update. The engine is single-threaded;
 `async_engine.AsyncEngine` drives it from a background thread for concurrent callers.
 
-Names: `block_manager` is a core.block_manager.BlockManager (block tables, in block ids): the
-KVCacheManager, or for a model with sliding-window layers the HybridKVCacheManager (one per
-KV-cache group, engine.kv_sizing sizing each group's pool); only this constructor names either.
-`kv_cache` holds the K/V tensors. With `EngineConfig.debug_checks` (or env
-LOCALPAGED_DEBUG_CHECKS=1) every step ends with `check_invariants()`; env
-LOCALPAGED_SPECULATION (off | ngram | draft) overrides `EngineConfig.speculation` for every
-engine of the process, and LOCALPAGED_DRAFT_MODEL its `draft_model` ("self": each engine's own
-model, where its layers all attend fully; to run a test suite with draft-model speculation).
+Names: `block_manager` is a core.block_manager.BlockManager (block tables, in block ids), built
+with every other part by engine.assembly (`assemble`: loading, KV sizing, the block manager,
+scheduler, runner, drafter and disk tier); `kv_cache` holds the K/V tensors. With
+`EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends with
+`check_invariants()`.
 See docs/architecture.md §5 (the life of a request, from make_group to the output).
 """
 
@@ -26,17 +23,9 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
 from localpaged.core.block_manager import BlockManager
-from localpaged.core.config import (
-    SPECULATION,
-    EngineConfig,
-    background_shares_batch,
-    check_choice,
-)
-from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
+from localpaged.core.config import EngineConfig
+from localpaged.core.kv_cache_manager import InvariantError
 from localpaged.core.request import (
     BeamParams,
     BeamState,
@@ -45,13 +34,14 @@ from localpaged.core.request import (
     make_generator,
 )
 from localpaged.core.sampling_params import SamplingParams, check_priority
-from localpaged.core.scheduler import Scheduler, SchedulerOutput, StepResult
-from localpaged.core.speculation import Drafter, draft_room, eligible
+from localpaged.core.scheduler import SchedulerOutput, StepResult
+from localpaged.core.speculation import draft_room, eligible
 from localpaged.engine import kv_sizing, step_decisions
+from localpaged.engine.assembly import assemble
 from localpaged.engine.detokenizer import detokenize, kept_special, start_offsets
 from localpaged.engine.draft_model import DraftModel
-from localpaged.engine.grammar import GrammarCompiler, step_masks
-from localpaged.engine.multimodal import ImagePreprocessor, ImagePrompt, prompt_images
+from localpaged.engine.grammar import step_masks
+from localpaged.engine.multimodal import ImagePrompt, prompt_images
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
@@ -60,15 +50,8 @@ from localpaged.engine.outputs import (
     SeqStep,
     StepRecord,
 )
-from localpaged.kernels import kv_quant
-from localpaged.quant.linear import kernels_summary, weight_formats, weights_summary
-from localpaged.runner import loader, prompt_logprobs, startup_check
-from localpaged.runner.batch1_cpu import Batch1Decoder
-from localpaged.runner.encoder_cache import EncoderCache
-from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_block
-from localpaged.runner.kv_disk import KVDiskStore, KVDiskTier, weights_identity
-from localpaged.runner.kv_disk import fingerprint as kv_fingerprint
-from localpaged.runner.model_runner import ModelRunner, StepTimings, phase_of
+from localpaged.runner import prompt_logprobs
+from localpaged.runner.model_runner import StepTimings, phase_of
 
 logger = logging.getLogger(__name__)
 
@@ -76,59 +59,18 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if config.device == "auto" else config.device))
-        self.dtype = loader.resolve_dtype(config.dtype, self.device)
-        self.kv_cache_dtype = kv_quant.resolve(config.kv_cache_dtype, self.dtype)
-        loaded = loader.load(config.model, self.device, self.dtype, config.revision, config.quantization)
-        self.model, self.tokenizer, self.model_config = loaded.model, loaded.tokenizer, loaded.config
-        self.eos_token_ids = loaded.eos_token_ids
-        self.model_source = loaded.source
-        self.weights_bytes, self.weights_format = weights_summary(self.model)
-        self.kernels, self.weight_formats = kernels_summary(self.model), weight_formats(self.model)
-        self.max_model_len = self._max_model_len()
-        self.backend, graphs_ok = startup_check.select_backend(
-            config.attention_backend, self.device, self.dtype, config.block_size, self.model.head_dim,
-            kv_dtype=self.kv_cache_dtype)
-        self.kv_plan = self._kv_plan()
-        num_blocks, num_cpu_blocks = self.kv_plan.num_blocks, self.kv_plan.num_cpu_blocks
-        mc, groups = self.model_config, self.model.kv_groups
-        self.kv_cache = KVCache(mc.num_hidden_layers, num_blocks, config.block_size,
-                                mc.num_key_value_heads, self.model.head_dim, self.kv_cache_dtype,
-                                self.device, num_cpu_blocks, groups.layer_group)
-        keep_runs = self.device.type == "cpu"
-        self.block_manager: BlockManager
-        if groups.windows == (0,):        # one full-attention group: the plain manager
-            self.block_manager = KVCacheManager(num_blocks[0], config.block_size,
-                                                config.enable_prefix_caching, num_cpu_blocks[0],
-                                                keep_runs=keep_runs)
-        else:
-            self.block_manager = HybridKVCacheManager(groups.windows, num_blocks, config.block_size,
-                                                      config.enable_prefix_caching, num_cpu_blocks,
-                                                      keep_runs=keep_runs)
-        self.kv_disk = self._attach_disk()
-        shares = background_shares_batch(config.background_batch, self.device.type)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs,
-                                   config.max_num_batched_tokens, config.preemption_mode, shares)
-        graphs = None if config.enforce_eager or not graphs_ok else startup_check.build_decode_graphs(
-            self.model, self.kv_cache.layers, self.backend, config.max_num_seqs,
-            self.max_model_len, config.block_size, self.device, self.dtype)
-        batch1 = None if config.enforce_eager else Batch1Decoder.create(
-            self.model, self.kv_cache.layers, self.backend)
-        # A vision-language model: its tower's outputs cached per image, its image preprocessing
-        self.encoder = EncoderCache(loaded.vision) if loaded.vision is not None else None
-        self.images = (ImagePreprocessor(loaded.processor, loaded.vision)
-                       if loaded.processor is not None else None)
-        self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager, self.backend,
-                                  graphs, batch1, self.encoder)
-        # LOCALPAGED_SPECULATION=ngram turns it on for every engine (to run any test suite with it)
-        speculation = check_choice("LOCALPAGED_SPECULATION", os.environ.get(
-            "LOCALPAGED_SPECULATION", config.speculation), SPECULATION)
-        self.drafter = None if speculation == "off" else Drafter(
-            config.num_speculative_tokens, self._draft_model() if speculation == "draft" else None,
-            background_idle=not shares)
-        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size,
-                                        set(self.eos_token_ids))
+        p = assemble(config)          # engine/assembly.py: loading, KV sizing, every part
+        self.device, self.dtype, self.kv_cache_dtype = p.device, p.dtype, p.kv_cache_dtype
+        self.model, self.tokenizer, self.model_config = p.model, p.tokenizer, p.model_config
+        self.eos_token_ids, self.model_source = p.eos_token_ids, p.model_source
+        self.weights_bytes, self.weights_format = p.weights_bytes, p.weights_format
+        self.kernels, self.weight_formats = p.kernels, p.weight_formats
+        self.max_model_len, self.backend, self.kv_plan = p.max_model_len, p.backend, p.kv_plan
+        self.kv_cache, self.kv_disk = p.kv_cache, p.kv_disk
+        self.block_manager: BlockManager = p.block_manager
+        self.scheduler, self.runner = p.scheduler, p.runner
+        self.encoder, self.images = p.encoder, p.images
+        self.drafter, self.grammars = p.drafter, p.grammars
         self.jump_forward_tokens = 0      # tokens jump-forward drafted and the model kept
         # Grammar masks on a worker thread during the forward: on GPUs only (_masks_ahead)
         self.masks_during_forward = self.device.type == "cuda"
@@ -140,78 +82,11 @@ class LLMEngine:
         self.step_records: list[StepRecord] | None = [] if config.record_steps else None
         self._ids = itertools.count()
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens (%s), backend %s; "
-                    "weights %s by %s", loaded.source.description, self.device, self.dtype,
-                    num_blocks[0], config.block_size, self.kv_cache_dtype, self.backend.name,
-                    self.weights_format, self.kernels)
-        if groups.has_window:
+                    "weights %s by %s", self.model_source.description, self.device, self.dtype,
+                    self.kv_plan.num_blocks[0], config.block_size, self.kv_cache_dtype,
+                    self.backend.name, self.weights_format, self.kernels)
+        if self.model.kv_groups.has_window:
             logger.info("KV-cache groups: %s", self.kv_plan.describe(config.block_size))
-
-    # ---- set-up -------------------------------------------------------------------------------
-    def _attach_disk(self) -> KVDiskStore | None:
-        """The prefix cache's disk tier (EngineConfig.kv_disk_dir), keyed by everything that
-        decides a block's bytes; every KV-cache group keeps its own blocks there."""
-        c, mc = self.config, self.model_config
-        if c.kv_disk_dir is None:
-            return None
-        src, groups = self.model_source, self.model.kv_groups
-        store = KVDiskStore(c.kv_disk_dir, kv_fingerprint(
-            weights=weights_identity(src.path, src.gguf_file), format=self.weights_format,
-            dtype=str(self.dtype), kv_dtype=str(self.kv_cache_dtype), block_size=c.block_size,
-            layers=mc.num_hidden_layers, kv_heads=mc.num_key_value_heads,
-            head_dim=self.model.head_dim, windows=groups.windows,
-            layer_group=list(groups.layer_group)), int(c.kv_disk_gb * 2**30))
-        if store.usable:
-            self.block_manager.attach_disk(KVDiskTier(store, self.kv_cache))
-        return store
-
-    def _draft_model(self) -> DraftModel | None:
-        """The draft model, with as many KV blocks of its own as the target's group 0 has, its
-        weights as its file has them (quantization "auto": a draft is small and fast)."""
-        c = self.config
-        name = os.environ.get("LOCALPAGED_DRAFT_MODEL") or c.draft_model
-        if name == "self":
-            if self.model.kv_groups.has_window:      # a draft attends fully: n-grams only
-                return None
-            name = c.model
-        if not name:
-            raise ValueError('speculation "draft" needs a draft model (EngineConfig.draft_model, '
-                             '--draft-model)')
-        return DraftModel(name, self.device, self.dtype, c.block_size,
-                          self.kv_plan.num_blocks[0], self.tokenizer, self.model_config.vocab_size,
-                          enforce_eager=c.enforce_eager)
-
-    def _max_model_len(self) -> int:
-        """The model's context: max_position_embeddings, capped at EngineConfig.max_model_len.
-        (Sliding-window layers attend over their window: models.layer_types.)"""
-        limit = getattr(self.model_config, "max_position_embeddings", 2048)
-        return min(limit, self.config.max_model_len or limit)
-
-    def _kv_plan(self) -> kv_sizing.KVPlan:
-        """Blocks per KV-cache group, device and CPU swap (engine.kv_sizing: sliding groups get
-        what their windows need, group 0 the rest). The device budget: num_kv_blocks when set
-        (group 0's blocks), else kv_cache_memory_fraction x available_memory (on CPU at most
-        max_kv_cache_gb); a budget that holds no block of every layer is a ValueError."""
-        c, mc = self.config, self.model_config
-        per_block = bytes_per_block(mc.num_hidden_layers, c.block_size, mc.num_key_value_heads,
-                                    self.model.head_dim, self.kv_cache_dtype)
-        swap = c.swap_space_gb * 2**30 if c.preemption_mode == "swap" else 0
-        budget = None
-        if c.num_kv_blocks is None:
-            available = available_memory(self.device)
-            budget = available * c.kv_cache_memory_fraction
-            capped = self.device.type == "cpu" and bool(c.max_kv_cache_gb)   # the cap is CPU's
-            if capped:
-                budget = min(budget, c.max_kv_cache_gb * 2**30)
-            if budget < per_block:
-                cap = f", capped at max_kv_cache_gb={c.max_kv_cache_gb}" if capped else ""
-                raise ValueError(
-                    f"the automatic KV cache size (kv_cache_memory_fraction="
-                    f"{c.kv_cache_memory_fraction} of {available / 2**20:.1f} MiB available{cap}) "
-                    f"does not hold one block of {per_block:,} bytes; raise the fraction or the cap, "
-                    f"or set num_kv_blocks")
-        return kv_sizing.plan(self.model.kv_groups, per_block // mc.num_hidden_layers,
-                              c.block_size, c.max_num_seqs, c.max_num_batched_tokens,
-                              c.num_kv_blocks, budget, swap)
 
     # ---- requests -----------------------------------------------------------------------------
     def make_group(self, prompt: str | list[int] | ImagePrompt, params: SamplingParams | None = None,

@@ -29,7 +29,7 @@ from helpers.engine_helpers import greedy, hf_greedy, prompts, token_ids
 from helpers.tiny_models import build
 
 from localpaged import LLM
-from localpaged.engine import llm_engine
+from localpaged.engine import assembly
 from localpaged.models.attention import AttentionMetadata
 from localpaged.quant import memory as memory_module
 from localpaged.runner import startup_check
@@ -56,7 +56,7 @@ def available(monkeypatch):
     asked = []
 
     def set_to(nbytes: int) -> list:
-        monkeypatch.setattr(llm_engine, "available_memory",
+        monkeypatch.setattr(assembly, "available_memory",
                             lambda device: asked.append(device.type) or nbytes)
         return asked
     return set_to
