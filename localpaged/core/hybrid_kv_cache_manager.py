@@ -34,8 +34,8 @@ from localpaged.core.kv_cache_manager import (
     InvariantError,
     KVCacheManager,
     admit_seqs,
-    extend_chain,
 )
+from localpaged.core.prefix_cache import extend_chain
 from localpaged.core.request import Sequence
 from localpaged.core.sliding_window import SlidingWindowManager
 

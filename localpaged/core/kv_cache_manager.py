@@ -1,5 +1,10 @@
 """KVCacheManager: block tables, copy-on-write, prefix caching and swap, in block ids only.
 
+This module owns the block tables, admission and allocation (copy-on-write, fork, free, trim),
+the queue of block moves, the pools' usage figures (BlockUsage) and `check()`; the prefix cache
+and the disk tier are its base `PrefixCaching` (core.prefix_cache), swap to the CPU pool its
+base `Swapping` (core.block_swap).
+
 Each sequence has a block table: the physical blocks holding its logical blocks 0, 1, 2, ...
 Token t of a sequence lives in slot ``table[t // B].block_id * B + t % B``.
 
@@ -24,12 +29,8 @@ See docs/architecture.md §2 (invariants) and §5 step 2 (admission, allocation)
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from dataclasses import dataclass
-from typing import Protocol
 
-from localpaged.core import disk_prefix
 from localpaged.core.block_invariants import InvariantError, check_pools
 from localpaged.core.block_pool import (
     NULL_BLOCK,
@@ -38,8 +39,10 @@ from localpaged.core.block_pool import (
     BlockOpKind,
     BlockPool,
 )
-from localpaged.core.multimodal import ImageSpan, block_extra_key, chunk_tokens, token_keys
-from localpaged.core.partial_prefix import PrefixHit, TailIndex
+from localpaged.core.block_swap import Swapping
+from localpaged.core.multimodal import chunk_tokens
+from localpaged.core.partial_prefix import TailIndex, tail_of
+from localpaged.core.prefix_cache import DiskTier, PrefixCaching
 from localpaged.core.request import Sequence
 
 
@@ -56,36 +59,7 @@ class BlockUsage:
     cpu_in_use: int
 
 
-def hash_block(parent: bytes | None, token_ids: list[int], extra: bytes = b"") -> bytes:
-    """Chain hash of a full block: it names the block's tokens and everything before them."""
-    h = hashlib.sha256(parent or b"root")
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    h.update(extra)
-    return h.digest()
-
-
-def extend_chain(hashes: list[bytes], token_ids: list[int], num_blocks: int, block_size: int,
-                 images: tuple[ImageSpan, ...] = ()) -> None:
-    """Append the chain hashes of full blocks len(hashes) .. num_blocks-1 of token_ids; a block
-    that holds tokens of `images` carries their content hashes (core.multimodal)."""
-    for i in range(len(hashes), num_blocks):
-        start, end = i * block_size, (i + 1) * block_size
-        hashes.append(hash_block(hashes[-1] if hashes else None, token_ids[start:end],
-                                 block_extra_key(images, start, end)))
-
-
-class DiskTier(Protocol):
-    """Where full blocks outlive the process (runner/kv_disk.py: KVDiskTier), keyed by chain hash
-    and KV-cache group; `load` returns a block's bytes (opaque here) or None."""
-
-    def contains(self, block_hash: bytes, group: int) -> bool: ...
-
-    def load(self, block_hash: bytes, group: int) -> object | None: ...
-
-    def save(self, block_hash: bytes, group: int, block_id: int) -> None: ...
-
-
-class KVCacheManager:
+class KVCacheManager(PrefixCaching, Swapping):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False,
                  group: int = 0) -> None:
@@ -111,123 +85,6 @@ class KVCacheManager:
         self.admitted_disk_tokens: list[int] = []        # per seq of the latest admit (see admit)
         self.from_disk: dict[bytes, Block] = {}          # read back, not yet used by a hit
 
-    # ---- disk tier ----------------------------------------------------------------------------
-    def attach_disk(self, disk: DiskTier) -> None:
-        """From now on a prefix lookup that misses in memory reads full blocks back from `disk`
-        (core.disk_prefix.read_back: a LOAD op, carried out before the next forward like every
-        block move), and the last holder's free of a hashed block hands it to `disk` to keep."""
-        self.disk = disk
-
-    def _release(self, block: Block) -> None:
-        """Drop one holder of a real block; the last holder of a hashed block (its K/V are
-        computed: a block is hashed only then) first hands it to the disk tier."""
-        if self.disk is not None and block.block_hash is not None and block.ref_count == 1:
-            self.disk.save(block.block_hash, self.group, block.block_id)
-        self.pool.decref(block)
-
-    def valid_lengths(self, present: list[bool]) -> list[bool]:
-        """valid[L] for L = 0 .. len(present): whether this group can serve a prefix hit of L
-        blocks when it holds the blocks marked present: blocks 0 .. L-1."""
-        valid = [True]
-        for p in present:
-            valid.append(valid[-1] and p)
-        return valid
-
-    def needed(self, num_blocks: int) -> range:
-        """The blocks a prefix hit of num_blocks blocks needs in this group."""
-        return range(num_blocks)
-
-    def prefetch(self, token_ids: list[int], max_reads: int | None = None) -> int:
-        """Read ahead of a request: the blocks of token_ids' longest prefix the disk tier holds,
-        into free blocks that cache nothing (memory's cached blocks stay); returns how many
-        were read (at most max_reads; 0 when nothing is left to read)."""
-        return self.prefetch_groups([self], token_ids, max_reads)
-
-    def prefetch_groups(self, groups, token_ids: list[int], max_reads: int | None) -> int:
-        if self.disk is None or not self.pool.enable_caching:
-            return 0
-        hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
-        return disk_prefix.read_back(groups, hashes, plain_only=True, max_reads=max_reads)
-
-    # ---- prefix cache -------------------------------------------------------------------------
-    def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
-        """Chain hashes of seq's first num_blocks full blocks (memoized: tokens only grow)."""
-        hashes = self._hashes.setdefault(seq.seq_id, [])
-        extend_chain(hashes, seq.token_ids, num_blocks, self.block_size, seq.images)
-        return hashes[:num_blocks]
-
-    def _lookup_chain(self, hashes: list[bytes]) -> list[Block]:
-        """The cached blocks for the longest run of hashes found, from the first."""
-        hits = []
-        for h in hashes:
-            block = self.pool.lookup(h)
-            if block is None:
-                break
-            hits.append(block)
-        return hits
-
-    def find_cached_prefix(self, seq: Sequence) -> list[Block]:
-        """Cached blocks holding the longest prefix of seq's tokens, leaving >= 1 token to compute.
-
-        The last token is always recomputed (its logits are needed), so a prompt that is all
-        cached backs off one block: a cached block is never written. Where the hit stops inside
-        a block, the cached block that shares the most of its first tokens is the hit's tail
-        (core.partial_prefix), copied at allocation.
-        """
-        if not self.pool.enable_caching:
-            return PrefixHit()
-        max_blocks = (len(seq.token_ids) - 1) // self.block_size
-        hashes = self.block_hashes(seq, max_blocks)
-        if self.disk is not None:
-            disk_prefix.read_back([self], hashes)
-        hits = PrefixHit(self._lookup_chain(hashes))
-        if self.disk is not None:
-            self.last_disk_tokens = disk_prefix.disk_tokens([self], hashes, len(hits), self.block_size)
-            self.prefix_cache_disk_hits += self.last_disk_tokens
-        hits.tail = self._tail_after(hashes, len(hits), seq.token_ids, seq.images)
-        self.prefix_cache_queries += len(seq.token_ids)
-        self.prefix_cache_hits += self.hit_tokens(hits)
-        return hits
-
-    def _tail_after(self, hashes: list[bytes], num_hits: int, token_ids: list[int],
-                    images: tuple[ImageSpan, ...] = ()):
-        """The tail hit after num_hits full blocks of token_ids, if any (the last token left
-        to compute); an image's positions match only the same image's (token_keys)."""
-        start, end = num_hits * self.block_size, len(token_ids) - 1
-        if start >= end:
-            return None
-        return self.tails.find(hashes[num_hits - 1] if num_hits else None,
-                               token_keys(token_ids, images, start, min(end, start + self.block_size)))
-
-    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        """Tokens of token_ids a request would get from the cache if admitted now: its full
-        blocks before the last token, and a tail hit; read-only, counts no query."""
-        if not self.pool.enable_caching:
-            return 0
-        hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, (len(token_ids) - 1) // self.block_size, self.block_size)
-        hits = PrefixHit(self._lookup_chain(hashes))
-        hits.tail = self._tail_after(hashes, len(hits), token_ids)
-        return self.hit_tokens(hits)
-
-    def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
-        """Ids of the cached blocks holding a prefix of token_ids; read-only, counts no query."""
-        hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
-        return [b.block_id for b in self._lookup_chain(hashes)]
-
-    def cache_full_blocks(self, seq: Sequence) -> None:
-        """Register the blocks that became full and computed (called after each step)."""
-        table = self.tables.get(seq.seq_id, [])
-        num_full = min(seq.num_computed_tokens // self.block_size, len(table))
-        hashes = self.block_hashes(seq, num_full)
-        for i, (block, h) in enumerate(zip(table[:num_full], hashes)):
-            if block is not NULL_BLOCK and self.pool.register(block, h):
-                B = self.block_size
-                self.tails.add(hashes[i - 1] if i else None, h,
-                               token_keys(seq.token_ids, seq.images, i * B, (i + 1) * B))
-
     # ---- allocation ---------------------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, num_new_tokens: int, num_cached: int = 0) -> int:
         table = self.tables.get(seq.seq_id, [])
@@ -246,13 +103,6 @@ class KVCacheManager:
         read back for it or ahead of it, core.disk_prefix.disk_tokens).
         """
         return admit_seqs(self, seqs, budget, use_prefix_cache)
-
-    def no_hits(self) -> list[Block]:
-        return []
-
-    def hit_tokens(self, hits: list[Block]) -> int:
-        tail = _tail(hits)
-        return len(hits) * self.block_size + (tail.num_tokens if tail else 0)
 
     def fits_admission(self, seq: Sequence, num_new_tokens: int, hits: list[Block]) -> bool:
         """Whether admitting seq with these hits fits and keeps the watermark free."""
@@ -277,7 +127,7 @@ class KVCacheManager:
         """Whether allocate_slots(seq, num_new_tokens, cached) fits, leaving keep_free blocks."""
         need = self.blocks_needed(seq, num_new_tokens, self.hit_tokens(cached))
         revived = sum(1 for b in cached if b.ref_count == 0 and b is not NULL_BLOCK)
-        tail = _tail(cached)
+        tail = tail_of(cached)
         held = int(tail is not None and tail.block.ref_count == 0)    # during its copy
         return need + revived + held + keep_free <= self.pool.num_free
 
@@ -289,7 +139,7 @@ class KVCacheManager:
             if block is not NULL_BLOCK:
                 self.pool.incref(block)
             table.append(block)
-        if (tail := _tail(cached)) is not None:
+        if (tail := tail_of(cached)) is not None:
             self._copy_tail(table, tail.block)
         computed = seq.num_computed_tokens + self.hit_tokens(cached)
         if not cached and tail is None and self._needs_copy(seq):   # hits end on a private block
@@ -402,41 +252,6 @@ class KVCacheManager:
         self.free(seq)
         seq.num_computed_tokens = 0
 
-    # ---- swap ---------------------------------------------------------------------------------
-    def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        blocks = {b.block_id for s in seqs for b in self.tables.get(s.seq_id, []) if b is not NULL_BLOCK}
-        return self.cpu_pool is not None and len(blocks) <= self.cpu_pool.num_free
-
-    def swap_out(self, seqs: list[Sequence]) -> None:
-        """Move seqs' blocks to the CPU pool; blocks shared inside the group stay shared."""
-        self._record(BlockOpKind.SWAP_OUT, self._move(seqs, self.tables, self.cpu_tables, self.pool, self.cpu_pool))
-
-    def can_swap_in(self, seqs: list[Sequence]) -> bool:
-        blocks = {b.block_id for s in seqs for b in self.cpu_tables.get(s.seq_id, [])
-                  if b is not NULL_BLOCK}
-        return len(blocks) + self.watermark_blocks <= self.pool.num_free
-
-    def swap_in(self, seqs: list[Sequence]) -> None:
-        self._record(BlockOpKind.SWAP_IN, self._move(seqs, self.cpu_tables, self.tables, self.cpu_pool, self.pool))
-
-    @staticmethod
-    def _move(seqs, src_tables, dst_tables, src_pool, dst_pool) -> list[tuple[int, int]]:
-        mapping: dict[int, Block] = {}
-        for seq in seqs:
-            new_table = []
-            for block in src_tables.pop(seq.seq_id, []):
-                if block is NULL_BLOCK:              # NULL entries stay NULL
-                    new_table.append(block)
-                    continue
-                if block.block_id in mapping:
-                    dst_pool.incref(mapping[block.block_id])
-                else:
-                    mapping[block.block_id] = dst_pool.allocate()
-                new_table.append(mapping[block.block_id])
-                src_pool.decref(block)
-            dst_tables[seq.seq_id] = new_table
-        return [(src, dst.block_id) for src, dst in mapping.items()]
-
     # ---- introspection ------------------------------------------------------------------------
     def block_ids(self, seq: Sequence) -> list[int]:
         return [b.block_id for b in self.tables.get(seq.seq_id, [])]
@@ -489,11 +304,6 @@ class KVCacheManager:
         """NULL entries of the device tables: blocks a sliding window gave back."""
         return sum(1 for t in self.tables.values() for b in t if b is NULL_BLOCK)
 
-    def reset_prefix_cache(self) -> None:
-        """Forget every cached hash (the blocks stay where they are)."""
-        self.pool.reset_prefix_cache()
-        self.tails.clear()
-
     # ---- invariants ---------------------------------------------------------------------------
     def check(self, expect_empty: bool = False, seqs: list[Sequence] | None = None) -> None:
         """Raise InvariantError unless the block invariants hold.
@@ -541,11 +351,6 @@ def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: boo
         budget -= n
     manager.admitted_disk_tokens = disk_tokens
     return cached_tokens
-
-
-def _tail(hits: list[Block]):
-    """The tail hit of a prefix hit (core.partial_prefix), if it has one."""
-    return hits.tail if isinstance(hits, PrefixHit) else None
 
 
 def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:

@@ -6,7 +6,7 @@ possibly with marker tokens between them: Idefics3 puts a row/column tag before 
 placeholders) whose input embeddings are the vision tower's output instead of the token
 embedding. Two prompts with the same token ids but different images must never share K/V, so
 the image's content hash is part of the key of every block its span touches, as vLLM's
-multimodal hashes are: `block_extra_key` gives it to `kv_cache_manager.hash_block`'s `extra`,
+multimodal hashes are: `block_extra_key` gives it to `prefix_cache.hash_block`'s `extra`,
 and `token_keys` stands in for the tokens where a prefix hit ends inside a block
 (core.partial_prefix compares them position by position).
 

@@ -1,6 +1,6 @@
 """Prefix hits inside a block: the tokens a new sequence shares with a cached full block's start.
 
-The prefix cache finds whole blocks by the chain hash of their tokens (kv_cache_manager), so a
+The prefix cache finds whole blocks by the chain hash of their tokens (core.prefix_cache), so a
 sequence that leaves a cached path in the middle of a block (a reply forked at one of its tokens,
 a message edited after its first words) would recompute that block's first tokens. Here the
 cached full blocks are also indexed by their parent's hash: at the first block a sequence does
@@ -40,6 +40,11 @@ class PrefixHit(list):
     def __init__(self, blocks: list[Block] = (), tail: TailHit | None = None) -> None:
         super().__init__(blocks)
         self.tail = tail
+
+
+def tail_of(hits: list[Block]) -> TailHit | None:
+    """The tail hit of a prefix hit, if it has one."""
+    return hits.tail if isinstance(hits, PrefixHit) else None
 
 
 class TailIndex:

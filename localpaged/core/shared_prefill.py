@@ -17,7 +17,7 @@ Invariants:
 - an interactive group waits only on interactive groups (a background group may run only on
   capacity interactive work leaves, so waiting on one would delay interactive work: the
   scheduler's rule); a background group waits on either;
-- a chain hash names a block's tokens and everything before them (kv_cache_manager.hash_block),
+- a chain hash names a block's tokens and everything before them (prefix_cache.hash_block),
   so a shared hash means the whole prefix up to that block is shared: every earlier block is
   computed by then or computed by the same group.
 Groups that skip the prefix cache (prompt logprobs) never wait.

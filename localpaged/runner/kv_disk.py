@@ -1,6 +1,6 @@
 """KVDiskStore: full KV blocks on disk, keyed by their chain hash, so a prefix outlives the app.
 
-A block's chain hash (core.kv_cache_manager.hash_block) names its tokens and every token before
+A block's chain hash (core.prefix_cache.hash_block) names its tokens and every token before
 them; the same tokens under another model, weights file, dtype or layout must never hit, so the
 store lives in a folder named by a fingerprint of all of those (`fingerprint`), under the data
 directory: <root>/<fingerprint>/<first two hex digits>/<hash hex>.<group>.kv.
@@ -229,7 +229,7 @@ def _remove(path: str) -> None:
 
 
 class KVDiskTier:
-    """The block manager's disk tier (core.kv_cache_manager.DiskTier) over a KVDiskStore and
+    """The block manager's disk tier (core.prefix_cache.DiskTier) over a KVDiskStore and
     the engine's KVCache: `save` copies a block out of the cache now (its last holder is
     freeing it, so nothing writes it before the copy) and queues the copy for writing; `load`
     reads a block's bytes back, shaped as KVCache.block, or None (a miss); `contains` says

@@ -7,7 +7,8 @@ from helpers.engine_helpers import greedy, prompts
 from localpaged import LLM
 from localpaged.core.block_pool import NULL_BLOCK
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager, hash_block
+from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
+from localpaged.core.prefix_cache import hash_block
 from localpaged.core.request import Sequence
 
 

@@ -11,7 +11,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from localpaged.core.block_pool import NULL_BLOCK, BlockOpKind, BlockPool
 from localpaged.core.hybrid_kv_cache_manager import HybridKVCacheManager
-from localpaged.core.kv_cache_manager import KVCacheManager, hash_block
+from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.prefix_cache import hash_block
 from localpaged.core.request import Sequence
 
 B = 4

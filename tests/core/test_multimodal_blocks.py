@@ -4,7 +4,8 @@ Oracle: the hash chain and the common prefixes written out here from the definit
 
 import pytest
 
-from localpaged.core.kv_cache_manager import KVCacheManager, hash_block
+from localpaged.core.kv_cache_manager import KVCacheManager
+from localpaged.core.prefix_cache import hash_block
 from localpaged.core.multimodal import (ImageSpan, block_extra_key, check_spans, chunk_tokens,
                                         token_keys, whole_span_end)
 from localpaged.core.request import Sequence
