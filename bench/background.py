@@ -34,7 +34,7 @@ import torch
 from localpaged import LLM, SamplingParams
 from localpaged.core.sampling_params import BACKGROUND
 from localpaged.engine import step_decisions
-from localpaged.runner import loader
+from localpaged.runner import model_source
 
 USER_TURNS = ["Hi! Can you explain how a CPU cache works?",
               "What is the difference between L1 and L2 caches?",
@@ -96,7 +96,7 @@ def main() -> None:
     if args.quick:
         args.turns, args.max_tokens, args.rounds = 2, 24, 1
     logging.basicConfig(level=logging.WARNING)
-    llm = LLM(args.model or loader.bundled_gguf_path(), device=args.device, dtype=args.dtype,
+    llm = LLM(args.model or model_source.bundled_gguf_path(), device=args.device, dtype=args.dtype,
               num_kv_blocks=1024)
     modes = {"off": (0, True), "k=1 share": (1, True), "k=2 share": (2, True),
              "k=1 idle": (1, False), "k=2 idle": (2, False),

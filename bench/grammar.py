@@ -180,8 +180,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from localpaged.runner import gguf_meta, loader
-    path = loader.bundled_gguf_path()
+    from localpaged.runner import gguf_meta, model_source
+    path = model_source.bundled_gguf_path()
     tok = gguf_meta.config_and_tokenizer(os.path.dirname(path), os.path.basename(path))[1]
     result = {"machine": {"cpu": cpu_model(), "features": cpu_flags(), "threads": args.threads,
                           "torch": torch.__version__},

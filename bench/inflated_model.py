@@ -41,7 +41,7 @@ def path(cache: Path = CACHE) -> Path:
 
 def _source() -> tuple[dict[str, np.ndarray], dict]:
     import gguf
-    from localpaged.runner.loader import bundled_gguf_path
+    from localpaged.runner.model_source import bundled_gguf_path
     reader = gguf.GGUFReader(bundled_gguf_path())
     weights = {t.name: np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
                .reshape(list(reversed([int(d) for d in t.shape]))) for t in reader.tensors}

@@ -166,7 +166,7 @@ def table(result: dict) -> str:
 
 
 def main(argv=None) -> dict:
-    from localpaged.runner.loader import bundled_gguf_path
+    from localpaged.runner.model_source import bundled_gguf_path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled SmolLM2)")
     ap.add_argument("--context", type=int, default=2000, help="prompt tokens")

@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from localpaged import LLM, SamplingParams  # noqa: E402
-from localpaged.runner.loader import bundled_gguf_path  # noqa: E402
+from localpaged.runner.model_source import bundled_gguf_path  # noqa: E402
 
 # aten::bmm: models.linear's float32 one-row path; localpaged::int4_matmul: the CPU extension's
 # int4 kernel. Decode attention (a C++ kernel or SDPA) counts as outside the matmuls.

@@ -39,7 +39,7 @@ import torch
 
 from localpaged import LLM
 from localpaged.core.sampling_params import SamplingParams
-from localpaged.runner import loader
+from localpaged.runner import model_source
 from localpaged.runner.prompt_logprobs import perplexity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -165,7 +165,7 @@ def native_rows(windows: int) -> dict:
     """GGUF formats kept natively (auto) vs llama.cpp on the same file and ids: the bundled Q4_1
     and llama.cpp's Q4_K_M of it."""
     from localpaged.kernels import cpu_extension
-    bundled = loader.bundled_gguf_path()
+    bundled = model_source.bundled_gguf_path()
     kernel = cpu_extension.BUILD.wait() and hasattr(cpu_extension.BUILD.module, "ggml_matmul")
     print(f"CPU extension GGML kernel: {'yes' if kernel else 'NO (auto requantizes)'}")
     rows: dict = {}
@@ -220,7 +220,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=WINDOWS,
                     help=f"windows of {WINDOW} tokens for the GGUF-native rows (default {WINDOWS})")
     args = ap.parse_args()
-    gguf = loader.bundled_gguf_path()
+    gguf = model_source.bundled_gguf_path()
     with open(TEXT) as f:
         text = f.read().strip()
     results: dict = {}

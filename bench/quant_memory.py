@@ -116,8 +116,8 @@ def main() -> None:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.model is None:
-        from localpaged.runner import loader
-        args.model = loader.bundled_gguf_path()
+        from localpaged.runner import model_source
+        args.model = model_source.bundled_gguf_path()
     if args.child:
         print(json.dumps(child(args.model, args.child)))
         return

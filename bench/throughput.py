@@ -26,7 +26,7 @@ import workload  # noqa: E402
 from localpaged import LLM, SamplingParams  # noqa: E402
 from localpaged.core.request import BeamParams  # noqa: E402
 from localpaged.engine import step_decisions
-from localpaged.runner import loader
+from localpaged.runner import loader, model_source
 
 PAPER = {"parallel_sampling_saving": "6.1-30.5%", "beam_saving": "37.6-66.3%",
          "kv_utilization_paged": ">96%", "kv_utilization_contiguous": "20.4-38.2%"}
@@ -81,7 +81,7 @@ def main() -> None:
     if args.quick:
         args.requests, args.max_tokens = 8, 32
     skip = set(filter(None, args.skip.split(",")))
-    gguf = args.model or loader.bundled_gguf_path()
+    gguf = args.model or model_source.bundled_gguf_path()
     dtype = loader.resolve_dtype(args.dtype, torch.device(args.device))
     llm = LLM(gguf, dtype=args.dtype, device=args.device, max_num_seqs=256, num_kv_blocks=4096,
               quantization=args.quantization)

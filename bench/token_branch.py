@@ -58,7 +58,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from localpaged import LLM, SamplingParams
-    from localpaged.runner.loader import bundled_gguf_path
+    from localpaged.runner.model_source import bundled_gguf_path
     llm = LLM(bundled_gguf_path())
     messages = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper who "
                  "finds a message in a bottle, with many details."}]

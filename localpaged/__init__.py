@@ -16,8 +16,8 @@ _EXPORTS = {
     "CompletionOutput": "localpaged.engine.outputs",
     "EngineStats": "localpaged.engine.outputs",
     "RequestOutput": "localpaged.engine.outputs",
-    "DEFAULT_MODEL": "localpaged.runner.loader",
-    "ModelNotFoundError": "localpaged.runner.loader",
+    "DEFAULT_MODEL": "localpaged.runner.model_source",
+    "ModelNotFoundError": "localpaged.runner.model_source",
 }
 
 __all__ = list(_EXPORTS)

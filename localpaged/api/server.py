@@ -93,7 +93,7 @@ def start_in_thread(server: uvicorn.Server, timeout: float = 30.0) -> threading.
 
 def main(argv: list[str] | None = None) -> None:
     from localpaged.engine.llm import LLM
-    from localpaged.runner.loader import DEFAULT_MODEL
+    from localpaged.runner.model_source import DEFAULT_MODEL
 
     parser = argparse.ArgumentParser(description="Serve the OpenAI-compatible API alone.")
     parser.add_argument("--model", default=DEFAULT_MODEL)

@@ -44,6 +44,7 @@ from localpaged.runner.kv_cache import KVCache, available_memory, bytes_per_bloc
 from localpaged.runner.kv_disk import KVDiskStore, KVDiskTier, weights_identity
 from localpaged.runner.kv_disk import fingerprint as kv_fingerprint
 from localpaged.runner.model_runner import ModelRunner
+from localpaged.runner.model_source import ModelSource
 
 
 @dataclass
@@ -56,7 +57,7 @@ class EngineParts:
     tokenizer: object
     model_config: PretrainedConfig
     eos_token_ids: set[int]
-    model_source: loader.ModelSource
+    model_source: ModelSource
     weights_bytes: int
     weights_format: str
     kernels: str
@@ -140,7 +141,7 @@ def assemble(config: EngineConfig) -> EngineParts:
         encoder=encoder, images=images, drafter=drafter, grammars=grammars)
 
 
-def attach_disk(c: EngineConfig, src: loader.ModelSource, model: loader.Model,
+def attach_disk(c: EngineConfig, src: ModelSource, model: loader.Model,
                 mc: PretrainedConfig, dtype: torch.dtype, kv_cache_dtype: torch.dtype,
                 weights_format: str, block_manager: BlockManager,
                 kv_cache: KVCache) -> KVDiskStore | None:

@@ -12,7 +12,7 @@ from localpaged.core.sampling_params import SamplingParams
 from localpaged.engine.llm_engine import LLMEngine
 from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import EngineStats, RequestOutput
-from localpaged.runner.loader import DEFAULT_MODEL
+from localpaged.runner.model_source import DEFAULT_MODEL
 
 Prompt = str | list[int] | ImagePrompt
 Messages = list[dict]

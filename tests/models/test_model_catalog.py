@@ -21,7 +21,7 @@ import torch
 from helpers import ggml_models
 from helpers import tiny_models
 from helpers.hub_fakes import fake_snapshot_download
-from localpaged.runner import hub_client, loader
+from localpaged.runner import hub_client, loader, model_source
 from localpaged.runner.kv_cache import bytes_per_block
 from localpaged.runner.model_catalog import human_bytes, scan, scan_folder, scan_hub_cache
 
@@ -72,7 +72,7 @@ def test_hub_cache_scan_lists_a_cached_model_with_true_counts(tiny_hf, tmp_path,
     # the name loads: the loader resolves it from this cache, offline
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert Path(loader.resolve(entry.name).path).resolve() == snap.resolve()
+    assert Path(model_source.resolve(entry.name).path).resolve() == snap.resolve()
 
 
 def test_watched_folder_lists_ggufs_with_size_params_and_format(tmp_path):
