@@ -31,9 +31,10 @@ The layout rule: one folder per feature, each with the same three modules, by wh
   store/         the conversation store (SQLite) and the one-app-per-data-directory lock
 
 Shared, at the top: `controller.py` (ChatController, every handler reads and writes through it;
-it composes the features' logic), `turns.py` (Turn, and the TurnRegistry of running turns),
-`values.py` (the only place handler results become Gradio outputs), `render.py` (messages and
-labels as the components show them), `markdown.py` and `math_rule.py` (untrusted text as safe HTML),
+it composes the features' logic), `turns.py` (Turn), `turn_registry.py` (the TurnRegistry of
+running turns), `redraw.py` (how often a streaming reply redraws), `values.py` (the only place
+handler results become Gradio outputs), `render.py` (messages and labels as the components show
+them), `markdown.py` and `math_rule.py` (untrusted text as safe HTML),
 `keyboard.py` (shortcuts, their help, a message queued behind a streaming reply), `event_settings.py` (concurrency groups), `toasts.py` (user
 messages), `style.py` (theme and CSS). Views and events import the controller and the shared
 modules; the controller imports the logic it composes; no logic module imports Gradio.

@@ -3,7 +3,7 @@
 It composes the features' plain-Python parts, giving each what it needs (the turn registry, the
 store, the backend provider, the settings reader) and holding none of their state itself:
 
-  turns.TurnRegistry                the running turn of each conversation, stop, stop all
+  turn_registry.TurnRegistry        the running turn of each conversation, stop, stop all
   settings.logic.ConversationSettings  system prompt and sampling settings, checked on write
   settings.presets.Presets          system-prompt presets, the defaults of new conversations
   prepared.logic.PreparedReplies    alternatives prepared in the background
@@ -49,7 +49,8 @@ from .tabs.logic import OpenTabsFile
 from .tools.logic import ToolFeatures
 from .tokens.logic import TokenBranches, TokenView
 from .tools.mcp_client import McpClient
-from .turns import ChatError, LiveReply, Turn, TurnRegistry
+from .turn_registry import TurnRegistry
+from .turns import ChatError, LiveReply, Turn
 
 
 @dataclass

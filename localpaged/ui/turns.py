@@ -1,6 +1,7 @@
 """Turns: one generation ("turn") of the chat app, 1 to 4 replies decoded together in one engine
-request over one shared prompt and consumed by a background thread that owns it, and the
-registry of the turns every conversation runs (`TurnRegistry`).
+request over one shared prompt and consumed by a background thread that owns it. The registry of
+the turns every conversation runs is `turn_registry.TurnRegistry`; how often a follower redraws,
+`redraw.py`.
 
 A Turn outlives the browser event that started it: Gradio handlers only *follow* a turn (see
 `Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
@@ -31,25 +32,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from localpaged.chat.backend import ChatBackend
 from localpaged.chat.images import images_from_cache
 from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import RequestOutput
 
+from .redraw import FOREGROUND_S
 from .store import Store, TokenChoice
 from .store.retry import until_saved
 
 log = logging.getLogger(__name__)
 
 STORE_WRITE_INTERVAL_S = 1.0
-# How often a streaming reply wakes its follower: the selected tab's ten times a second (a
-# redraw each); a tab in the background once a second, and its follower then sends only the
-# tab's label (chat/events.py `follow_turn`: the ● mark, which, sent only at the start, can be
-# lost when two replies start at once) until it is shown or the reply ends. Every redraw costs
-# the page a Gradio update of the whole chat, so only the tab in view redraws often.
-FOREGROUND_S, BACKGROUND_S = 0.1, 1.0
-BUSY = "this conversation is still generating: stop it or wait"
 
 
 class ChatError(Exception):
@@ -347,102 +341,3 @@ class Turn:
             return
         if drop:
             reply.status = "deleted"
-
-
-class TurnRegistry:
-    """Which turn each conversation runs: at most one interactive turn per conversation, any
-    number at once across conversations. `launch` reserves the conversation (so two sends
-    cannot both start), runs the `before_launch` hooks (the conversation's background work
-    gives way), starts the turn and keeps it as the conversation's latest; `busy` is true from
-    the reservation until that turn is done. Thread-safe: handlers of many pages call it."""
-
-    def __init__(self) -> None:
-        self._turns: dict[int, Turn] = {}          # conversation id -> its latest turn
-        self._starting: set[int] = set()           # conversations whose turn is being set up
-        self._lock = threading.Lock()
-        self._before_launch: list[Callable[[int], None]] = []
-        self._after_stop_all: list[Callable[[float], None]] = []
-
-    def before_launch(self, hook: Callable[[int], None]) -> None:
-        """hook(cid) runs before each new turn of conversation cid is made (it is reserved)."""
-        self._before_launch.append(hook)
-
-    def after_stop_all(self, hook: Callable[[float], None]) -> None:
-        """hook(wait) runs at the end of `stop_all`."""
-        self._after_stop_all.append(hook)
-
-    def turn(self, cid: int) -> Turn | None:
-        with self._lock:
-            return self._turns.get(cid)
-
-    def busy(self, cid: int) -> bool:
-        with self._lock:
-            return self._busy(cid)
-
-    def _busy(self, cid: int) -> bool:
-        turn = self._turns.get(cid)
-        return cid in self._starting or (turn is not None and not turn.done)
-
-    def check_idle(self, cid: int) -> None:
-        if self.busy(cid):
-            raise ChatError(BUSY)
-
-    def launch(self, cid: int, backend: ChatBackend | None,
-               start: Callable[[ChatBackend], Turn]) -> Turn:
-        """The turn `start(backend)` makes, started; ChatError when there is no model yet or
-        the conversation is busy (nothing is made then)."""
-        if backend is None:
-            raise ChatError("no model is loaded yet: wait for the model to finish loading")
-        with self._lock:
-            if self._busy(cid):
-                raise ChatError(BUSY)
-            self._starting.add(cid)
-        try:
-            for hook in self._before_launch:
-                hook(cid)
-            turn = start(backend)
-            with self._lock:
-                self._turns[cid] = turn
-        finally:
-            with self._lock:
-                self._starting.discard(cid)
-        return turn.start()
-
-    def adopt(self, cid: int, turn: Turn) -> None:
-        """A turn started elsewhere (a prepared reply still streaming, now shown) becomes the
-        conversation's: it is busy until the turn is done, and a tab follows it."""
-        with self._lock:
-            self._turns[cid] = turn
-
-    def stop(self, cid: int) -> bool:
-        log.info("stop of conversation %d received", cid)     # its time: Stop's latency
-        turn = self.turn(cid)
-        if turn is None or turn.done:
-            return False
-        turn.stop()
-        return True
-
-    def stop_all(self, wait: float = 0.0) -> None:
-        """Stop every running turn; with `wait`, give them that long to save their text."""
-        with self._lock:
-            turns = [t for t in self._turns.values() if not t.done]
-        for turn in turns:
-            turn.stop()
-        for turn in turns:
-            turn.wait(wait)
-        for hook in self._after_stop_all:
-            hook(wait)
-
-
-class RedrawInterval:
-    """`Turn.updates`' interval for a reply of `conversation_id`: FOREGROUND_S while its tab is
-    the selected one (`selected()`: the selected tab's conversation, None when unknown: then
-    every tab counts as shown), else BACKGROUND_S. `shown` is the last call's answer (True
-    before the first), for the follower: the selected tab is read once per call, not again."""
-
-    def __init__(self, selected: Callable[[], int | None], conversation_id: int) -> None:
-        self.selected, self.conversation_id, self.shown = selected, conversation_id, True
-
-    def __call__(self) -> float:
-        self.shown = self.selected() in (None, self.conversation_id)
-        return FOREGROUND_S if self.shown else BACKGROUND_S

@@ -22,7 +22,8 @@ from localpaged.ui import markdown, render
 from localpaged.ui.controller import ChatController, ChatError
 from localpaged.ui.models import FALLBACK_CHAT_TEMPLATE, ModelManager, local_factory
 from localpaged.ui.store import Store
-from localpaged.ui.turns import BACKGROUND_S, FOREGROUND_S, Turn
+from localpaged.ui.redraw import BACKGROUND_S, FOREGROUND_S
+from localpaged.ui.turns import Turn
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 24}

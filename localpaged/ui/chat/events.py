@@ -41,7 +41,7 @@ from ..tabs.view import N_SLOTS, PageValues
 from ..tools.events import wire_approval, wire_tool_settings
 from ..tools.messages import read_attachment
 from ..toasts import USER_ERRORS, info, warn, why
-from ..turns import RedrawInterval
+from ..redraw import RedrawInterval
 from ..values import KEEP, changes
 from .view import ChatTabUI, TabValues, ask_values, asked_for, tab_update, tab_values
 

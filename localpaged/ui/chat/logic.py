@@ -32,7 +32,8 @@ from ..store import Message, Store
 from ..store.images import ImageFile, image_refs
 from ..tools.logic import ToolFeatures
 from ..tools.turn import ToolTurn, open_stream
-from ..turns import ChatError, LiveReply, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, LiveReply, Turn
 
 NEW_TITLE = "New chat"
 

@@ -18,7 +18,8 @@ from localpaged.core.sampling_params import SamplingParams
 
 from ..chat.logic import ChatTurns
 from ..settings.logic import ConversationSettings, check_sampling
-from ..turns import ChatError, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, Turn
 
 MAX_COLUMNS = 4
 

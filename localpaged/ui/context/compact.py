@@ -40,7 +40,8 @@ from localpaged.engine.outputs import RequestOutput
 from ..settings.logic import ConversationSettings, Sampling
 from ..store import Message, Store
 from ..store.retry import until_saved
-from ..turns import ChatError, LiveReply, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, LiveReply, Turn
 from .logic import chat_prompt, fit_prompt, leading_system, reply_reserve, window_of
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,8 @@ from ..images.logic import ImageSource
 from ..settings.logic import ConversationSettings, Sampling
 from ..store import Conversation, Message, Store
 from ..tools.messages import message_dict
-from ..turns import ChatError, LiveReply, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, LiveReply, Turn
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
                  "error": "Stop and ask me",

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 from ..prepared.logic import PreparedReplies
 from ..store import Store
-from ..turns import ChatError, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, Turn
 
 STOP_WAIT_S = 10.0
 

@@ -38,7 +38,8 @@ from localpaged.chat.backend import ChatBackend, is_local, reasoning_of, with_th
 from ..context.logic import ContextError, fit_prompt, prompt_messages
 from ..settings.logic import ConversationSettings, sampling_record
 from ..store import Store
-from ..turns import LiveReply, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import LiveReply, Turn
 
 log = logging.getLogger(__name__)
 

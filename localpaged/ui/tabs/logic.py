@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 class OpenTabsFile:
     """What this instance wrote last is kept in memory while the file's size and modification
     time still match it (a streaming reply asks for the selected tab 10-20 times a second,
-    ui/turns.py RedrawInterval); anything else is read from the file."""
+    ui/redraw.py RedrawInterval); anything else is read from the file."""
 
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path else None

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from localpaged.chat.backend import ChatBackend
 
 from ..store import Store, TokenChoice
-from ..turns import ChatError, Turn, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError, Turn
 
 _WINDOW = 6                            # tokens decoded before each one to find its text
 NO_TOKENS = ("this reply has no token data: only replies the local engine wrote keep their "

@@ -24,7 +24,8 @@ from localpaged.core.guided import GuidedDecoding
 from localpaged.core.sampling_params import SamplingParams
 
 from ..store import Store, ToolServer
-from ..turns import ChatError, TurnRegistry
+from ..turn_registry import TurnRegistry
+from ..turns import ChatError
 from .mcp_client import CALL_TIMEOUT_S, McpClient, McpTool, ToolError, ToolResult
 
 log = logging.getLogger(__name__)
