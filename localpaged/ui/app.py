@@ -51,7 +51,8 @@ from __future__ import annotations
 
 import gradio as gr
 
-from .chat.events import ChatEvents, wire_chat_tab, wire_sibling_clicks
+from .chat.events import ChatEvents, wire_chat_tab
+from .chat.message_events import wire_sibling_clicks
 from .chat.view import build_chat_tab
 from .compare.events import CompareEvents, wire_compare
 from .compare.view import build_compare

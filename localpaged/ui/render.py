@@ -9,9 +9,9 @@ is `<div class="lp-body">` (its Markdown, rendered: balanced HTML, so a reply cu
 fence has its `</pre>` before anything after it) then `<div class="lp-foot"><sub>` (the footer,
 built from numbers, fixed strings and escaped text; never part of the message's Markdown, so
 never inside its code), and the context marker's `<sub>`. The branch marker `‹ 2/3 ›` is a
-`<span class="lp-sib lp-at-{index}">`: a click on its ‹ or › switches siblings (SIBLING_JS in
-chat/events.py reads the index from the class). A reply's reasoning (kept apart from its text:
-turns.py) comes first, folded (`markdown.think_block`: "Thought for N tokens"), open while it
+`<span class="lp-sib lp-at-{index}">`: a click on its ‹ or › switches siblings (SIBLING_JS
+in chat/message_events.py reads the index from the class). A reply's reasoning (kept apart from
+its text: turns.py) comes first, folded (`markdown.think_block`: "Thought for N tokens"), open while it
 streams. A user message's images come before its text as the app's own thumbnails
 (`images/view.py`: links to the app's image route, never from the message's text).
 """

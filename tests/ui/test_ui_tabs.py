@@ -13,6 +13,7 @@ from helpers.tiny_models import build
 from helpers.ui_helpers import controller, run, tiny_backend
 
 from localpaged.ui.chat import events as chat_events
+from localpaged.ui.chat import message_events
 from localpaged.ui.chat.events import NOTHING_TO_REGENERATE, ChatEvents
 from localpaged.ui.controller import ChatController
 from localpaged.ui.settings.logic import SAMPLING_KEYS
@@ -43,7 +44,8 @@ def toasts(monkeypatch):
     said: list[str] = []
     monkeypatch.setattr(tab_events, "info", said.append)
     monkeypatch.setattr(chat_events, "warn", said.append)
-    monkeypatch.setattr(chat_events, "info", said.append)
+    monkeypatch.setattr(message_events, "warn", said.append)
+    monkeypatch.setattr(message_events, "info", said.append)
     return said
 
 

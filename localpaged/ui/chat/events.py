@@ -1,8 +1,9 @@
 """The handlers of a chat tab and their wiring: send, regenerate, edit (toolbar and inline),
-retry, select a message, switch siblings, fork, close, stop; the tab's other features (settings,
-presets, export, edit preview, prepared options) are wired here by their own `events.py`. Thin adapters
-from component values to ChatController calls; each returns `TabValues` (or PageValues for what
-changes the tab set), rendering is `render.py`'s job.
+retry, close, stop; the message actions (select, copy, switch siblings, open the edit box, fork)
+are chat/message_events.py's, and the tab's other features (settings, presets, export, edit
+preview, prepared options) are wired here by their own `events.py`. Thin adapters from component
+values to ChatController calls; each returns `TabValues` (or PageValues for what changes the tab
+set), rendering is `render.py`'s job.
 
 A turn starts from the tab's settings fields: they are saved first, and the send uses the
 sampling settings that save checked (`_settings`), so one send checks them once. A message sent
@@ -10,8 +11,7 @@ while the conversation's reply streams waits for it and is sent then (queued, se
 Under "Stop and ask me" a send, regenerate or edit that no longer fits opens the tab's dialog
 (drop the oldest and go on, edit, cancel; `ask_drop` does what it asked about). Under
 "compact" such a request's turn streams the summary first (context/compact.py); stopped there,
-a send's text goes back into the message box. A click on ‹ or › inside a message switches that message's siblings
-(SIBLING_JS, wired by `wire_sibling_clicks`). A streaming handler starts a Turn and then
+a send's text goes back into the message box. A streaming handler starts a Turn and then
 follows it; `follow` re-attaches a tab to a turn that is already running (after a reload,
 say). The turn outlives the event (see turns.py).
 """
@@ -26,24 +26,24 @@ from pathlib import Path
 
 import gradio as gr
 
-from ..click_relay import inputs_js, relay_js
 from ..context.compact import CompactTurn
-from ..controller import ChatController, ContextAsk
+from ..controller import ContextAsk
 from ..edit_preview.events import wire_edit_cost
 from ..delete_branch.events import DeleteBranchEvents, wire_delete_branch
 from ..export.events import wire_export
 from ..prepared.events import wire_prepare_fields
+from ..redraw import RedrawInterval
 from ..event_settings import GEN, QUICK, TABS
 from ..settings.events import wire_presets, wire_settings
 from ..settings.logic import Sampling, from_fields
-from ..tabs.events import Page, TabSet
-from ..tabs.view import N_SLOTS, PageValues
+from ..tabs.events import Page
+from ..tabs.view import N_SLOTS
 from ..tools.events import wire_approval, wire_tool_settings
 from ..tools.messages import read_attachment
-from ..toasts import USER_ERRORS, info, warn, why
-from ..redraw import RedrawInterval
+from ..toasts import USER_ERRORS, warn, why
 from ..values import KEEP, changes
-from .view import ChatTabUI, TabValues, ask_values, asked_for, tab_update, tab_values
+from .message_events import MessageEvents, wire_message_actions
+from .view import ChatTabUI, TabValues, ask_values, asked_for, tab_update
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +73,9 @@ class _LabelRepeats:
         self.last = time.monotonic()
 
 
-class ChatEvents:
-    """Handlers of chat tab i (`slots[i]` is its conversation)."""
-
-    def __init__(self, ctl: ChatController, tabset: TabSet) -> None:
-        self.ctl, self.tabset = ctl, tabset
-
-    def chat(self, cid: int | None, sel: int | None = None) -> TabValues:
-        """The chat part of a tab (not its settings)."""
-        return tab_values(self.ctl, cid, sel, settings=False)
+class ChatEvents(MessageEvents):
+    """Handlers of chat tab i (`slots[i]` is its conversation); its message actions are
+    MessageEvents' (chat/message_events.py)."""
 
     def _settings(self, cid: int, system: str, sampling: tuple) -> Sampling:
         """Save the tab's settings fields; the sampling settings, checked, for the turn."""
@@ -242,86 +236,10 @@ class ChatEvents:
         if slots[i] is not None:
             self.ctl.stop(slots[i])
 
-    def select(self, slots: list, i: int, index) -> TabValues:
-        index = index if isinstance(index, int) else (index or [None])[0]
-        chat = self.chat(slots[i], index)
-        return TabValues(sel_md=chat.sel_md, sel=chat.sel)
-
-    def copy_source(self, slots: list, i: int, sel: int | None) -> TabValues:
-        """The selected message's own text (its Markdown as written, a streaming reply's text
-        so far) for the Copy button's clipboard step: the Chatbot holds HTML."""
-        view = self.ctl.view(slots[i]) if slots[i] is not None else None
-        if view is None or not view.path:
-            warn("Nothing to copy yet.")
-            return TabValues()
-        msg = view.path[-1 if sel is None or not 0 <= sel < len(view.path) else sel]
-        live = view.live.get(msg.id)
-        return TabValues(sel_text=live.text if live else msg.content)
-
-    def switch(self, slots: list, i: int, sel: int | None, step: int) -> TabValues:
-        try:
-            self.ctl.switch(self.ctl.message_at(slots[i], sel).id, step)
-        except USER_ERRORS as exc:
-            warn(why(exc))
-        return self.chat(slots[i], sel)
-
-    def switch_at(self, slots: list, i: int, nav: str) -> TabValues:
-        """A click on ‹ or › in message `index` (nav: "index step", from SIBLING_JS): that
-        message is selected and shows its sibling."""
-        try:
-            index, step = (int(x) for x in (nav or "").split()[:2])
-        except ValueError:
-            return TabValues()
-        if step not in (-1, 1) or slots[i] is None:
-            return TabValues()
-        return self.switch(slots, i, index, step)
-
-    def edit_open(self, slots: list, i: int, sel: int | None) -> TabValues:
-        """Show the edit box with the selected user message."""
-        try:
-            msg = self.ctl.message_at(slots[i], sel)
-        except USER_ERRORS as exc:
-            warn(why(exc))
-            return TabValues()
-        if msg.role != "user":
-            warn("Select one of your own messages to edit it (click it in the chat).")
-            return TabValues()
-        return TabValues(edit_row=gr.Group(visible=True), edit_box=msg.content)
-
-    def fork(self, slots: list, current: int, i: int, sel: int | None) -> PageValues:
-        try:
-            conv = self.ctl.fork(self.ctl.message_at(slots[i], sel).id)
-        except USER_ERRORS as exc:
-            warn(why(exc))
-            return self.tabset.open(slots, current, None)
-        info("Forked into a new conversation: it is open in a new tab.")
-        return self.tabset.open(slots, current, conv.id)
-
-
-# Runs in the browser after copy_source filled the hidden textbox (the click's user activation
-# still holds; 127.0.0.1 is a secure context, so navigator.clipboard exists).
-COPY_JS = "(text) => { navigator.clipboard.writeText(text || ''); }"
-
-
-# A click on a message's `‹ 2/3 ›` (render.footer: `<span class="lp-sib lp-at-{index}">`): its
-# left half shows the previous version, its right half the next; "index step" goes to the
-# tab's hidden `sibgo{i}` button, whose event hands it to ChatEvents.switch_at.
-SIBLING_JS = relay_js("sibnav", ".lp-sib", "chat", "sibgo", """(el, e) => {
-    const at = [...el.classList].find((c) => /^lp-at-\\d+$/.test(c));
-    if (!at) return null;
-    const r = el.getBoundingClientRect();
-    return at.slice(6) + ' ' + (e.clientX < r.left + r.width / 2 ? -1 : 1); }""")
-SIBLING_INPUTS_JS = inputs_js("sibnav", before=1)
-
-
-def wire_sibling_clicks(loaded) -> None:
-    """After the page loads: the listener that makes `‹ 2/3 ›` in messages clickable."""
-    loaded.then(None, None, None, js=SIBLING_JS)
-
 
 def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     """The events of chat tab `ui.index`."""
-    i, slots, current = ui.index, page.ui.slots, page.ui.current
+    i, slots = ui.index, page.ui.slots
     settings, out = [ui.system, *ui.sampling], ui.outputs()
     hidden = TabValues(edit_row=gr.Group(visible=False))
 
@@ -348,9 +266,6 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
     def follow(slot_cids) -> Iterator[list]:
         for v in events.follow(slot_cids, i):
             yield ui.flatten(v)
-
-    def select(slot_cids, evt: gr.SelectData) -> list:
-        return ui.flatten(events.select(slot_cids, i, evt.index))
 
     def ask_drop(slot_cids, asked, text, edited, files, system, *sampling) -> Iterator[list]:
         for v in events.ask_drop(slot_cids, i, asked, text, edited, system, *sampling,
@@ -382,32 +297,18 @@ def wire_chat_tab(ui: ChatTabUI, page: Page, events: ChatEvents) -> None:
         None, None, None, js=f"() => {{ const t = document.querySelector('#msg{i} textarea');"
                              " if (t) { t.focus(); t.setSelectionRange(t.value.length,"
                              " t.value.length); } }")
-    ui.sibgo.click(lambda c, nav: ui.flatten(events.switch_at(c, i, nav)), [slots, ui.sibnav],
-                   out, js=SIBLING_INPUTS_JS, **QUICK)
     page.refresh_after(ui.regen.click(regenerate, [slots, ui.sel, *settings], out, **GEN))
     ui.chatbot.retry(retry, [slots, *settings], out, **GEN)
-    ui.chatbot.select(select, slots, out, **QUICK)
     ui.stop.click(lambda c: events.stop(c, i), slots, None, **QUICK)
-    def switch(step: int):
-        return lambda c, sel: ui.flatten(events.switch(c, i, sel, step))
-
-    ui.prev.click(switch(-1), [slots, ui.sel], out, **QUICK)
-    ui.next.click(switch(1), [slots, ui.sel], out, **QUICK)
-    ui.edit.click(lambda c, sel: ui.flatten(events.edit_open(c, i, sel)), [slots, ui.sel], out,
-                  **QUICK)
-    ui.copy.click(lambda c, sel: ui.flatten(events.copy_source(c, i, sel)), [slots, ui.sel], out,
-                  **QUICK).then(None, ui.sel_text, None, js=COPY_JS)
     ui.edit_save.click(lambda: ui.flatten(hidden), None, out, **QUICK)
     ui.edit_save.click(edit, [slots, ui.sel, ui.edit_box, *settings], out, **GEN)
     ui.edit_cancel.click(lambda: ui.flatten(hidden), None, out, **QUICK)
-    forked = ui.fork.click(page.handler(lambda c, cur, sel: events.fork(c, cur, i, sel)),
-                           [slots, current, ui.sel], page.ui.outputs(), **TABS)
-    page.refresh_after(forked)
     ui.close.click(page.handler(lambda c: events.tabset.close(c, i)), slots, page.ui.outputs(),
                    **TABS)
     ui.tab.select(page.handler(lambda c: events.tabset.select_tab(c, i)), slots,
                   page.ui.outputs(), **TABS)
     wire_export(ui.export, events.ctl, slots, i, **QUICK)
+    wire_message_actions(ui, page, events)
     wire_delete_branch(ui, page, DeleteBranchEvents(events.ctl))
     wire_edit_cost(ui.edit_cost, ui.edit_box, events.ctl, slots, ui.sel, i)
     wire_prepare_fields(ui.prepare, events.ctl, slots, i)

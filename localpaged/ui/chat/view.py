@@ -113,7 +113,7 @@ class ChatTabUI:
     ask_md: Any = None
     ask_ui: Any = None
     sibnav: Any = None                # hidden: "index step" from a click on ‹ or › in a message
-    sibgo: Any = None                 # hidden: clicked with it (chat/events.py: SIBLING_JS)
+    sibgo: Any = None                 # hidden: clicked with it (chat/message_events.py: SIBLING_JS)
     delete_branch: Any = None         # delete_branch.view.DeleteBranchUI: Delete… and its question
     approval: Any = None              # tools.view.ApprovalUI's row and text
     approval_md: Any = None
