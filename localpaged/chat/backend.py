@@ -206,15 +206,17 @@ class LocalChatBackend:
 
     def cached_prefix_tokens(self, messages: list[dict]) -> tuple[int, int]:
         """(prompt tokens a request for this conversation would reuse from the prefix cache
-        now, prompt tokens in all); a preview: the cache may change before it is admitted."""
-        ids = self.prompt_ids(messages)
-        return self.engine.cached_prefix_tokens(ids), len(ids)
+        now, prompt tokens in all); a preview: the cache may change before it is admitted.
+        A conversation with images is looked up as its request is (its ImagePrompt)."""
+        prompt = self._prompt(messages)
+        ids = prompt.token_ids if isinstance(prompt, ImagePrompt) else prompt
+        return self.engine.cached_prefix_tokens(prompt), len(ids)
 
     def prefetch(self, messages: list[dict]) -> None:
         """Start reading this conversation's KV blocks back from the disk tier in the
         background (AsyncEngine.prefetch), so its next send finds them in memory."""
         if messages:
-            self.engine.prefetch(self.prompt_ids(messages))
+            self.engine.prefetch(self._prompt(messages))
 
     def clear_kv_disk(self) -> None:
         """Empty the KV disk tier (AsyncEngine.clear_kv_disk)."""
@@ -227,11 +229,11 @@ class LocalChatBackend:
         return self.engine.stats()
 
     def prompt_blocks(self, messages: list[dict]) -> list[int]:
-        return self.cached_blocks(self.prompt_ids(messages))
+        return self.cached_blocks(self._prompt(messages))
 
-    def cached_blocks(self, token_ids: list[int]) -> list[int]:
-        """Cached KV block ids holding a prefix of these prompt token ids."""
-        return self.engine.cached_prefix_blocks(token_ids)
+    def cached_blocks(self, prompt: list[int] | ImagePrompt) -> list[int]:
+        """Cached KV block ids holding a prefix of this prompt (token ids, or an ImagePrompt)."""
+        return self.engine.cached_prefix_blocks(prompt)
 
 
 def reasoning_of(backend: ChatBackend | None) -> ReasoningFormat | None:

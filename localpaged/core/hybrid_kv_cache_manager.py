@@ -35,6 +35,7 @@ from localpaged.core.kv_cache_manager import (
     KVCacheManager,
     admit_seqs,
 )
+from localpaged.core.multimodal import ImageSpan
 from localpaged.core.prefix_cache import extend_chain
 from localpaged.core.request import Sequence
 from localpaged.core.sliding_window import SlidingWindowManager
@@ -72,9 +73,10 @@ class HybridKVCacheManager:
         for group in self.groups:
             group.attach_disk(disk)
 
-    def prefetch(self, token_ids: list[int], max_reads: int | None = None) -> int:
+    def prefetch(self, token_ids: list[int], max_reads: int | None = None,
+                 images: tuple[ImageSpan, ...] = ()) -> int:
         """KVCacheManager.prefetch over every group (a hit valid in all of them)."""
-        return self.main.prefetch_groups(self.groups, token_ids, max_reads)
+        return self.main.prefetch_groups(self.groups, token_ids, max_reads, images)
 
     @property
     def main(self) -> KVCacheManager:
@@ -125,26 +127,28 @@ class HybridKVCacheManager:
     def block_hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
         return self.main.block_hashes(seq, num_blocks)
 
-    def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
+    def cached_prefix_block_ids(self, token_ids: list[int],
+                                images: tuple[ImageSpan, ...] = ()) -> list[int]:
         """Ids of group 0's blocks of the longest valid hit for token_ids (its NULL entries
         left out); read-only, counts no query. Its length in blocks is len(...) only for a
         full group 0: use `cached_prefix_length` for the hit itself."""
-        return [b.block_id for b in self._cached_hits(token_ids)[0] if b is not NULL_BLOCK]
+        return [b.block_id for b in self._cached_hits(token_ids, images)[0] if b is not NULL_BLOCK]
 
-    def cached_prefix_length(self, token_ids: list[int]) -> int:
+    def cached_prefix_length(self, token_ids: list[int], images: tuple[ImageSpan, ...] = ()) -> int:
         """Blocks of the longest valid prefix hit for token_ids (read-only)."""
-        return len(self._cached_hits(token_ids)[0])
+        return len(self._cached_hits(token_ids, images)[0])
 
-    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
+    def cached_prefix_tokens(self, token_ids: list[int], images: tuple[ImageSpan, ...] = ()) -> int:
         """Tokens of token_ids a request would get from the cache if admitted now (whole blocks
         before the last token); read-only."""
-        return self.cached_prefix_length(token_ids[:-1]) * self.block_size
+        return self.cached_prefix_length(token_ids[:-1], images) * self.block_size
 
-    def _cached_hits(self, token_ids: list[int]) -> list[list[Block]]:
+    def _cached_hits(self, token_ids: list[int],
+                     images: tuple[ImageSpan, ...] = ()) -> list[list[Block]]:
         if not self.pool.enable_caching:
             return [[] for _ in self.groups]
         hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
+        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size, images)
         return self._hits(hashes)
 
     def cache_full_blocks(self, seq: Sequence) -> None:

@@ -101,17 +101,20 @@ class PrefixCaching:
         """The blocks a prefix hit of num_blocks blocks needs in this group."""
         return range(num_blocks)
 
-    def prefetch(self, token_ids: list[int], max_reads: int | None = None) -> int:
-        """Read ahead of a request: the blocks of token_ids' longest prefix the disk tier holds,
+    def prefetch(self, token_ids: list[int], max_reads: int | None = None,
+                 images: tuple[ImageSpan, ...] = ()) -> int:
+        """Read ahead of a request: the blocks of token_ids' longest prefix the disk tier holds
+        (with the prompt's `images`: their blocks keyed by each image's hash, as a request's),
         into free blocks that cache nothing (memory's cached blocks stay); returns how many
         were read (at most max_reads; 0 when nothing is left to read)."""
-        return self.prefetch_groups([self], token_ids, max_reads)
+        return self.prefetch_groups([self], token_ids, max_reads, images)
 
-    def prefetch_groups(self, groups, token_ids: list[int], max_reads: int | None) -> int:
+    def prefetch_groups(self, groups, token_ids: list[int], max_reads: int | None,
+                        images: tuple[ImageSpan, ...] = ()) -> int:
         if self.disk is None or not self.pool.enable_caching:
             return 0
         hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
+        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size, images)
         return disk_prefix.read_back(groups, hashes, plain_only=True, max_reads=max_reads)
 
     # ---- prefix cache -------------------------------------------------------------------------
@@ -164,21 +167,25 @@ class PrefixCaching:
         return self.tails.find(hashes[num_hits - 1] if num_hits else None,
                                token_keys(token_ids, images, start, min(end, start + self.block_size)))
 
-    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        """Tokens of token_ids a request would get from the cache if admitted now: its full
-        blocks before the last token, and a tail hit; read-only, counts no query."""
+    def cached_prefix_tokens(self, token_ids: list[int], images: tuple[ImageSpan, ...] = ()) -> int:
+        """Tokens of token_ids (a prompt with these `images`) a request would get from the cache
+        if admitted now: its full blocks before the last token, and a tail hit; read-only,
+        counts no query."""
         if not self.pool.enable_caching:
             return 0
         hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, (len(token_ids) - 1) // self.block_size, self.block_size)
+        extend_chain(hashes, token_ids, (len(token_ids) - 1) // self.block_size, self.block_size,
+                     images)
         hits = PrefixHit(self._lookup_chain(hashes))
-        hits.tail = self._tail_after(hashes, len(hits), token_ids)
+        hits.tail = self._tail_after(hashes, len(hits), token_ids, images)
         return self.hit_tokens(hits)
 
-    def cached_prefix_block_ids(self, token_ids: list[int]) -> list[int]:
-        """Ids of the cached blocks holding a prefix of token_ids; read-only, counts no query."""
+    def cached_prefix_block_ids(self, token_ids: list[int],
+                                images: tuple[ImageSpan, ...] = ()) -> list[int]:
+        """Ids of the cached blocks holding a prefix of token_ids (a prompt with these
+        `images`); read-only, counts no query."""
         hashes: list[bytes] = []
-        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size)
+        extend_chain(hashes, token_ids, len(token_ids) // self.block_size, self.block_size, images)
         return [b.block_id for b in self._lookup_chain(hashes)]
 
     def cache_full_blocks(self, seq: Sequence) -> None:

@@ -150,7 +150,7 @@ class AsyncEngine:
         self._lock = threading.Lock()          # guards _streams and the stats snapshot
         self._stats = engine.stats()
         self._stopped = threading.Event()
-        self._prefetch: list[int] | None = None      # engine thread: prompt being read ahead
+        self._prefetch: list[int] | ImagePrompt | None = None   # engine thread: prompt read ahead
         self._thread = threading.Thread(target=self._loop, name="localpaged-engine", daemon=True)
         self._thread.start()
 
@@ -207,23 +207,25 @@ class AsyncEngine:
             raise ValueError("this model takes no images")
         return self._engine.images.chat(messages, images, **template_kwargs)
 
-    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        """Tokens of this prompt in the prefix cache now (a preview: the engine thread may evict
-        or add blocks before a request for it is admitted). Only dict lookups, so safe to call
-        from any thread."""
-        return self._engine.cached_prefix_tokens(token_ids)
+    def cached_prefix_tokens(self, prompt: list[int] | ImagePrompt) -> int:
+        """Tokens of this prompt (token ids, or an ImagePrompt) in the prefix cache now (a
+        preview: the engine thread may evict or add blocks before a request for it is
+        admitted). Only dict lookups, so safe to call from any thread."""
+        return self._engine.cached_prefix_tokens(prompt)
 
-    def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
-        """Ids of the cached blocks holding a prefix of these tokens now (the UI's KV map; a
+    def cached_prefix_blocks(self, prompt: list[int] | ImagePrompt) -> list[int]:
+        """Ids of the cached blocks holding a prefix of this prompt now (the UI's KV map; a
         preview, like cached_prefix_tokens)."""
-        return self._engine.cached_prefix_blocks(token_ids)
+        return self._engine.cached_prefix_blocks(prompt)
 
-    def prefetch(self, token_ids: list[int]) -> None:
+    def prefetch(self, prompt: list[int] | ImagePrompt) -> None:
         """Start reading this prompt's blocks back from the disk tier into free KV blocks, at
         background priority: a few blocks between engine steps, while requests run (a
         conversation opened: its next send finds them in memory). A newer prefetch replaces
         an unfinished older one; a no-op without a disk tier."""
-        self._commands.put(("prefetch", [int(t) for t in token_ids]))
+        if not isinstance(prompt, ImagePrompt):
+            prompt = [int(t) for t in prompt]
+        self._commands.put(("prefetch", prompt))
 
     def clear_kv_disk(self) -> None:
         """Delete every block file of the disk tier (memory's prefix cache stays)."""

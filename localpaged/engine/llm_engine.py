@@ -366,15 +366,16 @@ class LLMEngine:
             bytes_saved=g.num_null_entries() * self.kv_plan.bytes_per_block[g.group])
             for g, w, u in zip(kv.groups, kv.windows, kv.group_usage()))
 
-    def prefetch(self, token_ids: list[int], max_blocks: int | None = None) -> int:
-        """Read the blocks of token_ids' longest prefix that the disk tier holds into free KV
+    def prefetch(self, prompt: list[int] | ImagePrompt, max_blocks: int | None = None) -> int:
+        """Read the blocks of the prompt's longest prefix that the disk tier holds into free KV
         blocks now, ahead of a request for them (a conversation opened), never evicting a
         block memory caches; at most max_blocks a call. Returns the blocks read (0: nothing
         left to read). Between steps only: the reads' LOAD ops, and any op decided before them,
         are carried out here, in order, as the next step would."""
         if self.kv_disk is None:
             return 0
-        read = self.block_manager.prefetch(token_ids, max_blocks)
+        ids, images = _ids_and_images(prompt)
+        read = self.block_manager.prefetch(ids, max_blocks, images)
         for op in self.block_manager.take_block_ops():
             self.kv_cache.apply(op, self.backend)
         return read
@@ -384,12 +385,20 @@ class LLMEngine:
         if self.kv_disk is not None:
             self.kv_disk.clear()
 
-    def cached_prefix_blocks(self, token_ids: list[int]) -> list[int]:
-        """Ids of the cached blocks that hold a prefix of token_ids (for the UI's KV map)."""
-        return self.block_manager.cached_prefix_block_ids(token_ids)
+    def cached_prefix_blocks(self, prompt: list[int] | ImagePrompt) -> list[int]:
+        """Ids of the cached blocks that hold a prefix of the prompt (for the UI's KV map)."""
+        return self.block_manager.cached_prefix_block_ids(*_ids_and_images(prompt))
 
-    def cached_prefix_tokens(self, token_ids: list[int]) -> int:
-        """Prompt tokens a request for token_ids would get from the prefix cache if admitted now
-        (its `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
+    def cached_prefix_tokens(self, prompt: list[int] | ImagePrompt) -> int:
+        """Prompt tokens a request for this prompt (token ids, or an ImagePrompt: its images'
+        blocks are keyed by their hashes) would get from the prefix cache if admitted now (its
+        `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
         always computes the last prompt token, so only tokens before it count."""
-        return self.block_manager.cached_prefix_tokens(token_ids)
+        return self.block_manager.cached_prefix_tokens(*_ids_and_images(prompt))
+
+
+def _ids_and_images(prompt: list[int] | ImagePrompt) -> tuple[list[int], tuple]:
+    """A preview's prompt as the block manager takes it: token ids and the images' spans."""
+    if isinstance(prompt, ImagePrompt):
+        return list(prompt.token_ids), tuple(prompt.images)
+    return list(prompt), ()

@@ -63,6 +63,24 @@ def test_each_request_reports_its_own_encoder_runs_and_hits(vlm):
     assert llm.stats().encoder_runs == 1 and llm.stats().encoder_cache_hits == 1
 
 
+
+def test_previews_count_the_image_blocks(vlm):
+    """The engine's previews (the edit preview, the KV map, the disk prefetch) take the
+    ImagePrompt: they find the image's blocks by its hash as a request does; token ids alone
+    stop at the first image."""
+    llm = LLM(vlm, num_kv_blocks=64)
+    prompt = llm.image_prompt(conversation("What is it?"), [tiny_vlm.image(31)])
+    llm.generate([prompt], params(4))
+    span, block = prompt.images[0], llm.engine.block_manager.block_size
+    preview = llm.engine.cached_prefix_tokens(prompt)
+    assert preview >= span.end
+    assert llm.engine.cached_prefix_tokens(prompt.token_ids) <= span.offset
+    assert len(llm.engine.cached_prefix_blocks(prompt)) >= span.end // block
+    assert len(llm.engine.cached_prefix_blocks(prompt.token_ids)) <= span.offset // block + 1
+    again = llm.generate([prompt], params(4))[0]
+    assert again.metrics.num_cached_tokens == preview
+
+
 def test_two_images_batched_with_text_only_requests(vlm, tiny_root):
     llm = LLM(vlm, num_kv_blocks=96, record_steps=True)
     two = [tiny_vlm.image(2), tiny_vlm.image(3, 20, 20)]

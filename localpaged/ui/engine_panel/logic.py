@@ -68,7 +68,7 @@ class KvMap:
 
     def __init__(self, controller: ChatController) -> None:
         self.controller = controller
-        self._ids: dict[int, tuple[tuple, list[int]]] = {}  # leaf id -> (signature, token ids)
+        self._ids: dict[int, tuple[tuple, object]] = {}   # leaf id -> (signature, its prompt)
         self._backend = None
         self._lock = threading.Lock()
 
@@ -108,21 +108,23 @@ class KvMap:
                     row.ended = ended_note(turn.replies[i].stats)
             else:
                 seen.add(br.leaf_id)
-                row.blocks = backend.cached_blocks(self._token_ids(backend, conv, br))
+                row.blocks = backend.cached_blocks(self._prompt(backend, conv, br))
             rows.append(row)
         return rows
 
-    def _token_ids(self, backend, conv, branch: Branch) -> list[int]:
+    def _prompt(self, backend, conv, branch: Branch):
+        """The branch's prompt as a request would send it: token ids, or an ImagePrompt (its
+        images' blocks are keyed by their hashes); remembered per branch until it changes."""
         signature = (conv.system_prompt, tuple((m.id, m.content) for m in branch.path))
         with self._lock:
             hit = self._ids.get(branch.leaf_id)
         if hit is not None and hit[0] == signature:
             return hit[1]
         try:
-            ids = backend.prompt_ids(chat_prompt(conv.system_prompt, branch.path,
-                                                 self.controller.store))
+            messages = chat_prompt(conv.system_prompt, branch.path, self.controller.store)
+            prompt = backend.image_prompt(messages) or backend.prompt_ids(messages)
         except ValueError:          # images this model takes none of: no blocks to show
-            ids = []
+            prompt = []
         with self._lock:
-            self._ids[branch.leaf_id] = (signature, ids)
-        return ids
+            self._ids[branch.leaf_id] = (signature, prompt)
+        return prompt
