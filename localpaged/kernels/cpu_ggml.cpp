@@ -64,16 +64,19 @@
 // the AMX tiles (every batch without AMX on AVX2 builds; bench/ggml_kernels.py measures both
 // layouts). With AVX-512 VNNI and no AMX tiles in use, batches of 2 rows and more take the x8
 // groups two at a time (16 weight rows in a zmm: the pairs), for larger batches each pair
-// unpacked once into a panel its tiles read (see cpu_ggml_avx512.inc); the same integers, so
-// y is bitwise the same.
+// unpacked once into a panel its tiles read (see cpu_ggml_avx512.inc); with AVX2 alone, larger
+// batches unpack each x8 group into a panel the same way (cpu_ggml_x8_panel.inc); with AVX-512
+// VNNI and no AMX the 32-element formats' larger batches unpack each 16 rows into a panel
+// (cpu_ggml_avx512_b.inc). The same integers and float order, so y is bitwise the same.
 //
 // Files: cpu_ggml_common.h holds what every path reads (the instruction-set macros, the types'
 // table, constants, the activations' quantization, the x8 layout's moves); this file the
 // per-format table of every path's kernels (kFormatKernels), the dispatch and the entry points.
 // Each path's kernels are a fragment of this translation unit, included inside its anonymous
 // namespace: cpu_ggml_scalar.inc (plain C++), cpu_ggml_avx2.inc (AVX2 / VNNI over GGUF's rows),
-// cpu_ggml_x8.inc (the interleaved layout's loops), cpu_ggml_avx512.inc (512-bit tiles, 5-9
-// rows over GGUF's rows; the x8 layout's pairs and panels), cpu_ggml_amx.inc (AMX tiles).
+// cpu_ggml_x8.inc (the interleaved layout's loops), cpu_ggml_x8_panel.inc (its 256-bit panels),
+// cpu_ggml_avx512.inc (512-bit tiles, 5-9 rows over GGUF's rows; the x8 layout's pairs and
+// panels), cpu_ggml_avx512_b.inc (the 32-element formats' panels), cpu_ggml_amx.inc (AMX tiles).
 //
 // Speed: bench/ggml_kernels.py times this kernel at Qwen2.5-1.5B's shapes (M = 1 streamed from
 // DRAM, M = 8, M = 512) beside torch float32 on the dequantized weights and llama.cpp's ggml on
@@ -91,8 +94,10 @@ namespace {
 #ifdef LOCALPAGED_GGML_AVX2
 #include "cpu_ggml_avx2.inc"
 #include "cpu_ggml_x8.inc"
+#include "cpu_ggml_x8_panel.inc"
 #ifdef LOCALPAGED_GGML_AVX512
 #include "cpu_ggml_avx512.inc"
+#include "cpu_ggml_avx512_b.inc"
 #endif
 #ifdef LOCALPAGED_GGML_AMX
 #include "cpu_ggml_amx.inc"
@@ -120,10 +125,17 @@ inline void prefetch_row(const uint8_t* p, int64_t bytes) {
 #else
 #define LP_AVX512(...) nullptr
 #endif
-#ifdef LOCALPAGED_GGML_AVX512
+// prefill panels: the x8 K formats' (pairs with AVX-512 VNNI, else single groups with AVX2), the
+// 32-element formats' (AVX-512 VNNI)
+#if defined(LOCALPAGED_GGML_AVX512)
 #define LP_PANEL(F) panel_kernels<F>()
+#define LP_B_PANEL(F) b_panel_kernels<F>()
+#elif defined(LOCALPAGED_GGML_AVX2)
+#define LP_PANEL(F) x8_panel_kernels<F>()
+#define LP_B_PANEL(F) PanelKernels{}
 #else
 #define LP_PANEL(F) PanelKernels{}
+#define LP_B_PANEL(F) PanelKernels{}
 #endif
 #ifdef LOCALPAGED_GGML_AMX
 #define LP_AMX(...) __VA_ARGS__
@@ -138,22 +150,22 @@ struct FormatKernels {
   TileFn wide;     // AVX-512 tiles of the K formats, kWideRows rows, for batches above kTileRows
   X8Fn x8;         // the interleaved (x8) layout's loops; nullptr: the format is not interleaved
   PairFn pair;     // the x8 layout's 512-bit loops over two groups, for batches from kPairMinRows
-  PanelKernels panel;   // prefill on the pairs (from panel.min_rows rows), unpack nullptr: none
+  PanelKernels panel;   // prefill on panels (from panel.min_rows rows), unpack nullptr: none
   AmxFn amx;       // AMX tiles, from amx_min_rows rows
 };
 
 const FormatKernels kFormatKernels[] = {
-    {kQ4_0, scalar_b_tile<unpack_q4_0, 18>, LP_AVX2(avx_tile<AvxQ4_0, false>), nullptr, nullptr, nullptr, {},
+    {kQ4_0, scalar_b_tile<unpack_q4_0, 18>, LP_AVX2(avx_tile<AvxQ4_0, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxQ4_0),
      LP_AMX(amx_b_matmul<AvxQ4_0>)},
-    {kQ4_1, scalar_b_tile<unpack_q4_1, 20>, LP_AVX2(avx_tile<AvxQ4_1, false>), nullptr, nullptr, nullptr, {},
+    {kQ4_1, scalar_b_tile<unpack_q4_1, 20>, LP_AVX2(avx_tile<AvxQ4_1, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxQ4_1),
      LP_AMX(amx_b_matmul<AvxQ4_1>)},
-    {kQ5_0, scalar_b_tile<unpack_q5_0, 22>, LP_AVX2(avx_tile<AvxQ5_0, false>), nullptr, nullptr, nullptr, {},
+    {kQ5_0, scalar_b_tile<unpack_q5_0, 22>, LP_AVX2(avx_tile<AvxQ5_0, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxQ5_0),
      LP_AMX(amx_b_matmul<AvxQ5_0>)},
-    {kQ5_1, scalar_b_tile<unpack_q5_1, 24>, LP_AVX2(avx_tile<AvxQ5_1, false>), nullptr, nullptr, nullptr, {},
+    {kQ5_1, scalar_b_tile<unpack_q5_1, 24>, LP_AVX2(avx_tile<AvxQ5_1, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxQ5_1),
      LP_AMX(amx_b_matmul<AvxQ5_1>)},
-    {kQ8_0, scalar_b_tile<unpack_q8_0, 34>, LP_AVX2(avx_tile<AvxQ8_0, false>), nullptr, nullptr, nullptr, {},
+    {kQ8_0, scalar_b_tile<unpack_q8_0, 34>, LP_AVX2(avx_tile<AvxQ8_0, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxQ8_0),
      LP_AMX(amx_b_matmul<AvxQ8_0>)},
-    {kIQ4_NL, scalar_b_tile<unpack_iq4_nl, 18>, LP_AVX2(avx_tile<AvxIQ4NL, false>), nullptr, nullptr, nullptr, {},
+    {kIQ4_NL, scalar_b_tile<unpack_iq4_nl, 18>, LP_AVX2(avx_tile<AvxIQ4NL, false>), nullptr, nullptr, nullptr, LP_B_PANEL(AvxIQ4NL),
      LP_AMX(amx_b_matmul<AvxIQ4NL>)},
     {kQ2_K, scalar_k_tile<unpack_q2_k, 84>, LP_AVX2(avx_tile<AvxQ2K, true>),
      LP_AVX512(wide_k_tile<AvxQ2K>), nullptr, nullptr, {}, LP_AMX(amx_matmul<AvxQ2K>)},
@@ -301,17 +313,18 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
 #else
   const bool amx_cpu = false;
 #endif
-  const PairFn pair_fn = x8 && M >= kPairMinRows && !amx_cpu ? kernels_of(t->id).pair : nullptr;
-  // prefill: each pair unpacked once into a panel that every tile of x's rows reads
+  const FormatKernels& k = kernels_of(t->id);
+  const PairFn pair_fn = x8 && M >= kPairMinRows && !amx_cpu ? k.pair : nullptr;
+  // prefill: each panel of weight rows unpacked once, then read by every tile of x's rows
   const PanelKernels panel =
-      pair_fn && M >= kernels_of(t->id).panel.min_rows ? kernels_of(t->id).panel : PanelKernels{};
+      k.panel.unpack && k.panel.x8 == x8 && M >= k.panel.min_rows && !amx_cpu ? k.panel : PanelKernels{};
   const int64_t nb = K / t->elems;
   // Work items: groups of output rows (~64 KB of weights), each thread of one parallel region
   // taking its own contiguous share from the front, then the others' from their backs (Items):
   // one linear stream through the weights per thread, and a thread that starts late (a busy
   // core) takes fewer instead of holding the others up. Which thread computes a row changes
   // nothing in its result.
-  const int64_t unit = pair_fn ? 2 * kX8 : kX8;   // a pair never straddles two items
+  const int64_t unit = std::max(pair_fn ? 2 * kX8 : kX8, panel.rows);   // a pair or panel never straddles two items
   const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + unit - 1) / unit * unit;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
   const int64_t items = (N + group - 1) / group;
@@ -324,13 +337,13 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
         panel.unpack ? static_cast<uint8_t*>(std::aligned_alloc(64, nb * panel.bytes)) : nullptr, &std::free);
     for (int64_t item; (item = work.take(thread)) >= 0;) {
       const int64_t n0 = item * group, n1 = std::min(N, n0 + group);
+      int64_t n = n0;
+      for (; buf && n + panel.rows <= n1; n += panel.rows) {   // the weights from DRAM once, then L1 / L2
+        panel.unpack(wp + n * stride, stride, nb, buf.get());
+        for (int64_t m0 = 0; m0 < M; m0 += kPanelTileRows)
+          panel.tile(buf.get(), a, m0, std::min(kPanelTileRows, M - m0), yp + m0 * N + n, N);
+      }
       if (x8_fn) {   // a group's passes over x's rows: the first from DRAM, the others from L1 / L2
-        int64_t n = n0;
-        for (; buf && n + 2 * kX8 <= n1; n += 2 * kX8) {
-          panel.unpack(wp + n * stride, wp + (n + kX8) * stride, nb, buf.get());
-          for (int64_t m0 = 0; m0 < M; m0 += kPairRows)
-            panel.tile(buf.get(), a, m0, std::min(kPairRows, M - m0), yp + m0 * N + n, N);
-        }
         for (; pair_fn && n + 2 * kX8 <= n1; n += 2 * kX8)
           for (int64_t m0 = 0; m0 < M; m0 += kPairRows)
             pair_fn(wp + n * stride, wp + (n + kX8) * stride, a, m0, std::min(kPairRows, M - m0), m0 == 0,
@@ -340,12 +353,12 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
             x8_fn(wp + n * stride, a, m0, std::min(kX8Rows, M - m0), m0 == 0, yp + m0 * N + n, N);
         continue;
       }
-      for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {
+      for (int64_t m0 = 0; m0 < M; m0 += kernel.rows) {   // rows past the panels
         const int64_t tm = std::min(kernel.rows, M - m0);
-        for (int64_t n = n0; n < n1; ++n) {
-          if (m0 == 0 && !(kernel.prefetches && tm == 1) && n + ahead < N)
-            prefetch_row(wp + (n + ahead) * stride, row_bytes);
-          kernel.fn(wp + n * stride, a, m0, tm, yp + m0 * N + n, N);
+        for (int64_t r = n; r < n1; ++r) {
+          if (m0 == 0 && !(kernel.prefetches && tm == 1) && r + ahead < N)
+            prefetch_row(wp + (r + ahead) * stride, row_bytes);
+          kernel.fn(wp + r * stride, a, m0, tm, yp + m0 * N + r, N);
         }
       }
     }

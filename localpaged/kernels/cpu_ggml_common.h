@@ -142,7 +142,7 @@ struct Acts {
   std::vector<int8_t> q;        // [rows, K]
   std::vector<float> d;         // [rows, blocks] the scale s of each block
   std::vector<int16_t> sum16;   // K formats: [rows, K / 16] sums of 16 values
-  std::vector<int16_t> sum32;   // K formats: [rows, K / 32] sums of 32 values (sum16 in pairs)
+  std::vector<int16_t> sum32;   // [rows, K / 32] sums of 32 values (K formats: sum16 in pairs)
   std::vector<float> dsum32;    // 32-element formats: [rows, K / 32] s * (sum of 32 values)
 };
 
@@ -194,10 +194,9 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows
   a.blocks = K / B;
   a.q.resize(rows * K);
   a.d.resize(rows * a.blocks);
-  if (B == kSuper) {
-    a.sum16.resize(rows * K / 16);
-    a.sum32.resize(rows * K / 32);
-  } else a.dsum32.resize(rows * K / 32);
+  a.sum32.resize(rows * K / 32);
+  if (B == kSuper) a.sum16.resize(rows * K / 16);
+  else a.dsum32.resize(rows * K / 32);
   at::parallel_for(0, M, 1, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       const float* xr = x + m * K;
@@ -212,10 +211,10 @@ Acts quantize_acts(const float* x, int64_t M, int64_t K, int64_t B, int64_t rows
       for (int64_t j = 0; j < K / 32; ++j) {
         int32_t s[2] = {0, 0};
         for (int64_t k = 0; k < 32; ++k) s[k / 16] += qr[32 * j + k];
-        if (B == kSuper) {
+        a.sum32[m * K / 32 + j] = static_cast<int16_t>(s[0] + s[1]);
+        if (B == kSuper)
           for (int h = 0; h < 2; ++h) a.sum16[m * K / 16 + 2 * j + h] = static_cast<int16_t>(s[h]);
-          a.sum32[m * K / 32 + j] = static_cast<int16_t>(s[0] + s[1]);
-        } else
+        else
           a.dsum32[m * K / 32 + j] = dr[j] * static_cast<float>(s[0] + s[1]);
       }
     }
@@ -311,14 +310,19 @@ constexpr int64_t kX8Rows = 4;
 // loops of cpu_ggml_avx512.inc).
 constexpr int64_t kPairRows = 4;      // rows of x per tile of the pairs' loops
 constexpr int64_t kPairMinRows = 2;   // the pairs' loops serve batches from this many rows
-// Prefill on the pairs (min_rows rows and more): a pair's blocks unpacked once into a panel
-// (unpack: g0, g1, blocks, out), then tiles of up to kPairRows rows of x over the panel (tile:
-// panel, a, m0, tm, y, ldy); bytes: the panel's bytes per block. unpack nullptr: none.
+// Prefill on panels (min_rows rows of x and more): `rows` weight rows (one x8 group, a pair of
+// them, or 16 GGUF rows) unpacked once into a panel (unpack: the first row, the stride between
+// rows, blocks, out: 64-byte aligned, blocks * bytes), then tiles of up to kPanelTileRows rows of
+// x over the panel (tile: panel, a, m0, tm, y, ldy: y[m * ldy + r] for weight row r). x8: the
+// panel reads the x8 layout (else GGUF's rows). unpack nullptr: none.
+constexpr int64_t kPanelTileRows = 4;
 struct PanelKernels {
-  void (*unpack)(const uint8_t*, const uint8_t*, int64_t, uint8_t*) = nullptr;
+  void (*unpack)(const uint8_t*, int64_t, int64_t, uint8_t*) = nullptr;
   void (*tile)(const uint8_t*, const Acts&, int64_t, int64_t, float*, int64_t) = nullptr;
   int64_t bytes = 0;
   int64_t min_rows = 0;
+  int64_t rows = 0;
+  bool x8 = false;
 };
 using PairFn = void (*)(const uint8_t* g0, const uint8_t* g1, const Acts& a, int64_t m0, int64_t tm,
                         bool prefetch, float* y, int64_t ldy);

@@ -229,9 +229,10 @@ def test_k_formats_give_bitwise_the_same_y_on_every_build(build_of, qtype):
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t not in K_TYPES], ids=lambda t: t.name)
 def test_32_element_formats_give_bitwise_the_same_y_on_the_vector_builds(build_of, qtype):
     """A 32-element format's exact block sums go into float lane b % 8 in one order on the AVX2
-    tiles and the AMX tiles (natively, where the CPU has it: 40 rows, a pair of tiles and one,
-    and 45 weight rows in 3 panels), so the native and the haswell builds agree bit for bit
-    (the plain C++ path folds in another order: within the bound, not bitwise)."""
+    tiles, the AVX-512 panels (natively, with AVX-512 VNNI and no AMX: 40 rows, 45 weight rows in
+    2 panels and 13 rows left) and the AMX tiles (natively, where the CPU has it: 40 rows, a pair
+    of tiles and one, and 45 weight rows in 3 panels), so the native and the haswell builds agree
+    bit for bit (the plain C++ path folds in another order: within the bound, not bitwise)."""
     w = blocks(qtype, 45, 32 * 19, seed=13)
     x = torch.randn(40, 32 * 19, generator=torch.Generator().manual_seed(14))
     vector = [name for name in BUILDS if EXPECTED_PATH[name] != "scalar"]
@@ -240,6 +241,34 @@ def test_32_element_formats_give_bitwise_the_same_y_on_the_vector_builds(build_o
     want = build_of(vector[0]).matmul(x, w, qtype)
     for name in vector[1:]:
         assert torch.equal(build_of(name).matmul(x, w, qtype), want), name
+
+
+B_TYPES = [t for t in TYPES if t not in K_TYPES]
+
+
+@pytest.mark.parametrize("qtype", B_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("N, blocks_per_row", [(40, 19), (1000, 3), (48, 16)])
+def test_32_element_formats_give_a_row_bitwise_its_own_y_in_every_batch(ggml, qtype, N, blocks_per_row):
+    """Batches below and from the panels of 16 weight rows (natively, with AVX-512 VNNI and no
+    AMX: from 4 rows; every tile height; N = 40: two panels and 8 rows left to the row tiles,
+    N = 1000: several items of work; 19 blocks a row: lanes of 3 and 2 blocks, 3: lanes with none,
+    16: two each), rows lying apart, 1-3 threads: each row of y bitwise that row alone."""
+    K = 32 * blocks_per_row
+    w = blocks(qtype, N, K, seed=31)
+    apart = torch.zeros(N, w.shape[1] + 24, dtype=torch.uint8)
+    apart[:, :w.shape[1]] = w
+    x = torch.randn(41, K, generator=torch.Generator().manual_seed(32))
+    alone = torch.cat([ggml.matmul(x[i:i + 1].clone(), w, qtype) for i in range(41)])
+    for rows in (2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 33, 41):
+        assert torch.equal(ggml.matmul(x[:rows], w, qtype), alone[:rows]), rows
+    assert torch.equal(ggml.matmul(x[:17], apart[:, :w.shape[1]], qtype), alone[:17])
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert torch.equal(ggml.matmul(x, w, qtype), alone), n
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_1], ids=lambda t: t.name)
@@ -328,13 +357,14 @@ def test_the_interleaved_layout_is_the_references(ggml, qtype):
 @pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("N, K", [(48, 1280), (40, 1280), (1000, 256)])
 def test_the_interleaved_layout_gives_bitwise_the_rows_y(ggml, qtype, N, K):
-    """Batch 1 (its own loop), 2-130 rows (tiles of up to 4 rows over each group; with AVX-512
-    VNNI and no AMX the 512-bit loops over pairs of groups, tiles of up to 4 rows, from 16 rows
-    (Q6_K) or 128 (Q4_K, Q5_K) over each pair unpacked into a panel, and the 8-row group left
-    over where N / 8 is odd: N = 40, and N = 1000 in three items of work, the last with a group
-    left over; natively on AMX from 20 rows for Q6_K and 32 for Q4_K, each panel moved back to
-    GGUF's rows): every tile height and every boundary between the paths, the same bits as the
-    GGUF rows, on every thread count."""
+    """Batch 1 (its own loop), 2-130 rows (tiles of up to 4 rows over each group; with AVX2 alone
+    (the haswell build) from 5 rows (Q4_K, Q5_K) or 3 (Q6_K) each group unpacked into a panel; with AVX-512 VNNI and no
+    AMX the 512-bit loops over pairs of groups, tiles of up to 4 rows, from 16 rows (Q6_K) or 128
+    (Q4_K, Q5_K) over each pair unpacked into a panel, and the 8-row group left over where N / 8
+    is odd: N = 40, and N = 1000 in three items of work, the last with a group left over;
+    natively on AMX from 20 rows for Q6_K and 32 for Q4_K, each panel moved back to GGUF's rows):
+    every tile height and every boundary between the paths, the same bits as the GGUF rows, on
+    every thread count."""
     x8 = x8_build(ggml)
     w = blocks(qtype, N, K, seed=22)
     wx = x8.interleave(w, qtype)
@@ -350,6 +380,20 @@ def test_the_interleaved_layout_gives_bitwise_the_rows_y(ggml, qtype, N, K):
                 assert torch.equal(x8.matmul_x8(x[:rows], wx, qtype), want[:rows]), (n, rows)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("qtype", X8_TYPES, ids=lambda t: t.name)
+def test_the_interleaved_layout_gives_bitwise_the_same_y_on_every_build(build_of, qtype):
+    """Every build's paths over the x8 layout (x8 tiles, pairs, panels of either width) give the
+    plain C++ path's y on GGUF's rows, bit for bit, below and from the panels."""
+    w = blocks(qtype, 48, 768, seed=41)
+    x = torch.randn(33, 768, generator=torch.Generator().manual_seed(42))
+    want = build_of("x86-64").matmul(x, w, qtype)
+    for name in [n for n in BUILDS if EXPECTED_PATH[n] != "scalar"]:
+        x8 = build_of(name)
+        wx = x8.interleave(w, qtype)
+        for rows in (33, 16, 5, 4, 3, 2):
+            assert torch.equal(x8.matmul_x8(x[:rows], wx, qtype), want[:rows]), (name, rows)
 
 
 def test_the_interleaved_layout_refuses_what_it_cannot_take(ggml):
