@@ -147,7 +147,9 @@ class LocalChatBackend:
         model that takes no images."""
         return self._window.image_prompt(messages) if has_images(messages) else None
 
-    def _prompt(self, messages: list[dict]) -> list[int] | ImagePrompt:
+    def request_prompt(self, messages: list[dict]) -> list[int] | ImagePrompt:
+        """The engine prompt a reply to this chat sends: its ImagePrompt where it has images,
+        else its token ids (the previews look blocks up with it too)."""
         return self.image_prompt(messages) or self.prompt_ids(messages)
 
     def tool_format(self) -> ToolFormat:
@@ -178,7 +180,7 @@ class LocalChatBackend:
         With tools, every column's reply is held to the calls' grammar (ToolFormat.guided), so a
         column may not carry a guided constraint of its own."""
         ids = self.prompt_ids(messages, tools, tool_choice) if tools else \
-            self._prompt(messages)
+            self.request_prompt(messages)
         fmt = self.tool_format()
         guided = fmt.guided(tools, tool_choice)
         if guided is not None:
@@ -201,14 +203,14 @@ class LocalChatBackend:
         fmt = self.reasoning_format()
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
                                 reasoning_markers=fmt.markers if fmt else None)
-        return iter(self.engine.submit(self._prompt(messages), params, request_id,
+        return iter(self.engine.submit(self.request_prompt(messages), params, request_id,
                                        beam=BeamParams(beam_width, 1.0, False)))
 
     def cached_prefix_tokens(self, messages: list[dict]) -> tuple[int, int]:
         """(prompt tokens a request for this conversation would reuse from the prefix cache
         now, prompt tokens in all); a preview: the cache may change before it is admitted.
         A conversation with images is looked up as its request is (its ImagePrompt)."""
-        prompt = self._prompt(messages)
+        prompt = self.request_prompt(messages)
         ids = prompt.token_ids if isinstance(prompt, ImagePrompt) else prompt
         return self.engine.cached_prefix_tokens(prompt), len(ids)
 
@@ -216,7 +218,7 @@ class LocalChatBackend:
         """Start reading this conversation's KV blocks back from the disk tier in the
         background (AsyncEngine.prefetch), so its next send finds them in memory."""
         if messages:
-            self.engine.prefetch(self._prompt(messages))
+            self.engine.prefetch(self.request_prompt(messages))
 
     def clear_kv_disk(self) -> None:
         """Empty the KV disk tier (AsyncEngine.clear_kv_disk)."""
@@ -229,7 +231,7 @@ class LocalChatBackend:
         return self.engine.stats()
 
     def prompt_blocks(self, messages: list[dict]) -> list[int]:
-        return self.cached_blocks(self._prompt(messages))
+        return self.cached_blocks(self.request_prompt(messages))
 
     def cached_blocks(self, prompt: list[int] | ImagePrompt) -> list[int]:
         """Cached KV block ids holding a prefix of this prompt (token ids, or an ImagePrompt)."""

@@ -183,10 +183,10 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.act = F.silu
-        self.row_bytes = 2 * config.intermediate_size        # times the element size
+        self.gate_up_width = 2 * config.intermediate_size     # elements per row of gate/up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = max(1, CPU_ACTIVATION_BYTES // (self.row_bytes * x.element_size()))
+        rows = max(1, CPU_ACTIVATION_BYTES // (self.gate_up_width * x.element_size()))
         if x.device.type != "cpu" or x.shape[0] <= rows:
             return self._pass(x)
         return torch.cat([self._pass(part) for part in x.split(rows)])

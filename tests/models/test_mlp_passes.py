@@ -26,7 +26,7 @@ def mlp(cls=llama.MLP, **kw):
 def test_passes_give_the_rows_of_one_pass(cls, monkeypatch):
     kw = {"hidden_activation": "gelu_pytorch_tanh"} if cls is GemmaMLP else {}
     module, x = mlp(cls, **kw), torch.randn(ROWS, 64)
-    assert ROWS * module.row_bytes * 4 > 2 * llama.CPU_ACTIVATION_BYTES       # three passes or more
+    assert ROWS * module.gate_up_width * 4 > 2 * llama.CPU_ACTIVATION_BYTES       # three passes or more
     with torch.no_grad():
         passes = module(x)
         monkeypatch.setattr(llama, "CPU_ACTIVATION_BYTES", 1 << 40)

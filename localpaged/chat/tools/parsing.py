@@ -242,14 +242,9 @@ class StreamParser:
         while self._buf and not call.args_done:
             ch = self._take_char()
             self._obj += ch
-            call.args += ch
-            self._out.append(ArgsDelta(call.index, ch))
-            call.args_done = call.args_scanner.step(ch)
+            self._args_char(ch)
         if call.args_done:
-            self.segments.append(_Segment(call=ToolCall(self._ids[call.index], call.name, call.args),
-                                          raw=self._region[self._raw_from:]))
-            self._raw_from = len(self._region)
-            self._state = "after"
+            self._call_done()
         return True
 
     def _take_char(self) -> str:
@@ -268,11 +263,7 @@ class StreamParser:
         self._obj += ch
         call = self._call
         if call.args_scanner is not None and not call.args_done:
-            if call.args_scanner.started or not ch.isspace():
-                call.args += ch
-                self._out.append(ArgsDelta(call.index, ch))
-            if call.args_scanner.step(ch):
-                call.args_done = True
+            self._args_char(ch)
         done = self._scanner.step(ch)
         if call.index is None and not done:
             m = _NAME_FIRST.fullmatch(self._obj)
@@ -286,6 +277,15 @@ class StreamParser:
                     call.args_scanner = JsonScanner()
         if done:
             self._object_done()
+
+    def _args_char(self, ch: str) -> None:
+        """One character of the announced call's arguments: streamed (leading whitespace
+        dropped) until its JSON value ends."""
+        call = self._call
+        if call.args_scanner.started or not ch.isspace():
+            call.args += ch
+            self._out.append(ArgsDelta(call.index, ch))
+        call.args_done = call.args_scanner.step(ch)
 
     def _announce(self, name: str) -> None:
         index = len(self._ids)
@@ -308,6 +308,12 @@ class StreamParser:
             self._announce(name)
             call.args = json.dumps(args, ensure_ascii=False)
             self._out.append(ArgsDelta(call.index, call.args))
+        self._call_done()
+
+    def _call_done(self) -> None:
+        """The current call is whole: its segment (with the region text it came from), then
+        what follows a call."""
+        call = self._call
         self.segments.append(_Segment(call=ToolCall(self._ids[call.index], call.name, call.args),
                                       raw=self._region[self._raw_from:]))
         self._raw_from = len(self._region)

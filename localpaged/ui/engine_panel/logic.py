@@ -122,7 +122,7 @@ class KvMap:
             return hit[1]
         try:
             messages = chat_prompt(conv.system_prompt, branch.path, self.controller.store)
-            prompt = backend.image_prompt(messages) or backend.prompt_ids(messages)
+            prompt = backend.request_prompt(messages)
         except ValueError:          # images this model takes none of: no blocks to show
             prompt = []
         with self._lock:
