@@ -114,6 +114,38 @@ inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
   }
 }
 
+// How far ahead the x8 loops ask for their weights' lines, in bytes: into L2 `far` ahead (0: no
+// prefetch) and, where `near` > 0, into L1 `near` ahead. Passes of several rows of x compute
+// more than they stream and take kX8NearFar on every CPU (a line in L1 when the loads reach it);
+// passes of one or two rows take x8_stream_prefetch() (by the CPU's maker, below).
+struct X8Prefetch {
+  int64_t near = 0, far = 0;
+};
+constexpr X8Prefetch kX8NearFar{1024, 4096};
+constexpr int64_t kStreamRows = 2;   // batches up to this many rows stream: x8_stream_prefetch
+
+// The prefetch of a pass of one or two rows of x over the weights (decode): such a pass
+// streams them from DRAM at the rate its requests run ahead of its loads. Which distances stream
+// fastest depends on the CPU's maker (bench/ggml_kernels.py measures it, docs/benchmarks.md
+// "Prefetch distances per CPU" has the figures): on Intel (Xeon Sapphire Rapids) kX8NearFar; on
+// AMD (Zen 4) none into L1, whose requests there hold the loop's own loads up, and 6 KB into L2.
+// LOCALPAGED_X8_PREFETCH="near,far" sets them (for the bench); read once per process.
+inline X8Prefetch x8_stream_prefetch() {
+  static const X8Prefetch d = [] {
+#if defined(__x86_64__) || defined(__i386__)
+    X8Prefetch p = __builtin_cpu_is("amd") ? X8Prefetch{0, 6144} : kX8NearFar;
+#else
+    X8Prefetch p = kX8NearFar;
+#endif
+    if (const char* env = std::getenv("LOCALPAGED_X8_PREFETCH")) {
+      long long near = 0, far = 0;
+      if (std::sscanf(env, "%lld,%lld", &near, &far) == 2 && near >= 0 && far > 0) p = {near, far};
+    }
+    return p;
+  }();
+  return d;
+}
+
 inline uint16_t u16(const uint8_t* p) {
   uint16_t v;
   std::memcpy(&v, p, sizeof v);
@@ -301,8 +333,9 @@ const uint8_t* x8_rows(const uint8_t* w, int64_t stride, bool x8, int64_t n0, in
 }
 
 // Rows [m0, m0 + tm) of x (tm <= kX8Rows) against one group of 8 weight rows in the x8 layout:
-// y[m * ldy + r]; `prefetch`: the group's lines are to be asked for ahead (its first pass).
-using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t tm, bool prefetch,
+// y[m * ldy + r]; `prefetch`: how far ahead the group's lines are asked for (its first pass;
+// the others X8Prefetch{}: none).
+using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t tm, X8Prefetch prefetch,
                       float* y, int64_t ldy);
 constexpr int64_t kX8Rows = 4;
 
@@ -326,7 +359,7 @@ struct PanelKernels {
   bool x8 = false;
 };
 using PairFn = void (*)(const uint8_t* g0, const uint8_t* g1, const Acts& a, int64_t m0, int64_t tm,
-                        bool prefetch, float* y, int64_t ldy);
+                        X8Prefetch prefetch, float* y, int64_t ldy);
 
 // A whole matmul on the AMX tiles: (activations, M, w, w's row stride, w in x8, N, y).
 using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, bool, int64_t, float*);
