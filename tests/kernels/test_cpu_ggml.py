@@ -404,3 +404,36 @@ def test_the_interleaved_layout_refuses_what_it_cannot_take(ggml):
         x8.interleave(blocks(T.Q8_0, 8, 256, seed=0), T.Q8_0)
     with pytest.raises(RuntimeError, match=r"Q8_0 \[8, 272\] is not in a layout this build interleaves"):
         x8.matmul_x8(torch.randn(1, 256), blocks(T.Q8_0, 8, 256, seed=0), T.Q8_0)
+
+
+def test_the_decode_prefetch_distances_change_no_bit(cpu_ext, tmp_path):
+    """LOCALPAGED_X8_PREFETCH (read once per process) moves only where the x8 loops of 1-2 rows
+    ask for lines ahead: y of the native build is the same bits under other distances."""
+    if not cpu_ext.ggml_interleaved_types():
+        pytest.skip("this build interleaves no format (no x8 loops)")
+    import os
+    import subprocess
+    import sys
+    flag = cpu_ext.ggml_interleaved_flag()
+    cases = []
+    for qtype in (T.Q4_K, T.Q6_K):
+        w = blocks(qtype, 64, 1024, seed=51)
+        wx = torch.empty_like(w)
+        cpu_ext.ggml_interleave(w, int(qtype), wx)
+        x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(52))
+        ys = [cpu_ext.ggml_matmul(x[:rows], wx, int(qtype) | flag) for rows in (1, 2)]
+        cases.append((int(qtype) | flag, wx, x, ys))
+    torch.save([(t, wx, x) for t, wx, x, _ in cases], tmp_path / "cases.pt")
+    child = ("import sys, torch\n"
+             "from localpaged.kernels import cpu_extension\n"
+             "cpu_extension.BUILD.wait()\n"
+             "m = cpu_extension.BUILD.module\n"
+             "cases = torch.load(sys.argv[1])\n"
+             "torch.save([[m.ggml_matmul(x[:r], wx, t) for r in (1, 2)] for t, wx, x in cases], sys.argv[2])\n")
+    for distances in ("0,64", "2048,16384"):
+        out = tmp_path / f"y-{distances}.pt"
+        subprocess.run([sys.executable, "-c", child, str(tmp_path / "cases.pt"), str(out)], check=True,
+                       env={**os.environ, "LOCALPAGED_X8_PREFETCH": distances}, timeout=600)
+        for (_, _, _, want), got in zip(cases, torch.load(out)):
+            for w_, g_ in zip(want, got):
+                assert torch.equal(w_, g_), distances
