@@ -108,7 +108,7 @@ class ToolRequest:
 
     def apply(self, params: SamplingParams) -> SamplingParams:
         """params held to the calls' grammar, keeping the markers the parser reads in the text
-        (unchanged for tool_choice "none")."""
+        (params itself, unchanged, for tool_choice "none")."""
         guided = self.guided()
         if guided is None:
             return params
@@ -158,9 +158,10 @@ def constrain(params: SamplingParams, body,
     """SamplingParams with the request's constraint (the calls' grammar when tools are offered,
     else the output constraint), and the parameter a compile error is to name."""
     spec, param = output_constraint(body)
-    if tools is not None and tools.guided() is not None:
+    held = tools.apply(params) if tools is not None else params
+    if held is not params:                    # the calls' grammar (tools offered, not "none")
         if spec is not None:
             raise _bad(param, f"'{param}' cannot be combined with tools unless tool_choice is "
                               "'none' (the reply is then held to it instead of calling tools).")
-        return tools.apply(params), "tools"
+        return held, "tools"
     return (replace(params, guided=spec) if spec is not None else params), param

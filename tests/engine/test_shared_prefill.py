@@ -21,12 +21,22 @@ def batch():
     return [prefix + [10, 11, 12], prefix + [20, 21], other, prefix[:20] + [30, 31, 32]]
 
 
-def alone(path, batch, steps=8):
-    """Each prompt's greedy tokens on an engine with nothing else in it."""
-    return [token_ids(LLM(path, num_kv_blocks=128).generate([p], greedy(steps)))[0] for p in batch]
+@pytest.fixture(scope="module")
+def alone(tiny_llama):
+    """(prompts, steps) -> each prompt's greedy tokens on an engine with nothing else in it;
+    each prompt and length computed once for the module."""
+    done: dict[tuple, list[int]] = {}
+
+    def run(batch, steps=8):
+        for p in batch:
+            if (tuple(p), steps) not in done:
+                llm = LLM(tiny_llama, num_kv_blocks=128)
+                done[tuple(p), steps] = token_ids(llm.generate([p], greedy(steps)))[0]
+        return [done[tuple(p), steps] for p in batch]
+    return run
 
 
-def test_prompts_sent_together_compute_their_common_blocks_once(tiny_llama, batch):
+def test_prompts_sent_together_compute_their_common_blocks_once(tiny_llama, batch, alone):
     llm = LLM(tiny_llama, num_kv_blocks=128, debug_checks=True)
     eng = llm.engine
     for i, p in enumerate(batch):
@@ -44,11 +54,12 @@ def test_prompts_sent_together_compute_their_common_blocks_once(tiny_llama, batc
     assert [o.metrics.num_cached_tokens for o in (got[0], got[2], got[3])] == [0, 0, 0]
     assert eng.num_tokens_computed == sum(len(p) for p in batch) - 192 + 7 * len(batch)
     assert eng.scheduler.num_shared_prefill_waits == 1
-    assert token_ids(got) == alone(tiny_llama, batch)
+    assert token_ids(got) == alone(batch)
     assert token_ids(got)[0] == hf_expected(tiny_llama, batch[0], greedy(8))
 
 
-def test_chunked_prefill_keeps_the_later_prompt_waiting_until_every_common_block_is_in(tiny_llama, batch):
+def test_chunked_prefill_keeps_the_later_prompt_waiting_until_every_common_block_is_in(
+        tiny_llama, batch, alone):
     """A budget of 150 tokens: the first prompt's first chunk fills step 1; in step 2 its last
     53 tokens leave room, but blocks 9-11 of the common 12 are still being computed."""
     llm = LLM(tiny_llama, num_kv_blocks=128, max_num_batched_tokens=150, debug_checks=True)
@@ -56,15 +67,15 @@ def test_chunked_prefill_keeps_the_later_prompt_waiting_until_every_common_block
     assert got[1].metrics.num_cached_tokens == 192
     assert llm.engine.num_tokens_computed == len(batch[0]) + len(batch[1]) - 192 + 7 * 2
     assert llm.engine.scheduler.num_shared_prefill_waits == 1
-    assert token_ids(got) == alone(tiny_llama, batch[:2])
+    assert token_ids(got) == alone(batch[:2])
 
 
-def test_without_the_prefix_cache_nothing_waits(tiny_llama, batch):
+def test_without_the_prefix_cache_nothing_waits(tiny_llama, batch, alone):
     llm = LLM(tiny_llama, num_kv_blocks=128, enable_prefix_caching=False)
     got = llm.generate(batch, greedy(8))
     assert llm.engine.scheduler.num_shared_prefill_waits == 0
     assert llm.engine.num_tokens_computed == sum(len(p) for p in batch) + 7 * len(batch)
-    assert token_ids(got) == alone(tiny_llama, batch)
+    assert token_ids(got) == alone(batch)
 
 
 def test_prompt_logprobs_never_wait(tiny_llama, batch):
@@ -75,7 +86,7 @@ def test_prompt_logprobs_never_wait(tiny_llama, batch):
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_sharing_prompts_under_preemption_give_the_same_tokens(tiny_llama, mode):
+def test_sharing_prompts_under_preemption_give_the_same_tokens(tiny_llama, mode, alone):
     """Eight prompts in four pairs that share their first 100 tokens, in a cache that holds
     a few: groups are preempted while others wait on their blocks; nothing is lost or changed."""
     heads = prompts(4, seed=41, lo=100, hi=101)
@@ -86,7 +97,7 @@ def test_sharing_prompts_under_preemption_give_the_same_tokens(tiny_llama, mode)
     got = token_ids(llm.generate(batch, greedy(24)))
     stats = llm.stats()
     assert stats.num_preemptions > 0 and llm.engine.scheduler.num_shared_prefill_waits > 0
-    assert got == alone(tiny_llama, batch, steps=24)
+    assert got == alone(batch, steps=24)
     assert stats.blocks_in_use == 0
 
 
@@ -105,7 +116,7 @@ def test_an_interactive_prompt_never_waits_on_background_work(tiny_llama, batch)
     assert eng.scheduler.num_shared_prefill_waits == 0
 
 
-def test_background_prompts_share_their_prefill_too(tiny_llama, batch):
+def test_background_prompts_share_their_prefill_too(tiny_llama, batch, alone):
     eng = LLMEngine(EngineConfig(model=tiny_llama, num_kv_blocks=128, max_num_batched_tokens=250,
                                  debug_checks=True))
     for rid, prompt in (("bg", batch[0]), ("bg2", batch[1])):
@@ -115,4 +126,4 @@ def test_background_prompts_share_their_prefill_too(tiny_llama, batch):
         outs.update({o.request_id: o for o in eng.step() if o.finished})
     assert eng.scheduler.num_shared_prefill_waits == 1
     assert outs["bg2"].metrics.num_cached_tokens == 192
-    assert token_ids([outs["bg"], outs["bg2"]]) == alone(tiny_llama, batch[:2], steps=4)
+    assert token_ids([outs["bg"], outs["bg2"]]) == alone(batch[:2], steps=4)
