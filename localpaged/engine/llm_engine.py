@@ -9,7 +9,8 @@ abort and the out-of-memory path finish groups through the same update. The engi
 
 Names: `block_manager` is a core.block_manager.BlockManager (block tables, in block ids), built
 with every other part by engine.assembly (`assemble`: loading, KV sizing, the block manager,
-scheduler, runner, drafter and disk tier); `kv_cache` holds the K/V tensors. With
+scheduler, runner, drafter and disk tier); `kv_cache` holds the K/V tensors. A step's drafts
+are cut or made by engine.draft_steps; `stats()` is engine.engine_stats over the parts. With
 `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends with
 `check_invariants()`.
 See docs/architecture.md §5 (the life of a request, from make_group to the output).
@@ -35,17 +36,17 @@ from localpaged.core.request import (
 )
 from localpaged.core.sampling_params import SamplingParams, check_priority
 from localpaged.core.scheduler import SchedulerOutput, StepResult
-from localpaged.core.speculation import draft_room, eligible
 from localpaged.engine import kv_sizing, step_decisions
 from localpaged.engine.assembly import assemble
 from localpaged.engine.detokenizer import detokenize, kept_special, start_offsets
 from localpaged.engine.draft_model import DraftModel
+from localpaged.engine.draft_steps import account_drafts, constrain_drafts
+from localpaged.engine.engine_stats import engine_stats
 from localpaged.engine.grammar import step_masks
-from localpaged.engine.multimodal import ImagePrompt, prompt_images
+from localpaged.engine.multimodal import ImagePrompt, ids_and_images, prompt_images
 from localpaged.engine.outputs import (
     EngineInfo,
     EngineStats,
-    KVGroupStats,
     RequestOutput,
     SeqStep,
     StepRecord,
@@ -60,6 +61,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         p = assemble(config)          # engine/assembly.py: loading, KV sizing, every part
+        self._parts = p               # read by engine_stats; the same objects as the fields below
         self.device, self.dtype, self.kv_cache_dtype = p.device, p.dtype, p.kv_cache_dtype
         self.model, self.tokenizer, self.model_config = p.model, p.tokenizer, p.model_config
         self.eos_token_ids, self.model_source = p.eos_token_ids, p.model_source
@@ -189,7 +191,7 @@ class LLMEngine:
         with phase("schedule"):
             if self.drafter is not None:
                 self.drafter.attach(self.scheduler.running)
-            jumped = self._constrain_drafts()
+            jumped = constrain_drafts(self.scheduler.running, self.config.jump_forward)
             out = self.scheduler.schedule()
         masks = self._masks_ahead(out)
         logits, rows, prompt_lps = self.runner.execute(out, timings)
@@ -212,7 +214,7 @@ class LLMEngine:
             drafted, accepted = result.drafts.pop(seq_id, (0, 0))
             self.jump_forward_tokens += accepted
         if self.drafter is not None:
-            self._account_drafts(out, result, time.perf_counter() - started)
+            account_drafts(self.drafter, out, result, time.perf_counter() - started)
         self._update(out, result)
         # A prompt chunk that sampled nothing still reports its prefill progress.
         touched += [it.group for it in out.scheduled
@@ -233,47 +235,6 @@ class LLMEngine:
         if self._mask_worker is None:
             self._mask_worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
         return self._mask_worker.submit(step_masks, out.scheduled)
-
-    def _constrain_drafts(self) -> set[int]:
-        """Drafts cut before a position a thinking budget forces, and drafts of constrained
-        sequences cut at the first token their grammar refuses; where a
-        decoding sequence has no draft and its grammar forces text next, that text's tokens are
-        its draft (jump-forward: verified in this one step, kept exactly as decoding would keep
-        them). Returns the seq_ids drafted by jump-forward."""
-        jumped: set[int] = set()
-        for group in self.scheduler.running:
-            for seq in group.unfinished_seqs():
-                if seq.reasoning is not None and seq.num_draft_tokens:   # reasoning_budget.py
-                    draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
-                    seq.drop_drafts(keep=seq.reasoning.check_draft(draft))
-                if seq.grammar is None or seq.num_uncomputed_tokens != 1 + seq.num_draft_tokens:
-                    continue
-                if seq.num_draft_tokens:
-                    draft = seq.token_ids[len(seq.token_ids) - seq.num_draft_tokens:]
-                    seq.drop_drafts(keep=seq.grammar.check_draft(draft))
-                elif self.config.jump_forward and eligible(group) and (
-                        tokens := seq.grammar.jump_forward(draft_room(group, seq))):
-                    if seq.reasoning is not None:
-                        tokens = tokens[:seq.reasoning.check_draft(tokens)]
-                    if not tokens:
-                        continue
-                    seq.token_ids.extend(tokens)
-                    seq.num_draft_tokens = len(tokens)
-                    jumped.add(seq.seq_id)
-        return jumped
-
-    def _account_drafts(self, out: SchedulerOutput, result: StepResult, seconds: float) -> None:
-        """Per sequence, what its draft earned; for a decode-only step, what it cost."""
-        decode_only = bool(out.scheduled)
-        for item in out.scheduled:
-            drafted, accepted = result.drafts.get(item.seq.seq_id, (0, 0))
-            if drafted:
-                self.drafter.verified(item.seq, drafted, accepted)
-            # runner.is_decode as it was at the forward (computed tokens move on in _update)
-            decode_only &= item.seq.num_computed_tokens > 0 and item.num_tokens == 1 + drafted
-        if decode_only:       # the verification's cost: the draft model's is its own figure
-            self.drafter.cost.observe(seconds - self.drafter.model_seconds,
-                                      sum(d for d, _ in result.drafts.values()))
 
     def _end(self, seq: Sequence, reason: str, detail: str) -> None:
         """Finish seq from outside its own step (abort, out of memory), flushing its text."""
@@ -327,44 +288,7 @@ class LLMEngine:
                           c.max_num_seqs, c.max_num_batched_tokens, c.block_size)
 
     def stats(self, with_block_tables: bool = False) -> EngineStats:
-        kv, sched = self.block_manager, self.scheduler
-        blocks = kv.usage()
-        running = [s for g in sched.running for s in g.unfinished_seqs()]
-        tables = {}
-        if with_block_tables:          # group 0's held blocks (a sliding group 0's NULL entries
-            # left out), one list per output: empty for one that ended before its siblings
-            tables = {g.request_id: [[] if s.is_finished else kv.live_block_ids(s) for s in g.seqs]
-                      for g in sched.running}
-        return EngineStats(
-            num_blocks=blocks.num_blocks, block_size=kv.block_size, blocks_in_use=blocks.in_use,
-            blocks_cached=blocks.cached, blocks_free=blocks.free, blocks_shared=blocks.shared,
-            blocks_without_sharing=blocks.table_entries, tokens_in_use=kv.num_stored_tokens(running),
-            prefix_cache_queries=kv.prefix_cache_queries, prefix_cache_hits=kv.prefix_cache_hits,
-            num_preemptions=sched.num_preemptions, num_swapped_out=sched.num_swapped_out,
-            num_cpu_blocks=blocks.num_cpu_blocks, cpu_blocks_in_use=blocks.cpu_in_use,
-            num_running=len(sched.running), num_waiting=len(sched.waiting),
-            num_swapped=len(sched.swapped), block_tables=tables,
-            weights_bytes=self.weights_bytes, weights_format=self.weights_format,
-            draft_tokens=self.drafter.drafted if self.drafter else 0,
-            accepted_draft_tokens=self.drafter.accepted if self.drafter else 0,
-            kv_groups=self._group_stats(running),
-            prefix_cache_disk_hits=kv.prefix_cache_disk_hits,
-            kv_disk=self.kv_disk.stats() if self.kv_disk is not None else None,
-            kernels=self.kernels, weight_formats=dict(self.weight_formats),
-            encoder_runs=self.encoder.runs if self.encoder else 0,
-            encoder_cache_hits=self.encoder.hits if self.encoder else 0)
-
-    def _group_stats(self, running: list[Sequence]) -> tuple[KVGroupStats, ...]:
-        """Per KV-cache group, for a model with windows (empty without: the fields above)."""
-        kv = self.block_manager
-        if kv.windows == (0,):
-            return ()
-        return tuple(KVGroupStats(
-            window=w, num_layers=len(self.model.kv_groups.layers(g.group)),
-            num_blocks=u.num_blocks, blocks_in_use=u.in_use, blocks_cached=u.cached,
-            tokens_held=g.num_stored_tokens(running),
-            bytes_saved=g.num_null_entries() * self.kv_plan.bytes_per_block[g.group])
-            for g, w, u in zip(kv.groups, kv.windows, kv.group_usage()))
+        return engine_stats(self._parts, with_block_tables)
 
     def prefetch(self, prompt: list[int] | ImagePrompt, max_blocks: int | None = None) -> int:
         """Read the blocks of the prompt's longest prefix that the disk tier holds into free KV
@@ -374,7 +298,7 @@ class LLMEngine:
         are carried out here, in order, as the next step would."""
         if self.kv_disk is None:
             return 0
-        ids, images = _ids_and_images(prompt)
+        ids, images = ids_and_images(prompt)
         read = self.block_manager.prefetch(ids, max_blocks, images)
         for op in self.block_manager.take_block_ops():
             self.kv_cache.apply(op, self.backend)
@@ -387,18 +311,12 @@ class LLMEngine:
 
     def cached_prefix_blocks(self, prompt: list[int] | ImagePrompt) -> list[int]:
         """Ids of the cached blocks that hold a prefix of the prompt (for the UI's KV map)."""
-        return self.block_manager.cached_prefix_block_ids(*_ids_and_images(prompt))
+        return self.block_manager.cached_prefix_block_ids(*ids_and_images(prompt))
 
     def cached_prefix_tokens(self, prompt: list[int] | ImagePrompt) -> int:
         """Prompt tokens a request for this prompt (token ids, or an ImagePrompt: its images'
         blocks are keyed by their hashes) would get from the prefix cache if admitted now (its
         `num_cached_tokens`); the rest it prefills. Read-only, counts no query. Admission
         always computes the last prompt token, so only tokens before it count."""
-        return self.block_manager.cached_prefix_tokens(*_ids_and_images(prompt))
+        return self.block_manager.cached_prefix_tokens(*ids_and_images(prompt))
 
-
-def _ids_and_images(prompt: list[int] | ImagePrompt) -> tuple[list[int], tuple]:
-    """A preview's prompt as the block manager takes it: token ids and the images' spans."""
-    if isinstance(prompt, ImagePrompt):
-        return list(prompt.token_ids), tuple(prompt.images)
-    return list(prompt), ()

@@ -137,3 +137,10 @@ def prompt_images(prompt: object, ids: list[int], tower: VisionTower | None) -> 
     if outside:
         raise ValueError(f"the prompt holds {outside} image placeholder tokens that no image fills")
     return tuple(images)
+
+
+def ids_and_images(prompt: list[int] | ImagePrompt) -> tuple[list[int], tuple]:
+    """A preview's prompt as the block manager takes it: token ids and the images' spans."""
+    if isinstance(prompt, ImagePrompt):
+        return list(prompt.token_ids), tuple(prompt.images)
+    return list(prompt), ()
