@@ -75,16 +75,18 @@ def child(model: str, quantization: str) -> dict:
     import transformers  # noqa: F401 - imported before the baseline is taken
 
     from localpaged.quant.linear import weights_summary
-    from localpaged.runner import loader
+    from localpaged.runner import loader, weight_placement
 
     phases: list[dict] = []
     loader.AutoConfig = SimpleNamespace(
         from_pretrained=_phase("config", transformers.AutoConfig.from_pretrained, phases))
     loader.AutoTokenizer = SimpleNamespace(
         from_pretrained=_phase("tokenizer", transformers.AutoTokenizer.from_pretrained, phases))
-    for name, label in (("read_gguf", "gguf tensors"), ("install", "install packed"),
-                        ("_load_weights", "load_state_dict"), ("_eos_ids", "eos ids")):
-        setattr(loader, name, _phase(label, getattr(loader, name), phases))
+    for owner, name, label in ((loader, "read_gguf", "gguf tensors"),
+                               (weight_placement, "install", "install packed"),
+                               (loader, "load_weights", "load_state_dict"),
+                               (loader, "_eos_ids", "eos ids")):
+        setattr(owner, name, _phase(label, getattr(owner, name), phases))
     gc.collect()
     base = _status()
     _reset_peak()

@@ -355,7 +355,7 @@ def _source() -> dict:
     return out
 
 
-LOADER_PARTS = ("load", "_config", "_tokenizer", "read_gguf", "_install_packed", "_load_weights",
+LOADER_PARTS = ("load", "_config", "_tokenizer", "read_gguf", "install_packed", "load_weights",
                 "_eos_ids")
 
 

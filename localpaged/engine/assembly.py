@@ -35,6 +35,7 @@ from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.grammar import GrammarCompiler
 from localpaged.engine.multimodal import ImagePreprocessor
 from localpaged.kernels import kv_quant
+from localpaged.models import Model
 from localpaged.models.attention import PagedAttention
 from localpaged.quant.linear import kernels_summary, weight_formats, weights_summary
 from localpaged.runner import loader, startup_check
@@ -53,7 +54,7 @@ class EngineParts:
     device: torch.device
     dtype: torch.dtype
     kv_cache_dtype: torch.dtype
-    model: loader.Model
+    model: Model
     tokenizer: object
     model_config: PretrainedConfig
     eos_token_ids: set[int]
@@ -141,7 +142,7 @@ def assemble(config: EngineConfig) -> EngineParts:
         encoder=encoder, images=images, drafter=drafter, grammars=grammars)
 
 
-def attach_disk(c: EngineConfig, src: ModelSource, model: loader.Model,
+def attach_disk(c: EngineConfig, src: ModelSource, model: Model,
                 mc: PretrainedConfig, dtype: torch.dtype, kv_cache_dtype: torch.dtype,
                 weights_format: str, block_manager: BlockManager,
                 kv_cache: KVCache) -> KVDiskStore | None:
@@ -161,7 +162,7 @@ def attach_disk(c: EngineConfig, src: ModelSource, model: loader.Model,
     return store
 
 
-def build_draft_model(c: EngineConfig, model: loader.Model, device: torch.device,
+def build_draft_model(c: EngineConfig, model: Model, device: torch.device,
                       dtype: torch.dtype, plan: kv_sizing.KVPlan, tokenizer: object,
                       vocab_size: int) -> DraftModel | None:
     """The draft model, with as many KV blocks of its own as the target's group 0 has, its
@@ -185,7 +186,7 @@ def model_max_len(mc: PretrainedConfig, c: EngineConfig) -> int:
     return min(limit, c.max_model_len or limit)
 
 
-def kv_plan(c: EngineConfig, mc: PretrainedConfig, model: loader.Model, device: torch.device,
+def kv_plan(c: EngineConfig, mc: PretrainedConfig, model: Model, device: torch.device,
             kv_cache_dtype: torch.dtype) -> kv_sizing.KVPlan:
     """Blocks per KV-cache group, device and CPU swap (engine.kv_sizing: sliding groups get
     what their windows need, group 0 the rest). The device budget: num_kv_blocks when set

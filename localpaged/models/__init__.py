@@ -18,6 +18,8 @@ from localpaged.models.llama import LlamaForCausalLM
 from localpaged.models.vision.gemma3 import Gemma3Vision
 from localpaged.models.vision.idefics3 import Idefics3Vision
 
+Model = LlamaForCausalLM | Gemma3ForCausalLM       # what build_model makes
+
 # model_type -> (transformers' class name, ours)
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", LlamaForCausalLM),
@@ -43,7 +45,7 @@ def check_architecture(model_type: str | None, architectures: list[str] | None =
         raise ValueError(f"unsupported architecture {arch}; supported: {supported}")
 
 
-def build_model(config: PretrainedConfig) -> LlamaForCausalLM | Gemma3ForCausalLM:
+def build_model(config: PretrainedConfig) -> Model:
     check_architecture(config.model_type, getattr(config, "architectures", None))
     return ARCHITECTURES[config.model_type][1](config)
 

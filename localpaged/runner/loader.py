@@ -6,45 +6,36 @@ file, llama.cpp's) loads that projector as its vision tower (runner/mmproj.py); 
 alone is not a model.
 `trust_remote_code` is never enabled: only architectures implemented in localpaged.models load.
 
-Progress: inside `with reporting_progress(report):`, a load in that context (the thread that
-calls it: LLM(...) loads in its caller's thread) calls `report(fraction, what)` as it goes:
-fraction 0..1 of the load (LOAD_STEPS: files found, config and tokenizer, weights read tensor
-by tensor or file by file, packed weights installed and float weights placed layer by layer;
-the fractions never decrease), `what` a short phrase. It never
-reaches 1.0 here: the engine still sizes its KV cache after the loader returns, so the
-caller says when the model is ready. Outside such a block nothing is reported.
+Progress: a load inside `with reporting_progress(report):` reports as it goes
+(runner/load_progress.py). Weights go into the meta-built model by runner/weight_placement.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
 import functools
 import glob
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
 from localpaged.kernels import cpu_extension
-from localpaged.models import Gemma3ForCausalLM, LlamaForCausalLM, build_model
-from localpaged.models.llama import fuse_state_dict
+from localpaged.models import Model, build_model
 from localpaged.models.vision import VisionTower
-from localpaged.quant.convert import fuse_biases, fuse_packed, read_safetensors
+from localpaged.quant.convert import fuse_biases, read_safetensors
 from localpaged.quant.ggml import NativeKernel, cpu_native
 from localpaged.quant.gguf import FLOAT_TYPES, read_gguf
 from localpaged.quant.gguf_file import GgufFile
 from localpaged.quant.gptq_awq import drop_unused_zero_biases, read_prequantized
-from localpaged.quant.linear import QuantLinear, install, weights_summary
+from localpaged.quant.linear import weights_summary
 from localpaged.quant.memory import trim_heap
 from localpaged.runner import mmproj, vision_loader
 from localpaged.runner.gguf_meta import config_and_tokenizer
+from localpaged.runner.load_progress import progress_of, report
 from localpaged.runner.startup_check import triton_ggml_native
 from localpaged.runner.model_check import (
     built_config,
@@ -55,44 +46,9 @@ from localpaged.runner.model_check import (
     safetensors_shapes,
 )
 from localpaged.runner.model_source import ModelNotFoundError, ModelSource, resolve
+from localpaged.runner.weight_placement import install_packed, load_weights
 
 logger = logging.getLogger(__name__)
-
-Model = LlamaForCausalLM | Gemma3ForCausalLM       # what build_model makes (models/__init__.py)
-
-LoadProgress = Callable[[float, str], None]         # (fraction of the load done, what it does)
-# Where each part of a load starts, as a fraction of the whole; reading the weights is most of it.
-LOAD_STEPS = {"resolve": 0.0, "config": 0.03, "tokenizer": 0.06, "weights": 0.10,
-              "install": 0.85, "place": 0.91, "finish": 0.97}
-_PROGRESS: contextvars.ContextVar[LoadProgress | None] = contextvars.ContextVar(
-    "localpaged_load_progress", default=None)
-
-
-@contextlib.contextmanager
-def reporting_progress(report: LoadProgress):
-    """Loads in this context report to `report` (see the module doc); nested blocks: the inner."""
-    token = _PROGRESS.set(report)
-    try:
-        yield
-    finally:
-        _PROGRESS.reset(token)
-
-
-def _report(step: str, what: str, done: int = 0, total: int = 0) -> None:
-    """Progress at `step`, `done` of `total` units into it (the span up to the next step)."""
-    report = _PROGRESS.get()
-    if report is None:
-        return
-    steps = list(LOAD_STEPS)
-    start = LOAD_STEPS[step]
-    end = LOAD_STEPS[steps[steps.index(step) + 1]] if step != steps[-1] else 1.0
-    fraction = start + (end - start) * (done / total if total else 0.0)
-    report(round(fraction, 4), f"{what} ({done}/{total})" if total else what)
-
-
-def _progress_of(step: str, what: str) -> Callable[[int, int], None]:
-    return lambda done, total: _report(step, what, done, total)
-
 
 @dataclass
 class LoadedModel:
@@ -125,10 +81,10 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
          quantization: str = "auto") -> LoadedModel:
     """The model named `name` on `device`; `quantization` is one of config.QUANTIZATION, checked
     by EngineConfig (the engine's one way in)."""
-    _report("resolve", "finding the model files")
+    report("resolve", "finding the model files")
     source = resolve(name, revision)
     stamp = _file_stamp(source)
-    _report("config", "reading the config")
+    report("config", "reading the config")
     config = copy.deepcopy(_config(source.path, source.gguf_file, stamp))    # each engine its own
     prequantized = getattr(config, "quantization_config", None)   # GPTQ / AWQ (quant/gptq_awq.py)
     whole = None                 # a vision-language model's config; `config` is its text model's
@@ -137,14 +93,14 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     _check_model_files(source, config)   # before any kernel sees a size or any weight is read
     with torch.device("meta"):            # no memory, no random init: the weights come next
         model = build_model(config)      # refuses unsupported architectures before any weight I/O
-    _report("tokenizer", "building the tokenizer")
+    report("tokenizer", "building the tokenizer")
     tokenizer = _tokenizer(source.path, source.gguf_file, stamp)
-    _report("weights", "reading weights")
+    report("weights", "reading weights")
     packed: dict = {}
     if source.gguf_file:         # tensor by tensor; quantized types stay packed (quant/gguf.py)
         path = os.path.join(source.path, source.gguf_file)
         state, packed = read_gguf(path, config, quantization, _gguf_kernel(path, device, quantization),
-                                  on_tensor=_progress_of("weights", "reading tensors"))
+                                  on_tensor=progress_of("weights", "reading tensors"))
     elif prequantized:
         qc = prequantized if isinstance(prequantized, dict) else prequantized.to_dict()
         state, packed = read_prequantized(source.path, qc, quantization, dtype)
@@ -161,13 +117,13 @@ def load(name: str, device: torch.device, dtype: torch.dtype, revision: str | No
     elif source.gguf_file and (projectors := mmproj.mmproj_files(source.path)):
         logger.info("vision projector %s beside %s", os.path.basename(projectors[0]), source.gguf_file)
         _, tower, processor = mmproj.load_mmproj(projectors[0], config, tokenizer, device, dtype)
-    _report("install", "installing weights")
+    report("install", "installing weights")
     if packed:
-        _install_packed(model, packed, device, dtype)     # consumes `packed`
+        install_packed(model, packed, device, dtype)     # consumes `packed`
         state = fuse_biases(state)
         logger.info("weights: %s", weights_summary(model)[1])
-    _load_weights(model, state, device, dtype)      # consumes `state`
-    _report("finish", "finishing")
+    load_weights(model, state, device, dtype)      # consumes `state`
+    report("finish", "finishing")
     if device.type == "cpu":
         _use_cpu_kernels(model)
     eos = _eos_ids(source, config, tokenizer)
@@ -202,7 +158,7 @@ def _gguf_kernel(path: str, device: torch.device, quantization: str) -> NativeKe
     if all(t.kind in FLOAT_TYPES for t in GgufFile(path).tensors):
         return None
     if not cpu_extension.BUILD.done.is_set():
-        _report("weights", "compiling the CPU kernels (once for this machine)")
+        report("weights", "compiling the CPU kernels (once for this machine)")
     return cpu_native()
 
 
@@ -253,90 +209,9 @@ def _safetensors_state_dict(path: str) -> dict[str, torch.Tensor]:
         raise ModelNotFoundError(f"no *.safetensors weights in {path}")
     state: dict[str, torch.Tensor] = {}
     for i, file in enumerate(tqdm(files, desc="loading weights", unit="shard", disable=len(files) < 2)):
-        _report("weights", "reading weight files", i, len(files))
+        report("weights", "reading weight files", i, len(files))
         state.update(load_file(file))
     return state
-
-
-def _load_weights(model: Model, state: dict, device: torch.device, dtype: torch.dtype) -> None:
-    """The float weights into the model: `state` is consumed (emptied) layer by layer, so each
-    source tensor is freed once its final form exists. On CPU the final tensors become the
-    parameters (assign=True; to_empty's pages were never touched, so never resident): no second
-    copy of the model. On a GPU to_empty's memory is real, so the weights are copied into it."""
-    _empty_on(model, device, dtype)           # quantized modules hold no parameters: untouched
-    assign = device.type == "cpu"
-    final = _final_tensors(state, device, dtype, assign)
-    _check_shapes(model, final)
-    missing, unexpected = model.load_state_dict(final, strict=False, assign=assign)
-    tied = model.config.tie_word_embeddings
-    if tied and not isinstance(model.lm_head, QuantLinear):
-        model.lm_head.weight = model.model.embed_tokens.weight
-    missing = [k for k in missing if not (k == "lm_head.weight" and tied)]
-    unexpected = [k for k in unexpected if "rotary_emb" not in k]
-    if missing or unexpected:
-        raise ValueError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    # rebuilt off the meta device, in fp32 as in transformers (Rotary, or Gemma's LayerRotaries)
-    model.rotary = type(model.rotary)(model.config, model.head_dim).to(device)
-    model.eval().requires_grad_(False)
-
-
-def _empty_on(model: Model, device: torch.device, dtype: torch.dtype) -> None:
-    """model.to_empty(device).to(dtype) for the meta model, parameter by parameter: to_empty's
-    empty_like on meta tensors goes through torch._refs, whose first use imports torch's
-    symbolic-shapes machinery, a cost on every model load (docs/benchmarks.md, 'Start-up')."""
-    for module in model.modules():
-        for table in (module._parameters, module._buffers):
-            for name, t in table.items():
-                if t is not None and t.is_meta:
-                    new = torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype,
-                                      device=device)
-                    table[name] = nn.Parameter(new, requires_grad=False) if table is module._parameters else new
-
-
-def _check_shapes(model: Model, weights: dict[str, torch.Tensor]) -> None:
-    """A weight of another shape than the model's (a damaged or mislabelled file): an error
-    naming it, before torch's own."""
-    expected = model.state_dict(keep_vars=True)
-    for name, w in weights.items():
-        want = expected.get(name)
-        if want is not None and tuple(w.shape) != tuple(want.shape):
-            raise ValueError(f"{name}: shape {'x'.join(map(str, w.shape))} does not match the "
-                             f"model's {'x'.join(map(str, want.shape))}")
-
-
-def _by_layer(weights: dict) -> list[list[str]]:
-    """Weight names grouped by decoder layer (fusion never crosses one); the embedding's group
-    last, so install() ties lm_head to the installed embedding once, after everything else."""
-    groups: dict[str, list[str]] = {}
-    for key in weights:
-        prefix = ".".join(key.split(".")[:3]) if key.startswith("model.layers.") else key
-        groups.setdefault(prefix, []).append(key)
-    return sorted(groups.values(), key=lambda keys: keys[0].startswith("model.embed_tokens."))
-
-
-def _install_packed(model: Model, packed: dict, device: torch.device,
-                    dtype: torch.dtype) -> None:
-    """Packed weights fused and installed layer by layer, popping `packed`: the unfused, fused
-    and device (CPU int4) forms of one layer coexist, never those of the whole model."""
-    groups = _by_layer(packed)
-    for i, keys in enumerate(groups):
-        _report("install", "installing layers", i, len(groups))
-        part = fuse_packed({k: packed.pop(k) for k in keys})
-        install(model, {k: v.to(device) for k, v in part.items()}, dtype)
-        del part
-        trim_heap()                    # the layer's unfused forms: freed, back to the OS
-
-
-def _final_tensors(state: dict, device: torch.device, dtype: torch.dtype, cast: bool) -> dict:
-    """Fused tensors (layer by layer, see fuse_state_dict), cast to (device, dtype) if `cast`;
-    pops `state` as it goes."""
-    out: dict[str, torch.Tensor] = {}
-    groups = _by_layer(state)
-    for i, keys in enumerate(groups):
-        _report("place", "placing layers", i, len(groups))
-        part = fuse_state_dict({k: state.pop(k) for k in keys})
-        out.update({k: v.to(device=device, dtype=dtype) if cast else v for k, v in part.items()})
-    return out
 
 
 def _eos_ids(source: ModelSource, config: PretrainedConfig, tokenizer) -> set[int]:

@@ -1,6 +1,6 @@
 """The models on the machine (runner/model_catalog.py), the Hub client (runner/hub_client.py,
 with a fake HfApi and a fake snapshot_download: no network) and the loader's progress hooks
-(runner/loader.py `reporting_progress`).
+(runner/load_progress.py `reporting_progress`).
 
 The truths compared against: transformers' own parameter count of the same weights, the
 engine's own KV bytes a block (runner/kv_cache.bytes_per_block), the GGUF writer's tensors
@@ -21,7 +21,7 @@ import torch
 from helpers import ggml_models
 from helpers import tiny_models
 from helpers.hub_fakes import fake_snapshot_download
-from localpaged.runner import hub_client, loader, model_source
+from localpaged.runner import hub_client, load_progress, loader, model_source
 from localpaged.runner.kv_cache import bytes_per_block
 from localpaged.runner.model_catalog import human_bytes, scan, scan_folder, scan_hub_cache
 
@@ -189,12 +189,12 @@ def test_loader_reports_progress_tensor_by_tensor(tmp_path):
     path = ggml_models.write_tiny_gguf(str(tmp_path), tensor_type="Q8_0")
     n_tensors = len(ggml_models.gguf_tensors())
     seen: list[tuple[float, str]] = []
-    with loader.reporting_progress(lambda f, what: seen.append((f, what))):
+    with load_progress.reporting_progress(lambda f, what: seen.append((f, what))):
         loaded = loader.load(path, torch.device("cpu"), torch.float32)
     assert loaded.model is not None
     fractions = [f for f, _ in seen]
     assert fractions == sorted(fractions) and 0.0 <= fractions[0] and fractions[-1] < 1.0
-    assert fractions[-1] == loader.LOAD_STEPS["finish"]
+    assert fractions[-1] == load_progress.LOAD_STEPS["finish"]
     reading = [what for _, what in seen if what.startswith("reading tensors")]
     assert reading == [f"reading tensors ({i}/{n_tensors})" for i in range(n_tensors)]
     assert any(what.startswith("installing layers") for _, what in seen)

@@ -14,7 +14,7 @@ backend's public `stats()` (EngineStats.weights_format), never from the engine's
 Progress: a factory reports `progress(phase, detail)` (the CLI's start-up passes its own); the
 local one puts the load's percentage in the detail ("reading tensors (120/272) · 47%") and,
 given `fraction=` (a callable; ModelManager passes it to a factory whose `reports_fraction` is
-set), the fraction itself (runner/loader.py `reporting_progress`). `LoadJob.fraction` only
+set), the fraction itself (runner/load_progress.py `reporting_progress`). `LoadJob.fraction` only
 grows (a load's parts may report in any order) and is 1.0 once the model is ready.
 
 Memory (`memory`, a models.memory.ModelMemory, set by the CLI): a load that succeeds is
@@ -227,7 +227,7 @@ class LocalFactory:
                  fraction: Callable[[float], None] | None = None) -> ChatBackend:
         from localpaged.chat.backend import LocalChatBackend
         from localpaged.engine.async_engine import AsyncEngine
-        from localpaged.runner.loader import reporting_progress
+        from localpaged.runner.load_progress import reporting_progress
         def loading(done: float, what: str) -> None:
             progress("loading", f"{what} · {int(done * 100)}%")
             if fraction is not None:
