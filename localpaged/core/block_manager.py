@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from localpaged.core.block_pool import Block, BlockOp, BlockPool
-    from localpaged.core.kv_cache_manager import BlockUsage, KVCacheManager
+    from localpaged.core.block_usage import BlockUsage
+    from localpaged.core.kv_cache_manager import KVCacheManager
     from localpaged.core.multimodal import ImageSpan
     from localpaged.core.prefix_cache import DiskTier
     from localpaged.core.request import Sequence

@@ -1,9 +1,10 @@
 """KVCacheManager: block tables, copy-on-write, prefix caching and swap, in block ids only.
 
 This module owns the block tables, admission and allocation (copy-on-write, fork, free, trim),
-the queue of block moves, the pools' usage figures (BlockUsage) and `check()`; the prefix cache
-and the disk tier are its base `PrefixCaching` (core.prefix_cache), swap to the CPU pool its
-base `Swapping` (core.block_swap).
+the queue of block moves and `check()`; the prefix cache and the disk tier are its base
+`PrefixCaching` (core.prefix_cache), swap to the CPU pool its base `Swapping`
+(core.block_swap), the pools' usage figures (BlockUsage) its base `UsageFigures`
+(core.block_usage).
 
 Each sequence has a block table: the physical blocks holding its logical blocks 0, 1, 2, ...
 Token t of a sequence lives in slot ``table[t // B].block_id * B + t % B``.
@@ -29,8 +30,6 @@ See docs/architecture.md §2 (invariants) and §5 step 2 (admission, allocation)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from localpaged.core.block_invariants import InvariantError, check_pools
 from localpaged.core.block_pool import (
     NULL_BLOCK,
@@ -40,26 +39,14 @@ from localpaged.core.block_pool import (
     BlockPool,
 )
 from localpaged.core.block_swap import Swapping
+from localpaged.core.block_usage import BlockUsage, UsageFigures
 from localpaged.core.multimodal import chunk_tokens
 from localpaged.core.partial_prefix import TailIndex, tail_of
 from localpaged.core.prefix_cache import DiskTier, PrefixCaching
 from localpaged.core.request import Sequence
 
 
-@dataclass(frozen=True)
-class BlockUsage:
-    """A snapshot of the pools (device, and CPU for swap), in blocks."""
-    num_blocks: int
-    in_use: int              # ref_count > 0
-    cached: int              # ref_count == 0, still findable by the prefix cache
-    free: int                # ref_count == 0, no cached content
-    shared: int              # ref_count > 1
-    table_entries: int       # what the tables would hold if nothing were shared
-    num_cpu_blocks: int
-    cpu_in_use: int
-
-
-class KVCacheManager(PrefixCaching, Swapping):
+class KVCacheManager(PrefixCaching, Swapping, UsageFigures):
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
                  num_cpu_blocks: int = 0, watermark: float = 0.01, keep_runs: bool = False,
                  group: int = 0) -> None:
@@ -253,9 +240,6 @@ class KVCacheManager(PrefixCaching, Swapping):
         seq.num_computed_tokens = 0
 
     # ---- introspection ------------------------------------------------------------------------
-    def block_ids(self, seq: Sequence) -> list[int]:
-        return [b.block_id for b in self.tables.get(seq.seq_id, [])]
-
     def group_block_ids(self, group: int, seq: Sequence) -> list[int]:
         """Group `group`'s block table of seq: this manager's own (it is its only group)."""
         if group != 0:
@@ -267,42 +251,9 @@ class KVCacheManager(PrefixCaching, Swapping):
         """The managers of the KV-cache groups: this one alone."""
         return [self]
 
-    def live_block_ids(self, seq: Sequence) -> list[int]:
-        """The blocks seq holds (NULL entries left out): for a map of held blocks."""
-        return [b.block_id for b in self.tables.get(seq.seq_id, []) if b is not NULL_BLOCK]
-
     def group_usage(self) -> list[BlockUsage]:
         """usage() per KV-cache group: this manager is one group."""
         return [self.usage()]
-
-    def usage(self) -> BlockUsage:
-        """How the device and CPU pools' blocks are used now."""
-        held = [b for b in self.pool.blocks if b.ref_count > 0]
-        cached = self.pool.num_cached_free
-        cpu = self.cpu_pool
-        return BlockUsage(self.pool.num_blocks, len(held), cached, self.pool.num_free - cached,
-                          sum(1 for b in held if b.ref_count > 1), self.num_table_entries(),
-                          cpu.num_blocks if cpu else 0, cpu.num_blocks - cpu.num_free if cpu else 0)
-
-    def num_stored_tokens(self, seqs: list[Sequence]) -> int:
-        """Slots of held device blocks that store a computed token (a shared block counts once)."""
-        filled: dict[int, int] = {}
-        B = self.block_size
-        for seq in seqs:
-            for i, block in enumerate(self.tables.get(seq.seq_id, [])):
-                if block is NULL_BLOCK:
-                    continue
-                n = min(B, max(0, seq.num_computed_tokens - i * B))
-                filled[block.block_id] = max(filled.get(block.block_id, 0), n)
-        return sum(filled.values())
-
-    def num_table_entries(self) -> int:
-        """Blocks that would be held if nothing were shared (one per table entry)."""
-        return sum(1 for t in self.tables.values() for b in t if b is not NULL_BLOCK)
-
-    def num_null_entries(self) -> int:
-        """NULL entries of the device tables: blocks a sliding window gave back."""
-        return sum(1 for t in self.tables.values() for b in t if b is NULL_BLOCK)
 
     # ---- invariants ---------------------------------------------------------------------------
     def check(self, expect_empty: bool = False, seqs: list[Sequence] | None = None) -> None:
