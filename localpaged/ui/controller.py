@@ -50,7 +50,8 @@ from .tools.logic import ToolFeatures
 from .tokens.logic import TokenBranches, TokenView
 from .tools.mcp_client import McpClient
 from .turn_registry import TurnRegistry
-from .turns import ChatError, LiveReply, Turn
+from .live_reply import LiveReply
+from .turns import ChatError, Turn
 
 
 @dataclass

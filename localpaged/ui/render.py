@@ -30,7 +30,7 @@ from .images.logic import footer_note as image_note
 from .images.view import thumbnails
 from .tools.cards import calls_note, tool_card
 from .store import Conversation, Message
-from .turns import LiveReply
+from .live_reply import LiveReply
 
 STATUS_NOTES = {"stopped": "■ stopped", "interrupted": "⚠ interrupted (the app stopped)",
                 "streaming": "…"}

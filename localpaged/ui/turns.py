@@ -1,7 +1,7 @@
 """Turns: one generation ("turn") of the chat app, 1 to 4 replies decoded together in one engine
 request over one shared prompt and consumed by a background thread that owns it. The registry of
 the turns every conversation runs is `turn_registry.TurnRegistry`; how often a follower redraws,
-`redraw.py`.
+`redraw.py`; one reply as the UI shows it and its stats, `live_reply.py`.
 
 A Turn outlives the browser event that started it: Gradio handlers only *follow* a turn (see
 `Turn.updates`), so a closed or reloaded page never cuts a reply short; the turn keeps writing
@@ -29,16 +29,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
 
-from localpaged.chat.images import images_from_cache
 from localpaged.chat.reasoning import ReasoningFormat
 from localpaged.engine.multimodal import ImagePrompt
 from localpaged.engine.outputs import RequestOutput
 
+from .live_reply import LiveReply, reply_stats
 from .redraw import FOREGROUND_S
-from .store import Store, TokenChoice
+from .store import Store
 from .store.retry import until_saved
 
 log = logging.getLogger(__name__)
@@ -48,37 +46,6 @@ STORE_WRITE_INTERVAL_S = 1.0
 
 class ChatError(Exception):
     """Something the user asked for that cannot be done now; the message says why."""
-
-
-@dataclass
-class LiveReply:
-    """What the UI shows of one streaming reply (the store lags behind by up to a second)."""
-    message_id: int
-    text: str = ""
-    status: str = "streaming"
-    stats: dict[str, Any] = field(default_factory=dict)
-    token_ids: list[int] | None = None      # the whole reply's tokens (None: unknown, remote)
-    prefix_ids: list[int] = field(default_factory=list)   # a continued reply's earlier tokens
-    progress: tuple[int, int] | None = None  # last prefill progress: (computed, total) tokens
-    reasoning: str = ""                     # the reply's reasoning, apart from its text
-    # each token's logprob and top alternatives: a continued reply's earlier tokens', then the
-    # engine's for the new ones (None: the backend reports none)
-    prefix_choices: list[TokenChoice] = field(default_factory=list)
-    logprobs: list | None = None
-
-    def extra(self) -> dict[str, Any] | None:
-        """What the reply's row keeps in `extra` besides its text."""
-        return {"reasoning": self.reasoning} if self.reasoning else None
-
-    def choices(self) -> list[TokenChoice] | None:
-        """Every token's choice, in step with token_ids; None when the engine gave none."""
-        if self.logprobs is None or self.token_ids is None:
-            return None
-        new = [TokenChoice(t.token_id, t.logprob,
-                           tuple(sorted(t.top.items(), key=lambda kv: -kv[1])))
-               for t in self.logprobs]
-        choices = self.prefix_choices + new
-        return choices if len(choices) == len(self.token_ids) else None
 
 
 class Turn:
@@ -232,7 +199,8 @@ class Turn:
                     reply.text = text
                     if self._reasoning is not None:
                         self._split(reply, out.prompt_token_ids or [])
-                reply.stats = self._stats(out, i, now)
+                reply.stats = reply_stats(out, i, now, self._first_token.get(i), self.started,
+                                          self._images, self.beam)
                 reply.stats["generated_tokens"] += len(reply.prefix_ids)
                 if self._prefix_reasoning[i]:
                     reply.stats["reasoning_tokens"] = (reply.stats.get("reasoning_tokens", 0)
@@ -246,40 +214,6 @@ class Turn:
         cut = len(prompt_ids) - len(reply.prefix_ids)
         split = self._reasoning.split(reply.text, prompt_ids[:cut])
         reply.text, reply.reasoning = split.content, split.reasoning
-
-    def _stats(self, out: RequestOutput, i: int, now: float) -> dict[str, Any]:
-        comp, m = out.outputs[i], out.metrics
-        n = len(comp.token_ids) if comp.token_ids else (
-            comp.num_tokens if comp.num_tokens is not None else (m.num_generated_tokens if m else 0))
-        first = self._first_token.get(i)
-        ttft = m.time_to_first_token if m and m.time_to_first_token is not None else (
-            None if first is None else first - self.started)
-        end = m.finished_time if m and m.finished_time is not None and out.finished else now
-        start = m.first_token_time if m and m.first_token_time is not None else first
-        tps = (n - 1) / (end - start) if start is not None and n > 1 and end > start else None
-        stats = {"prompt_tokens": len(out.prompt_token_ids or []), "generated_tokens": n,
-                 "ttft_s": ttft, "tokens_per_s": tps,
-                 "prefix_tokens_reused": m.num_cached_tokens if m else None,
-                 "prefix_tokens_from_disk": m.num_disk_tokens if m else None,
-                 "finish_reason": comp.finish_reason,
-                 "finish_detail": getattr(comp, "finish_detail", None)}
-        cached = images_from_cache(self._images, m.num_cached_tokens if m else None)
-        if cached is not None:
-            stats["images_from_cache"] = cached
-            stats["image_tower_runs"] = m.num_encoder_runs
-        if getattr(comp, "reasoning_tokens", 0):
-            stats["reasoning_tokens"] = comp.reasoning_tokens
-        if getattr(comp, "draft_tokens", 0):
-            stats["draft_tokens"] = comp.draft_tokens
-            stats["accepted_draft_tokens"] = comp.accepted_draft_tokens
-        if self.beam:
-            stats["beam_score"] = comp.cumulative_logprob   # final: logprob / length
-        if getattr(comp, "pruned", None) is not None:     # parallel thinking stopped it
-            p = comp.pruned
-            stats["pruned"] = {"at": p.at, "score": p.score, "best": p.best}
-        if getattr(comp, "released_blocks", None) is not None:
-            stats["released_blocks"] = comp.released_blocks
-        return stats
 
     def _write_partial(self) -> None:
         for reply in self.replies:

@@ -19,7 +19,8 @@ from localpaged.engine.outputs import CompletionOutput, RequestMetrics, RequestO
 from localpaged.ui.store import Store, StoreError
 from localpaged.ui.store.errors import cause_of
 from localpaged.ui.store.retry import until_saved
-from localpaged.ui.turns import LiveReply, Turn
+from localpaged.ui.live_reply import LiveReply
+from localpaged.ui.turns import Turn
 
 
 @pytest.fixture

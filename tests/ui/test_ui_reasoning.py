@@ -24,7 +24,7 @@ from localpaged import LLM
 from localpaged.chat.backend import with_thinking
 from localpaged.ui import render
 from localpaged.ui.chat.view import tab_values
-from localpaged.ui.turns import LiveReply
+from localpaged.ui.live_reply import LiveReply
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None,
           "max_tokens": 30}

@@ -33,7 +33,8 @@ from ..store.images import ImageFile, image_refs
 from ..tools.logic import ToolFeatures
 from ..tools.turn import ToolTurn, open_stream
 from ..turn_registry import TurnRegistry
-from ..turns import ChatError, LiveReply, Turn
+from ..live_reply import LiveReply
+from ..turns import ChatError, Turn
 
 NEW_TITLE = "New chat"
 

@@ -41,7 +41,8 @@ from ..settings.logic import ConversationSettings, Sampling
 from ..store import Message, Store
 from ..store.retry import until_saved
 from ..turn_registry import TurnRegistry
-from ..turns import ChatError, LiveReply, Turn
+from ..live_reply import LiveReply
+from ..turns import ChatError, Turn
 from .logic import chat_prompt, fit_prompt, leading_system, reply_reserve, window_of
 
 log = logging.getLogger(__name__)

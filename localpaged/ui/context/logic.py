@@ -34,7 +34,8 @@ from ..settings.logic import ConversationSettings, Sampling
 from ..store import Conversation, Message, Store
 from ..tools.messages import message_dict
 from ..turn_registry import TurnRegistry
-from ..turns import ChatError, LiveReply, Turn
+from ..live_reply import LiveReply
+from ..turns import ChatError, Turn
 
 POLICY_LABELS = {"drop_oldest": "Drop the oldest messages (default)",
                  "error": "Stop and ask me",

@@ -39,7 +39,8 @@ from ..context.logic import ContextError, fit_prompt, prompt_messages
 from ..settings.logic import ConversationSettings, sampling_record
 from ..store import Store
 from ..turn_registry import TurnRegistry
-from ..turns import LiveReply, Turn
+from ..live_reply import LiveReply
+from ..turns import Turn
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from localpaged.engine.outputs import RequestOutput
 from ..context.logic import fit_prompt, prompt_messages
 from ..settings.logic import sampling_record
 from ..store import Store
-from ..turns import ChatError, LiveReply, Turn
+from ..live_reply import LiveReply
+from ..turns import ChatError, Turn
 from .logic import ToolPlan
 from .mcp_client import ToolError
 
