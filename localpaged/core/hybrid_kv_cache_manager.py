@@ -28,9 +28,10 @@ the full group's, or the only group's; `group_usage` gives every group's.
 from __future__ import annotations
 
 from localpaged.core import disk_prefix
+from localpaged.core.admission import admit_seqs
 from localpaged.core.block_pool import NULL_BLOCK, Block, BlockOp, BlockOpKind
 from localpaged.core.block_usage import BlockUsage
-from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager, admit_seqs
+from localpaged.core.kv_cache_manager import InvariantError, KVCacheManager
 from localpaged.core.multimodal import ImageSpan
 from localpaged.core.prefix_cache import extend_chain
 from localpaged.core.request import Sequence

@@ -1,10 +1,10 @@
 """KVCacheManager: block tables, copy-on-write, prefix caching and swap, in block ids only.
 
-This module owns the block tables, admission and allocation (copy-on-write, fork, free, trim),
-the queue of block moves and `check()`; the prefix cache and the disk tier are its base
-`PrefixCaching` (core.prefix_cache), swap to the CPU pool its base `Swapping`
-(core.block_swap), the pools' usage figures (BlockUsage) its base `UsageFigures`
-(core.block_usage).
+This module owns the block tables, admission (`admit`; its rule is core.admission.admit_seqs)
+and allocation (copy-on-write, fork, free, trim), the queue of block moves and `check()`; the
+prefix cache and the disk tier are its base `PrefixCaching` (core.prefix_cache), swap to the
+CPU pool its base `Swapping` (core.block_swap), the pools' usage figures (BlockUsage) its base
+`UsageFigures` (core.block_usage).
 
 Each sequence has a block table: the physical blocks holding its logical blocks 0, 1, 2, ...
 Token t of a sequence lives in slot ``table[t // B].block_id * B + t % B``.
@@ -30,6 +30,7 @@ See docs/architecture.md §2 (invariants) and §5 step 2 (admission, allocation)
 
 from __future__ import annotations
 
+from localpaged.core.admission import admit_seqs
 from localpaged.core.block_invariants import InvariantError, check_pools
 from localpaged.core.block_pool import (
     NULL_BLOCK,
@@ -40,7 +41,6 @@ from localpaged.core.block_pool import (
 )
 from localpaged.core.block_swap import Swapping
 from localpaged.core.block_usage import BlockUsage, UsageFigures
-from localpaged.core.multimodal import chunk_tokens
 from localpaged.core.partial_prefix import TailIndex, tail_of
 from localpaged.core.prefix_cache import DiskTier, PrefixCaching
 from localpaged.core.request import Sequence
@@ -278,30 +278,6 @@ class KVCacheManager(PrefixCaching, Swapping, UsageFigures):
                 if any(b is NULL_BLOCK for b in table):
                     raise InvariantError(f"sequence {seq.seq_id}: a NULL entry in a "
                                          "full-attention block table")
-
-
-def admit_seqs(manager, seqs: list[Sequence], budget: int, use_prefix_cache: bool) -> list[int] | None:
-    """`admit` for a KVCacheManager or a HybridKVCacheManager (whose hits are one list per
-    group, every list as long as the hit): prefix hits, then allocation; all or nothing."""
-    admitted: list[Sequence] = []
-    cached_tokens: list[int] = []
-    disk_tokens: list[int] = []
-    for seq in seqs:
-        manager.last_disk_tokens = 0
-        hits = manager.find_cached_prefix(seq) if use_prefix_cache else manager.no_hits()
-        num_cached = manager.hit_tokens(hits)
-        disk_tokens.append(manager.last_disk_tokens)
-        n = chunk_tokens(seq.images, seq.num_computed_tokens + num_cached,
-                         min(seq.num_uncomputed_tokens - num_cached, budget))
-        if not manager.fits_admission(seq, n, hits) or not manager.allocate_slots(seq, n, hits):
-            for s in admitted:
-                manager.reset_computed(s)
-            return None
-        admitted.append(seq)
-        cached_tokens.append(num_cached)
-        budget -= n
-    manager.admitted_disk_tokens = disk_tokens
-    return cached_tokens
 
 
 def _touch(pairs: list[tuple[int, int]], more: list[tuple[int, int]]) -> bool:
