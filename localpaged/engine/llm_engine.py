@@ -10,7 +10,8 @@ abort and the out-of-memory path finish groups through the same update. The engi
 Names: `block_manager` is a core.block_manager.BlockManager (block tables, in block ids), built
 with every other part by engine.assembly (`assemble`: loading, KV sizing, the block manager,
 scheduler, runner, drafter and disk tier); `kv_cache` holds the K/V tensors. A step's drafts
-are cut or made by engine.draft_steps; `stats()` is engine.engine_stats over the parts. With
+are cut or made by engine.draft_steps; `stats()` is engine.engine_stats over the parts;
+`make_group` checks and builds a request by engine.request_building. With
 `EngineConfig.debug_checks` (or env LOCALPAGED_DEBUG_CHECKS=1) every step ends with
 `check_invariants()`.
 See docs/architecture.md §5 (the life of a request, from make_group to the output).
@@ -27,30 +28,18 @@ from concurrent.futures import ThreadPoolExecutor
 from localpaged.core.block_manager import BlockManager
 from localpaged.core.config import EngineConfig
 from localpaged.core.kv_cache_manager import InvariantError
-from localpaged.core.request import (
-    BeamParams,
-    BeamState,
-    Sequence,
-    SequenceGroup,
-    make_generator,
-)
-from localpaged.core.sampling_params import SamplingParams, check_priority
+from localpaged.core.request import BeamParams, Sequence, SequenceGroup
+from localpaged.core.sampling_params import SamplingParams
 from localpaged.core.scheduler import SchedulerOutput, StepResult
-from localpaged.engine import kv_sizing, step_decisions
+from localpaged.engine import request_building, step_decisions
 from localpaged.engine.assembly import assemble
-from localpaged.engine.detokenizer import detokenize, kept_special, start_offsets
+from localpaged.engine.detokenizer import detokenize
 from localpaged.engine.draft_model import DraftModel
 from localpaged.engine.draft_steps import account_drafts, constrain_drafts
 from localpaged.engine.engine_stats import engine_stats
 from localpaged.engine.grammar import step_masks
-from localpaged.engine.multimodal import ImagePrompt, ids_and_images, prompt_images
-from localpaged.engine.outputs import (
-    EngineInfo,
-    EngineStats,
-    RequestOutput,
-    SeqStep,
-    StepRecord,
-)
+from localpaged.engine.multimodal import ImagePrompt, ids_and_images
+from localpaged.engine.outputs import EngineInfo, EngineStats, RequestOutput, SeqStep, StepRecord
 from localpaged.runner import prompt_logprobs
 from localpaged.runner.model_runner import StepTimings, phase_of
 
@@ -61,7 +50,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         p = assemble(config)          # engine/assembly.py: loading, KV sizing, every part
-        self._parts = p               # read by engine_stats; the same objects as the fields below
+        self._parts = p               # for engine_stats and request_building: the fields below
         self.device, self.dtype, self.kv_cache_dtype = p.device, p.dtype, p.kv_cache_dtype
         self.model, self.tokenizer, self.model_config = p.model, p.tokenizer, p.model_config
         self.eos_token_ids, self.model_source = p.eos_token_ids, p.model_source
@@ -104,60 +93,8 @@ class LLMEngine:
         (n > 1 for several): it is admitted once that prompt's blocks are computed and shares
         them through the prefix cache.
         """
-        if column_params is not None and not column_params:
-            raise ValueError("column_params must not be empty")
-        params = column_params[0] if column_params else (params or SamplingParams())
-        priority = check_priority(params.priority if priority is None else priority)
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=True)
-        elif isinstance(prompt, ImagePrompt):          # engine/multimodal.py
-            text, ids = prompt.text, [int(t) for t in prompt.token_ids]
-        else:
-            text, ids = None, [int(t) for t in prompt]
-        self._check_prompt(ids)
-        images = prompt_images(prompt, ids, self.encoder.tower if self.encoder else None)
-        grammars = self._compile(column_params or [params])
-        request_id = request_id or f"req-{next(self._ids)}"
-        seq = Sequence(ids, len(ids), 0, make_generator(params.seed, 0))
-        seq.detok_state = start_offsets(len(ids))
-        seq.images = images
-        group = SequenceGroup(request_id, text, ids, params, [seq], set(self.eos_token_ids),
-                              self.max_model_len, beam, column_params=column_params,
-                              beam_state=BeamState() if beam else None,
-                              priority=priority, grammars=grammars)
-        seq.grammar = group.new_grammar(0)
-        seq.reasoning = group.new_reasoning(0)
-        seq.text_special = kept_special(group.params_for_index(0))
-        if params.prune is not None and (beam is not None or group.width < 2):
-            raise ValueError("SamplingParams.prune stops branches that fall behind: it needs "
-                             "n > 1 or several columns, and no beam search")
-        if group.width > self.config.max_num_seqs:
-            raise ValueError(f"the request needs {group.width} sequences at once (n, columns or "
-                             f"beam width); this engine runs at most "
-                             f"max_num_seqs={self.config.max_num_seqs}")
-        return group
-
-    def _compile(self, params: list[SamplingParams]) -> tuple:
-        """Each output's compiled `guided` constraint (a GrammarError, a ValueError naming it,
-        for one the library refuses); () when none is constrained."""
-        if all(p.guided is None for p in params):
-            return ()
-        return tuple(None if p.guided is None else self.grammars.compile(p.guided) for p in params)
-
-    def _check_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise ValueError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        if any(t < 0 or t >= vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt is {len(ids)} tokens; the model's context is "
-                             f"{self.max_model_len} tokens (prompt plus at least one new token)")
-        bm = self.block_manager
-        capacity = self.kv_capacity_tokens
-        if len(ids) + 1 > capacity:
-            raise ValueError(f"prompt is {len(ids)} tokens; the whole KV cache holds {capacity} "
-                             f"({bm.pool.num_blocks} blocks of {bm.block_size})")
+        return request_building.build_group(self._parts, self.config, self._ids, prompt, params,
+                                            request_id, beam, column_params, priority)
 
     def add_group(self, group: SequenceGroup) -> None:
         if group.request_id in self.groups:
@@ -270,12 +207,7 @@ class LLMEngine:
         """Tokens the whole KV cache holds: the most one request (prompt + reply) can use. A
         model whose every layer slides holds only a window per sequence: its cache bounds no
         request once its pool holds one sequence's window plus a whole prefill chunk."""
-        bm, c = self.block_manager, self.config
-        window = self.kv_plan.windows[0]
-        if window and bm.pool.num_blocks >= kv_sizing.sliding_blocks_needed(
-                window, bm.block_size, 1, c.max_num_batched_tokens):
-            return self.max_model_len
-        return bm.pool.num_blocks * bm.block_size
+        return request_building.kv_capacity_tokens(self._parts, self.config)
 
     def context_limit(self) -> int:
         """The most tokens one request may hold, prompt plus reply: the smaller of the model's
