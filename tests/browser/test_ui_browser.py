@@ -238,12 +238,16 @@ def shown_tab(page) -> int | None:
 
 
 def open_app(page, app) -> None:
+    # An old page of the app reloads itself when it sees the server come back after a restart;
+    # navigating away first keeps that reload from racing ours (it once held our navigation
+    # past its 30 s timeout, or interrupted it).
+    if page.url.startswith(app.url):
+        page.goto("about:blank")
     for attempt in range(3):
         try:
             page.goto(app.url, wait_until="commit")   # the page's own state is waited on
             break                                      # below (a load event once took 30 s+)
-        except Exception as e:     # playwright's Error: an old page of the app, seeing the
-            # server come back after a restart, reloaded itself under our navigation
+        except Exception as e:     # playwright's Error: a reload still under way
             if "interrupted by another navigation" not in str(e) or attempt == 2:
                 raise
     page.wait_for_function(f"({SHOWN_TAB_JS})() !== null", timeout=60_000)
