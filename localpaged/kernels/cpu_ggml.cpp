@@ -327,7 +327,7 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
   const int64_t unit = std::max(pair_fn ? 2 * kX8 : kX8, panel.rows);   // a pair or panel never straddles two items
   const int64_t group = (std::max<int64_t>(1, kGroupBytes / row_bytes) + unit - 1) / unit * unit;
   const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / row_bytes);   // rows
-  const X8Prefetch ahead_x8 = M <= kStreamRows ? x8_stream_prefetch() : kX8NearFar;   // x8 first passes
+  const Prefetch ahead_x8 = M <= kStreamRows ? x8_stream_prefetch() : kX8NearFar;   // x8 first passes
   const int64_t items = (N + group - 1) / group;
   const int64_t min_macs = int64_t(1) << 17;   // per thread, else fewer threads: less is not worth a thread
   const int64_t threads = std::max<int64_t>(
@@ -348,10 +348,10 @@ Tensor ggml_matmul(const Tensor& x, const Tensor& w, int64_t type_id) {
         for (; pair_fn && n + 2 * kX8 <= n1; n += 2 * kX8)
           for (int64_t m0 = 0; m0 < M; m0 += kPairRows)
             pair_fn(wp + n * stride, wp + (n + kX8) * stride, a, m0, std::min(kPairRows, M - m0),
-                    m0 == 0 ? ahead_x8 : X8Prefetch{}, yp + m0 * N + n, N);
+                    m0 == 0 ? ahead_x8 : Prefetch{}, yp + m0 * N + n, N);
         for (; n < n1; n += kX8)
           for (int64_t m0 = 0; m0 < M; m0 += kX8Rows)
-            x8_fn(wp + n * stride, a, m0, std::min(kX8Rows, M - m0), m0 == 0 ? ahead_x8 : X8Prefetch{},
+            x8_fn(wp + n * stride, a, m0, std::min(kX8Rows, M - m0), m0 == 0 ? ahead_x8 : Prefetch{},
                   yp + m0 * N + n, N);
         continue;
       }

@@ -103,25 +103,29 @@ constexpr int64_t kPrefetchNear = 2048;      // batch 1: into L1 this far ahead,
 constexpr int64_t kX8 = 8;                   // rows per group of the interleaved layout (x8)
 constexpr int64_t kInterleaved = 1 << 8;     // type_id flag: w is in the x8 layout
 
-// Batch 1 streams its weights from DRAM: the lines of [p, p + bytes) are asked for twice as the
-// loop goes, into L2 kPrefetchBytes ahead (prefetcht2) and into L1 kPrefetchNear ahead
-// (prefetcht0): the line is on its way from DRAM early and in L1 when the loads reach it. One
-// prefetcht0 8 KB ahead streams slower (bench/ggml_kernels.py measures it).
-inline void prefetch_ahead(const uint8_t* p, int64_t bytes) {
+// How far ahead a loop asks for its weights' lines, in bytes: into L2 `far` ahead (prefetcht2;
+// 0: no prefetch) and, where `near` > 0, into L1 `near` ahead (prefetcht0): the line is on its
+// way from DRAM early and in L1 when the loads reach it.
+struct Prefetch {
+  int64_t near = 0, far = 0;
+};
+
+// The lines of [p, p + bytes) asked for `d` ahead.
+inline void prefetch_ahead(const uint8_t* p, int64_t bytes, Prefetch d) {
+  if (d.far == 0) return;
   for (int64_t o = 0; o < bytes; o += 64) {
-    __builtin_prefetch(p + o + kPrefetchNear, 0, 3);
-    __builtin_prefetch(p + o + kPrefetchBytes, 0, 1);
+    if (d.near > 0) __builtin_prefetch(p + o + d.near, 0, 3);
+    __builtin_prefetch(p + o + d.far, 0, 1);
   }
 }
 
-// How far ahead the x8 loops ask for their weights' lines, in bytes: into L2 `far` ahead (0: no
-// prefetch) and, where `near` > 0, into L1 `near` ahead. Passes of several rows of x compute
-// more than they stream and take kX8NearFar on every CPU (a line in L1 when the loads reach it);
-// passes of one or two rows take x8_stream_prefetch() (by the CPU's maker, below).
-struct X8Prefetch {
-  int64_t near = 0, far = 0;
-};
-constexpr X8Prefetch kX8NearFar{1024, 4096};
+// Batch 1 over GGUF's rows streams its weights from DRAM: 2 KB into L1, 8 KB into L2. One
+// prefetcht0 8 KB ahead streams slower (bench/ggml_kernels.py measures it).
+constexpr Prefetch kRowsNearFar{kPrefetchNear, kPrefetchBytes};
+// The x8 loops: passes of several rows of x compute more than they stream and take kX8NearFar on
+// every CPU (a line in L1 when the loads reach it); passes of one or two rows take
+// x8_stream_prefetch() (by the CPU's maker, below).
+constexpr Prefetch kX8NearFar{1024, 4096};
 constexpr int64_t kStreamRows = 2;   // batches up to this many rows stream: x8_stream_prefetch
 
 // The prefetch of a pass of one or two rows of x over the weights (decode): such a pass
@@ -130,12 +134,12 @@ constexpr int64_t kStreamRows = 2;   // batches up to this many rows stream: x8_
 // "Prefetch distances per CPU" has the figures): on Intel (Xeon Sapphire Rapids) kX8NearFar; on
 // AMD (Zen 4) none into L1, whose requests there hold the loop's own loads up, and 6 KB into L2.
 // LOCALPAGED_X8_PREFETCH="near,far" sets them (for the bench); read once per process.
-inline X8Prefetch x8_stream_prefetch() {
-  static const X8Prefetch d = [] {
+inline Prefetch x8_stream_prefetch() {
+  static const Prefetch d = [] {
 #if defined(__x86_64__) || defined(__i386__)
-    X8Prefetch p = __builtin_cpu_is("amd") ? X8Prefetch{0, 6144} : kX8NearFar;
+    Prefetch p = __builtin_cpu_is("amd") ? Prefetch{0, 6144} : kX8NearFar;
 #else
-    X8Prefetch p = kX8NearFar;
+    Prefetch p = kX8NearFar;
 #endif
     if (const char* env = std::getenv("LOCALPAGED_X8_PREFETCH")) {
       long long near = 0, far = 0;
@@ -334,8 +338,8 @@ const uint8_t* x8_rows(const uint8_t* w, int64_t stride, bool x8, int64_t n0, in
 
 // Rows [m0, m0 + tm) of x (tm <= kX8Rows) against one group of 8 weight rows in the x8 layout:
 // y[m * ldy + r]; `prefetch`: how far ahead the group's lines are asked for (its first pass;
-// the others X8Prefetch{}: none).
-using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t tm, X8Prefetch prefetch,
+// the others Prefetch{}: none).
+using X8Fn = void (*)(const uint8_t* group, const Acts& a, int64_t m0, int64_t tm, Prefetch prefetch,
                       float* y, int64_t ldy);
 constexpr int64_t kX8Rows = 4;
 
@@ -359,7 +363,7 @@ struct PanelKernels {
   bool x8 = false;
 };
 using PairFn = void (*)(const uint8_t* g0, const uint8_t* g1, const Acts& a, int64_t m0, int64_t tm,
-                        X8Prefetch prefetch, float* y, int64_t ldy);
+                        Prefetch prefetch, float* y, int64_t ldy);
 
 // A whole matmul on the AMX tiles: (activations, M, w, w's row stride, w in x8, N, y).
 using AmxFn = void (*)(const Acts&, int64_t, const uint8_t*, int64_t, bool, int64_t, float*);
