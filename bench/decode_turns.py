@@ -7,7 +7,8 @@ Sides: `ours` (localpaged, the C++ batch-1 loop), `ours:NAME=VALUE` (ours with t
 variable, e.g. ours:LOCALPAGED_X8_PREFETCH=1024,4096 for the x8 loops' prefetch distances
 before they were chosen per CPU maker) and `llama` (llama-cpp-python, importable). Each process
 loads the model, warms up, then decodes --steps greedy tokens (EOS ignored) after a short prompt
-and prints ms per step: ours the median engine step, llama.cpp the mean over its steps.
+and prints ms per step: ours the median engine step, llama.cpp the mean over its steps
+(bench/real_model.py's llama_greedy: eval and the argmax of the logits, no sampler).
 Prints each round, then per side the median and range, and the ratio of the medians to the
 first side; --json writes them.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from real_model import CACHE, model_path  # noqa: E402
+from real_model import CACHE, llama_greedy, model_path  # noqa: E402
 
 PROMPT = list(range(100, 140))
 
@@ -58,18 +59,9 @@ def child_ours(path: str, steps: int, threads: int) -> float:
 def child_llama(path: str, steps: int, threads: int) -> float:
     import llama_cpp
     model = llama_cpp.Llama(path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, verbose=False)
-    best = None
-    for _ in range(2):                                   # the first pass warms up
-        model.reset()
-        n, start = 0, None
-        for _token in model.generate(PROMPT, temp=0.0, top_k=1):
-            n += 1
-            if n == 1:
-                start = time.perf_counter()              # after the prefill's token
-            if n == steps + 1:
-                break
-        best = 1000 * (time.perf_counter() - start) / steps
-    return best
+    llama_greedy(model, PROMPT, 5)                       # warm-up
+    _ids, seconds = llama_greedy(model, PROMPT, steps + 1)
+    return 1000 * seconds / steps
 
 
 def run_side(side: str, path: str, steps: int, threads: int) -> float:

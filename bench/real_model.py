@@ -507,8 +507,26 @@ def child_ours(spec: dict) -> dict:
     return result
 
 
-def child_llama(spec: dict) -> dict:
+def llama_argmax(llm) -> int:
+    """The argmax of a llama_cpp.Llama's last logits."""
     import numpy as np
+    return int(np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(llm.n_vocab(),)).argmax())
+
+
+def llama_greedy(llm, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """n tokens greedily from a llama_cpp.Llama: one from the prompt's logits, then n - 1
+    decode steps (timed), each the argmax of the last logits (no sampler in between)."""
+    llm.reset()
+    llm.eval(prompt)
+    ids = [llama_argmax(llm)]
+    start = time.perf_counter()
+    while len(ids) < n:
+        llm.eval([ids[-1]])
+        ids.append(llama_argmax(llm))
+    return ids, time.perf_counter() - start
+
+
+def child_llama(spec: dict) -> dict:
     llama_cpp = import_llama_cpp()
     if llama_cpp is None:
         return {"engine": "llama.cpp", "skipped": LCP_MISSING}
@@ -537,23 +555,10 @@ def child_llama(spec: dict) -> dict:
         print(f"  load {i + 1}: {result['loads'][-1]}", flush=True)
         _save_partial(result)
     result["after_load"] = proc_status()
-    n_vocab = llm.n_vocab()
     result["n_batch"] = llm.n_batch
 
-    def argmax() -> int:
-        logits = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,))
-        return int(logits.argmax())
-
     def generate(prompt: list[int], n: int) -> tuple[list[int], float]:
-        """n tokens greedily: one from the prompt's logits, then n - 1 decode steps (timed)."""
-        llm.reset()
-        llm.eval(prompt)
-        ids = [argmax()]
-        start = time.perf_counter()
-        while len(ids) < n:
-            llm.eval([ids[-1]])
-            ids.append(argmax())
-        return ids, time.perf_counter() - start
+        return llama_greedy(llm, prompt, n)
 
     def warm():
         generate(p["short"], 4)
@@ -569,7 +574,7 @@ def child_llama(spec: dict) -> dict:
         llm.reset()
         start = time.perf_counter()
         llm.eval(p["long"])
-        argmax()
+        llama_argmax(llm)
         seconds = time.perf_counter() - start
         return {"prompt_tokens": len(p["long"]), "seconds": round(seconds, 3),
                 "tok_s": round(len(p["long"]) / seconds, 2)}
